@@ -1,0 +1,15 @@
+//! Generates the gRPC code from proto/ with protox (a pure-Rust protobuf compiler), so building
+//! timerdb needs no system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/timerdb/v1/timerdb.proto", "proto/timerdb/v1/raft.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system packages timerdb's build needs (libclang for librocksdb-sys bindgen).
+# Safe to run repeatedly: it does nothing when everything is already present.
+set -euo pipefail
+
+have_libclang() {
+  # libclang.so / libclang-NN.so (not libclang-cpp, which bindgen cannot use)
+  compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null ||
+    compgen -G "/usr/lib/*-linux-gnu/libclang-[0-9]*.so*" >/dev/null
+}
+
+if ! have_libclang; then
+  echo "deps: installing libclang-dev (needed to build RocksDB bindings)" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq libclang-dev >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "deps: cargo not found; install the Rust toolchain (rustup) first" >&2
+  exit 1
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: formatting, lints, unit tests and integration tests (real 3-node
+# clusters on loopback, real timerd processes). Installs missing system packages first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --all-targets -- --test-threads=2 "$@"

@@ -1,0 +1,249 @@
+//! Validation and conversion between protobuf messages and domain types, and the mapping of
+//! [`Error`] to gRPC status codes.
+//!
+//! Validation happens here, before anything is proposed, so a bad request gets a clear answer
+//! and never reaches the log. Messages name the field, the limit and the value.
+
+use tonic::{Code, Status};
+
+use super::pb;
+use crate::config::{Limits, MIN_FIRE_AT_MS};
+use crate::storage::ListFilter;
+use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::Error;
+
+/// The latest absolute fire time accepted: 9999-12-31T23:59:59.999Z.
+pub const MAX_FIRE_AT_MS: i64 = 253_402_300_799_999;
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let code = match &e {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::NotLeader | Error::Unavailable(_) => Code::Unavailable,
+            Error::Storage(_) | Error::Internal(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+fn check_name(field: &str, value: &str, max: usize) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} must not be empty")));
+    }
+    if value.len() > max {
+        return Err(invalid(format!("{field} is {} bytes; the limit is {max}", value.len())));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(format!("{field} {value:?} contains control characters")));
+    }
+    Ok(())
+}
+
+/// Validates a (namespace, id) pair.
+pub fn key(namespace: &str, id: &str, limits: &Limits) -> Result<TimerKey, Error> {
+    check_name("namespace", namespace, limits.max_namespace_bytes)?;
+    check_name("id", id, limits.max_id_bytes)?;
+    Ok(TimerKey::new(namespace, id))
+}
+
+fn when_at(fire_at_ms: i64) -> Result<When, Error> {
+    if fire_at_ms < MIN_FIRE_AT_MS {
+        return Err(invalid(format!(
+            "fire_at_ms {fire_at_ms} is before the year 2000; fire times are Unix epoch \
+             milliseconds (was a time in seconds sent?)"
+        )));
+    }
+    if fire_at_ms > MAX_FIRE_AT_MS {
+        return Err(invalid(format!("fire_at_ms {fire_at_ms} is after the year 9999")));
+    }
+    Ok(When::At(fire_at_ms))
+}
+
+fn when_after(delay_ms: i64, limits: &Limits) -> Result<When, Error> {
+    if delay_ms < 0 {
+        return Err(invalid(format!("delay_ms {delay_ms} is negative")));
+    }
+    if delay_ms > limits.max_delay_ms {
+        return Err(invalid(format!(
+            "delay_ms {delay_ms} exceeds the limit of {} ms",
+            limits.max_delay_ms
+        )));
+    }
+    Ok(When::After(delay_ms))
+}
+
+fn schedule_when(w: Option<pb::schedule_request::When>, limits: &Limits) -> Result<When, Error> {
+    use pb::schedule_request::When as W;
+    match w {
+        Some(W::FireAtMs(t)) => when_at(t),
+        Some(W::DelayMs(d)) => when_after(d, limits),
+        None => Err(invalid("set either fire_at_ms or delay_ms".into())),
+    }
+}
+
+/// Validates a reschedule's new time.
+pub fn reschedule_when(
+    w: Option<pb::reschedule_request::When>,
+    limits: &Limits,
+) -> Result<When, Error> {
+    use pb::reschedule_request::When as W;
+    match w {
+        Some(W::FireAtMs(t)) => when_at(t),
+        Some(W::DelayMs(d)) => when_after(d, limits),
+        None => Err(invalid("set either fire_at_ms or delay_ms".into())),
+    }
+}
+
+/// Validates one Schedule request.
+pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Error> {
+    let key = key(&req.namespace, &req.id, limits)?;
+    if req.payload.len() > limits.max_payload_bytes {
+        return Err(Error::ResourceExhausted(format!(
+            "payload of {key} is {} bytes; the limit is {}",
+            req.payload.len(),
+            limits.max_payload_bytes
+        )));
+    }
+    let when = schedule_when(req.when, limits)?;
+    Ok(TimerSpec { key, when, payload: req.payload.clone() })
+}
+
+/// Validates a ScheduleBatch: size, each timer, and no id twice.
+pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<TimerSpec>, Error> {
+    if req.timers.is_empty() {
+        return Err(invalid("the batch holds no timers".into()));
+    }
+    if req.timers.len() > limits.max_batch {
+        return Err(Error::ResourceExhausted(format!(
+            "the batch holds {} timers; the limit is {}",
+            req.timers.len(),
+            limits.max_batch
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(req.timers.len());
+    let mut out = Vec::with_capacity(req.timers.len());
+    for (i, t) in req.timers.iter().enumerate() {
+        let s = spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?;
+        if !seen.insert(s.key.clone()) {
+            return Err(invalid(format!("timers[{i}]: {} appears twice in the batch", s.key)));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+fn prefix_error(e: Error, prefix: &str) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{prefix}{m}")),
+        Error::ResourceExhausted(m) => Error::ResourceExhausted(format!("{prefix}{m}")),
+        other => other,
+    }
+}
+
+/// A validated List request.
+pub struct ListParams {
+    pub namespace: String,
+    pub filter: ListFilter,
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// Validates a List request and decodes its page token.
+pub fn list_params(req: &pb::ListRequest, limits: &Limits) -> Result<ListParams, Error> {
+    check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
+    let state = state_from_pb(req.state)?;
+    let limit = match req.limit as usize {
+        0 => limits.default_list_limit,
+        n if n > limits.max_list_limit => {
+            return Err(invalid(format!(
+                "limit {n} exceeds the maximum page size {}",
+                limits.max_list_limit
+            )))
+        }
+        n => n,
+    };
+    if req.fire_to_ms != 0 && req.fire_from_ms != 0 && req.fire_to_ms <= req.fire_from_ms {
+        return Err(invalid(format!(
+            "fire_to_ms {} must be after fire_from_ms {}",
+            req.fire_to_ms, req.fire_from_ms
+        )));
+    }
+    let after = match req.page_token.as_str() {
+        "" => None,
+        token => Some(decode_token(token)?),
+    };
+    let filter = ListFilter {
+        state,
+        fire_from_ms: (req.fire_from_ms != 0).then_some(req.fire_from_ms),
+        fire_to_ms: (req.fire_to_ms != 0).then_some(req.fire_to_ms),
+    };
+    Ok(ListParams { namespace: req.namespace.clone(), filter, after, limit })
+}
+
+/// A page token is the hex of the last id returned: opaque to clients, exact for any id.
+pub fn encode_token(id: &str) -> String {
+    id.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_token(token: &str) -> Result<String, Error> {
+    let bad = || invalid(format!("page_token {token:?} is not one this server issued"));
+    if token.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16).map_err(|_| bad()))
+        .collect::<Result<Vec<u8>, Error>>()?;
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
+pub fn state_to_pb(s: TimerState) -> pb::TimerState {
+    match s {
+        TimerState::Pending => pb::TimerState::Pending,
+        TimerState::Fired => pb::TimerState::Fired,
+        TimerState::Acked => pb::TimerState::Acked,
+        TimerState::Cancelled => pb::TimerState::Cancelled,
+        TimerState::Dead => pb::TimerState::Dead,
+    }
+}
+
+/// `None` for UNSPECIFIED (every state).
+pub fn state_from_pb(v: i32) -> Result<Option<TimerState>, Error> {
+    let s = pb::TimerState::try_from(v).map_err(|_| invalid(format!("unknown state {v}")))?;
+    Ok(match s {
+        pb::TimerState::Unspecified => None,
+        pb::TimerState::Pending => Some(TimerState::Pending),
+        pb::TimerState::Fired => Some(TimerState::Fired),
+        pb::TimerState::Acked => Some(TimerState::Acked),
+        pb::TimerState::Cancelled => Some(TimerState::Cancelled),
+        pb::TimerState::Dead => Some(TimerState::Dead),
+    })
+}
+
+impl From<Timer> for pb::Timer {
+    fn from(t: Timer) -> pb::Timer {
+        pb::Timer {
+            namespace: t.key.namespace,
+            id: t.key.id,
+            fire_at_ms: t.fire_at_ms,
+            payload: t.payload,
+            state: state_to_pb(t.state) as i32,
+            attempts: t.attempts,
+            created_at_ms: t.created_at_ms,
+            fired_at_ms: t.fired_at_ms,
+            fire_index: t.fire_index,
+            finished_at_ms: t.finished_at_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,25 @@
+//! The gRPC surface: the only module that knows about protobuf and tonic.
+//!
+//! - [`timers`]: the client `Timers` service (the public contract in
+//!   `proto/timerdb/v1/timerdb.proto`). Any node serves every call: [`forward`] proposes locally
+//!   on the leader and forwards the unchanged request to the leader from a follower, waiting a
+//!   bounded time while there is none.
+//! - [`cluster`]: the client `Cluster` service (Status).
+//! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
+//! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
+//!   [`crate::Error`] becomes a `tonic::Status`.
+
+pub mod cluster;
+pub mod convert;
+pub mod forward;
+pub mod peer;
+pub mod timers;
+
+/// Generated protobuf and gRPC code for `timerdb.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("timerdb.v1");
+}
+
+/// Largest client message: a ScheduleBatch of `max_batch` timers with payloads.
+pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -1,0 +1,154 @@
+//! The fire driver: the leader's only worker that turns wall-clock time into log entries.
+//!
+//! When it runs: while this node is the leader (it watches openraft's metrics), one task per
+//! node. What it does: look up the earliest bucket on the wheel, sleep until that bucket is due
+//! (or until the state machine signals that an earlier timer was scheduled), then propose
+//! `Fire { now_ms }` with the leader's clock. Each Fire fires at most `max_fires_per_entry`
+//! timers; while more are due it proposes back to back. Nothing is due ⇒ nothing is proposed:
+//! an idle cluster writes no log entries (DESIGN 7).
+//!
+//! On becoming leader it first calls `ensure_linearizable`, so every entry of earlier terms is
+//! applied before it reads the wheel; timers that came due during the election then fire at
+//! once (deadlines are absolute, never reset).
+//!
+//! How it stops: when leadership is lost the leading future is dropped (all its awaits are
+//! cancel-safe: a dropped proposal may still commit, which is harmless because the cursor only
+//! moves forward and only due timers fire), and the whole task ends on shutdown.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::sync::{watch, Notify};
+
+use super::{NodeId, Raft};
+use crate::clock::Clock;
+use crate::storage::Store;
+use crate::timer::{Command, Response};
+
+/// How the state machine wakes the driver: it compares each newly scheduled due time with the
+/// time the driver sleeps until, and notifies only when the new one is earlier.
+#[derive(Debug)]
+pub struct FireSignal {
+    notify: Notify,
+    /// The due time the driver sleeps until; `i64::MAX` while it looks at the wheel or the
+    /// wheel is empty (any schedule must wake it).
+    target_ms: AtomicI64,
+}
+
+impl Default for FireSignal {
+    fn default() -> Self {
+        FireSignal { notify: Notify::new(), target_ms: AtomicI64::new(i64::MAX) }
+    }
+}
+
+impl FireSignal {
+    /// Called by apply: a timer now waits on the wheel due at `due_ms`.
+    pub fn scheduled(&self, due_ms: i64) {
+        if due_ms < self.target_ms.load(Ordering::Acquire) {
+            self.notify.notify_one();
+        }
+    }
+
+    fn set_target(&self, due_ms: i64) {
+        self.target_ms.store(due_ms, Ordering::Release);
+    }
+}
+
+/// The leader's fire loop for one node.
+pub struct FireDriver {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub store: Store,
+    pub clock: Clock,
+    pub signal: Arc<FireSignal>,
+    pub max_fires_per_entry: u32,
+}
+
+/// Pause after an unexpected error before the driver tries again.
+const ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+impl FireDriver {
+    /// Runs until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                _ = metrics.wait_for(|m| m.state == ServerState::Leader && m.current_leader == Some(self.id)) => {}
+            }
+            tracing::info!(id = self.id, "became leader: fire driver starts");
+            tokio::select! {
+                _ = shutdown.wait_for(|stop| *stop) => return,
+                _ = metrics.wait_for(|m| m.state != ServerState::Leader) => {}
+                _ = self.lead() => {}
+            }
+            tracing::info!(id = self.id, "fire driver stops leading");
+            self.signal.set_target(i64::MAX);
+        }
+    }
+
+    /// The leading loop; returns (to be restarted by `run`) after an error.
+    async fn lead(&self) {
+        if let Err(e) = self.raft.ensure_linearizable().await {
+            tracing::warn!(error = %e, "fire driver: not yet able to read; retrying");
+            tokio::time::sleep(ERROR_BACKOFF).await;
+            return;
+        }
+        loop {
+            // Look with the target at MAX, so a schedule applied while we read wakes us.
+            self.signal.set_target(i64::MAX);
+            let next = match self.store.next_bucket() {
+                Ok(next) => next,
+                Err(e) => {
+                    tracing::error!(error = %e, "fire driver: cannot read the wheel");
+                    tokio::time::sleep(ERROR_BACKOFF).await;
+                    continue;
+                }
+            };
+            let Some(bucket) = next else {
+                self.signal.notify.notified().await;
+                continue;
+            };
+            let due_ms = self.store.wheel().due_ms(bucket);
+            let now_ms = self.clock.now_ms();
+            if now_ms < due_ms {
+                self.signal.set_target(due_ms);
+                tokio::select! {
+                    _ = tokio::time::sleep(self.clock.until(due_ms)) => {}
+                    _ = self.signal.notify.notified() => {}
+                }
+                continue;
+            }
+            if !self.fire(now_ms).await {
+                tokio::time::sleep(ERROR_BACKOFF).await;
+            }
+        }
+    }
+
+    /// Proposes Fire entries until nothing more is due at `now_ms`; false on error.
+    async fn fire(&self, now_ms: i64) -> bool {
+        loop {
+            let cmd = Command::Fire { now_ms, max: self.max_fires_per_entry };
+            match self.raft.client_write(cmd).await {
+                Ok(reply) => match reply.data {
+                    Response::Fired { count, more } => {
+                        tracing::debug!(now_ms, count, more, "fired");
+                        if !more {
+                            return true;
+                        }
+                    }
+                    other => {
+                        tracing::error!(?other, "fire driver: unexpected response");
+                        return false;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "fire driver: proposal failed");
+                    return false;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The Raft cluster: openraft's type configuration, the peer network, and the leader's fire
+//! driver.
+//!
+//! Every node runs one `openraft::Raft` whose log store and state machine live in `storage`.
+//! Peers talk over the internal `timerdb.v1.Raft` gRPC service (served in `api::peer`, called
+//! from [`network`]). The fire driver ([`driver`]) is the only writer of Fire entries and runs
+//! only while this node is the leader; the state machine wakes it through a [`FireSignal`] when
+//! an earlier timer is scheduled.
+//!
+//! Left out here, on purpose: membership changes (added in the operations issue; the cluster is
+//! formed statically from `--peers`, like etcd's `--initial-cluster`).
+
+pub mod driver;
+pub mod network;
+
+use std::io::Cursor;
+
+pub use driver::{FireDriver, FireSignal};
+pub use network::Network;
+use openraft::BasicNode;
+
+use crate::timer::{Command, Response};
+
+/// A node's id in the cluster (1, 2, 3 …).
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// timerdb's openraft types: commands in, responses out, snapshots as byte blobs.
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = NodeId,
+        Node = BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The Raft handle of a timerdb node.
+pub type Raft = openraft::Raft<TypeConfig>;

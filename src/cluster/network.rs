@@ -1,0 +1,142 @@
+//! The client side of the peer network: openraft's `RaftNetwork` over the internal
+//! `timerdb.v1.Raft` gRPC service.
+//!
+//! Each message is openraft's own request type, bincode-encoded in a `RaftMessage`; the reply is
+//! the bincode of `Result<response, RaftError>`, so a remote Raft error comes back typed. A
+//! transport failure (peer down, connection refused, timeout) is `Unreachable`, which makes
+//! openraft back off instead of hammering a dead peer. Channels connect lazily and reconnect by
+//! themselves, so a restarted peer is picked up without any bookkeeping here.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
+    InstallSnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::{de::DeserializeOwned, Serialize};
+use tonic::transport::{Channel, Endpoint};
+
+use super::{NodeId, TypeConfig};
+use crate::api::pb::{raft_client::RaftClient, RaftMessage};
+use crate::storage::{decode, encode};
+
+/// Largest peer message accepted or sent: entries batch many timers with their payloads.
+pub const MAX_PEER_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Makes a [`PeerClient`] per target node.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient::new(target, &node.addr)
+    }
+}
+
+/// A connection to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    client: Option<RaftClient<Channel>>,
+    addr: String,
+}
+
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl PeerClient {
+    fn new(target: NodeId, addr: &str) -> Self {
+        let client = Endpoint::from_shared(format!("http://{addr}"))
+            .ok()
+            .map(|e| {
+                let channel = e
+                    .connect_timeout(Duration::from_secs(1))
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                RaftClient::new(channel)
+                    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            });
+        PeerClient { target, client, addr: addr.to_string() }
+    }
+
+    /// Sends one RPC; the outer error is the transport's, the inner the remote Raft's.
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        ttl: Duration,
+    ) -> Result<Result<Resp, E>, Unreachable>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: DeserializeOwned,
+    {
+        let addr = &self.addr;
+        let client = self.client.as_mut().ok_or_else(|| {
+            Unreachable::new(&std::io::Error::other(format!("bad peer address {addr}")))
+        })?;
+        let mut request = tonic::Request::new(RaftMessage { data: encode(req) });
+        request.set_timeout(ttl);
+        let reply = match rpc {
+            Rpc::Append => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::Snapshot => client.install_snapshot(request).await,
+        }
+        .map_err(|s| Unreachable::new(&std::io::Error::other(s.message().to_string())))?;
+        decode(&reply.into_inner().data)
+            .map_err(|e| Unreachable::new(&std::io::Error::other(e.to_string())))
+    }
+
+    fn lift<Resp, E: std::error::Error>(
+        &self,
+        outcome: Result<Result<Resp, RaftError<NodeId, E>>, Unreachable>,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>> {
+        match outcome {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Err(u) => Err(RPCError::Unreachable(u)),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let outcome = self.call(Rpc::Append, &rpc, option.hard_ttl()).await;
+        self.lift(outcome)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let outcome = self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await;
+        self.lift(outcome)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let outcome = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await;
+        self.lift(outcome)
+    }
+}

@@ -1,0 +1,190 @@
+//! A node's configuration, with the defaults in code and every limit documented.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::cluster::NodeId;
+use crate::wheel::DEFAULT_BUCKET_MS;
+use crate::{Error, Result};
+
+/// Limits on client input. Requests beyond them are refused with a clear status.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Longest namespace, in UTF-8 bytes.
+    pub max_namespace_bytes: usize,
+    /// Longest timer id, in UTF-8 bytes.
+    pub max_id_bytes: usize,
+    /// Largest payload, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most timers in one ScheduleBatch.
+    pub max_batch: usize,
+    /// Largest List page a client may ask for.
+    pub max_list_limit: usize,
+    /// List page size when the client asks for 0.
+    pub default_list_limit: usize,
+    /// Longest relative delay, in ms (and the furthest absolute time ahead of now).
+    pub max_delay_ms: i64,
+}
+
+/// Absolute fire times earlier than 2000-01-01 are refused: they are almost always seconds
+/// sent where milliseconds were meant.
+pub const MIN_FIRE_AT_MS: i64 = 946_684_800_000;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_namespace_bytes: 128,
+            max_id_bytes: 256,
+            max_payload_bytes: 64 * 1024,
+            max_batch: 10_000,
+            max_list_limit: 10_000,
+            default_list_limit: 100,
+            // 100 years.
+            max_delay_ms: 100 * 365 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+/// Raft timing. Election timeouts are a few heartbeats so a dead leader is replaced in well
+/// under a second, yet wide enough that a busy 2-core machine does not hold spurious elections.
+#[derive(Debug, Clone)]
+pub struct RaftTiming {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        RaftTiming { heartbeat_ms: 100, election_timeout_min_ms: 400, election_timeout_max_ms: 800 }
+    }
+}
+
+/// Everything one node needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    /// Where the node keeps its RocksDB and snapshots.
+    pub data_dir: PathBuf,
+    /// Every voter's id and address (this node's included), as peers reach them.
+    pub peers: BTreeMap<NodeId, String>,
+    /// Wheel bucket width; fixed for the life of the data dir.
+    pub bucket_ms: u64,
+    pub limits: Limits,
+    pub raft: RaftTiming,
+    /// How long a call waits for a leader before failing UNAVAILABLE.
+    pub leader_wait: Duration,
+    /// How long a write waits to be committed before failing UNAVAILABLE (outcome unknown).
+    pub write_timeout: Duration,
+    /// Most timers one Fire entry fires (keeps each apply short).
+    pub max_fires_per_entry: u32,
+    /// The node's clock (skewable for tests).
+    pub clock: Clock,
+}
+
+impl NodeConfig {
+    /// A configuration with defaults for everything but identity and placement.
+    pub fn new(id: NodeId, data_dir: PathBuf, peers: BTreeMap<NodeId, String>) -> Self {
+        NodeConfig {
+            id,
+            data_dir,
+            peers,
+            bucket_ms: DEFAULT_BUCKET_MS,
+            limits: Limits::default(),
+            raft: RaftTiming::default(),
+            leader_wait: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(10),
+            max_fires_per_entry: 10_000,
+            clock: Clock::system(),
+        }
+    }
+
+    /// Checks the configuration is coherent.
+    pub fn validate(&self) -> Result<()> {
+        if !self.peers.contains_key(&self.id) {
+            return Err(Error::InvalidArgument(format!(
+                "--peers must include this node's own id {}",
+                self.id
+            )));
+        }
+        if self.bucket_ms == 0 {
+            return Err(Error::InvalidArgument("bucket width must be at least 1 ms".into()));
+        }
+        if self.max_fires_per_entry == 0 {
+            return Err(Error::InvalidArgument("max fires per entry must be positive".into()));
+        }
+        Ok(())
+    }
+
+    /// openraft's configuration for this node.
+    pub fn openraft(&self) -> Result<openraft::Config> {
+        let config = openraft::Config {
+            cluster_name: "timerdb".into(),
+            heartbeat_interval: self.raft.heartbeat_ms,
+            election_timeout_min: self.raft.election_timeout_min_ms,
+            election_timeout_max: self.raft.election_timeout_max_ms,
+            // Many small entries per AppendEntries: one round trip carries a burst.
+            max_payload_entries: 1024,
+            // Snapshot and purge periodically so the log does not grow without bound, keeping a
+            // generous tail so a briefly slow follower catches up from the log, not a snapshot.
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(50_000),
+            max_in_snapshot_log_to_keep: 10_000,
+            ..Default::default()
+        };
+        config
+            .validate()
+            .map_err(|e| Error::InvalidArgument(format!("raft config: {e}")))
+    }
+}
+
+/// Parses `1=127.0.0.1:7101,2=…` into a peer map.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<NodeId, String>> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| Error::InvalidArgument(format!("peer '{part}' is not ID=ADDR")))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .map_err(|_| Error::InvalidArgument(format!("peer id '{id}' is not a number")))?;
+        if id == 0 {
+            return Err(Error::InvalidArgument("node ids start at 1".into()));
+        }
+        if peers.insert(id, addr.trim().to_string()).is_some() {
+            return Err(Error::InvalidArgument(format!("peer id {id} given twice")));
+        }
+    }
+    if peers.is_empty() {
+        return Err(Error::InvalidArgument("--peers lists no node".into()));
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_peers() {
+        let p = parse_peers("1=127.0.0.1:7101, 2=127.0.0.1:7102,3=h:1").unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[&2], "127.0.0.1:7102");
+        assert!(parse_peers("1=a,1=b").is_err());
+        assert!(parse_peers("x=a").is_err());
+        assert!(parse_peers("0=a").is_err());
+        assert!(parse_peers("").is_err());
+        assert!(parse_peers("1:a").is_err());
+    }
+
+    #[test]
+    fn default_config_is_valid() {
+        let c = NodeConfig::new(1, "/tmp/x".into(), parse_peers("1=a:1").unwrap());
+        c.validate().unwrap();
+        c.openraft().unwrap();
+        let bad = NodeConfig::new(2, "/tmp/x".into(), parse_peers("1=a:1").unwrap());
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,60 @@
+//! The one error type of timerdb.
+//!
+//! Variants are named by what they mean to a caller, not by where they came from, so the gRPC
+//! layer maps each to exactly one status code (that mapping lives in `api::convert`, the only
+//! place that knows about `tonic::Status`). Storage I/O failures are `Storage`: inside the state
+//! machine they are fatal to the node (apply must be deterministic), outside it they are reported.
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in timerdb, by meaning.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed or out of range; retrying it unchanged cannot succeed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The named timer does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// A different timer already holds this (namespace, id).
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The timer is in a state that does not allow the operation (e.g. cancel after fire).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The request is too large for the configured limits.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// This node is not the leader; the caller should retry against the leader.
+    #[error("this node is not the leader")]
+    NotLeader,
+    /// The cluster cannot serve right now (no leader, shutting down); retry later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Local storage failed.
+    #[error("storage error: {0}")]
+    Storage(String),
+    /// A bug or an unexpected condition.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Whether the same request may succeed if retried (possibly on another node).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::NotLeader | Error::Unavailable(_))
+    }
+}
+
+impl From<rocksdb::Error> for Error {
+    fn from(e: rocksdb::Error) -> Self {
+        Error::Storage(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Storage(e.to_string())
+    }
+}

@@ -1,0 +1,30 @@
+//! timerdb: a Raft-replicated clustered timer database.
+//!
+//! A client schedules a timer (namespace, id, fire time, payload) on any node; at its fire time
+//! it fires exactly once, even while leaders die. Each node keeps a RocksDB state machine whose
+//! wheel orders timers by fire time, replicated with openraft. Only the leader reads the clock:
+//! its fire driver commits `Fire { now_ms }` entries and every replica applies them alike.
+//!
+//! Modules, from the bottom up:
+//! - [`clock`]: the only reader of the wall clock.
+//! - [`timer`]: domain types and the replicated command vocabulary.
+//! - [`wheel`]: bucket arithmetic and order-preserving key encoding (pure).
+//! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
+//! - [`cluster`]: openraft types, peer network, fire driver.
+//! - [`node`]: a node's operations in domain terms.
+//! - [`api`]: gRPC services, validation, forwarding to the leader.
+//! - [`server`]: wires a node together and runs it.
+//! - [`config`], [`error`]: configuration and the one error type.
+
+pub mod api;
+pub mod clock;
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod node;
+pub mod server;
+pub mod storage;
+pub mod timer;
+pub mod wheel;
+
+pub use error::{Error, Result};

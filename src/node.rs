@@ -1,0 +1,214 @@
+//! A running node's operations, in domain terms: what the API layer calls once it has decided
+//! that this node is the leader (or that a local read will do).
+//!
+//! Writes become commands stamped with this node's clock and are proposed to Raft; reads of
+//! timers are linearizable (a ReadIndex round through `ensure_linearizable`, then the local
+//! state machine). An apply-time `Rejected` becomes the matching error here, so callers see one
+//! error type. Nothing here knows about protobuf or forwarding.
+
+use std::sync::Arc;
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::ServerState;
+
+use crate::cluster::{NodeId, Raft};
+use crate::config::NodeConfig;
+use crate::storage::{ListFilter, Page, Store};
+use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
+use crate::{Error, Result};
+
+/// Who leads, as this node knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leader {
+    Me,
+    Other { id: NodeId, addr: String },
+    Unknown,
+}
+
+/// This node's view of itself and its cluster, for Status.
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    pub id: NodeId,
+    pub role: &'static str,
+    pub leader_id: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    /// (id, address, voter)
+    pub members: Vec<(NodeId, String, bool)>,
+    pub pending_timers: u64,
+    pub time_cursor_ms: i64,
+}
+
+/// One timerdb node: its Raft handle, its state machine reader and its configuration.
+pub struct Node {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub store: Store,
+    pub config: Arc<NodeConfig>,
+}
+
+impl Node {
+    /// Who leads now, from openraft's metrics.
+    pub fn leader(&self) -> Leader {
+        let m = self.raft.metrics().borrow().clone();
+        match m.current_leader {
+            Some(id) if id == self.id && m.state == ServerState::Leader => Leader::Me,
+            Some(id) if id != self.id => {
+                match m.membership_config.membership().get_node(&id) {
+                    Some(node) => Leader::Other { id, addr: node.addr.clone() },
+                    None => Leader::Unknown,
+                }
+            }
+            _ => Leader::Unknown,
+        }
+    }
+
+    /// Waits until the metrics change (a leader appears, a term moves) or `timeout` passes.
+    pub async fn wait_for_change(&self, timeout: std::time::Duration) {
+        let mut rx = self.raft.metrics();
+        let _ = tokio::time::timeout(timeout, rx.changed()).await;
+    }
+
+    /// Proposes `cmd` on this node (which must lead) and waits for it to apply.
+    pub async fn write(&self, cmd: Command) -> Result<Response> {
+        let proposal = self.raft.client_write(cmd);
+        let reply = tokio::time::timeout(self.config.write_timeout, proposal)
+            .await
+            .map_err(|_| {
+                Error::Unavailable(
+                    "the write was not committed in time (no quorum?); its outcome is unknown, \
+                     retrying it is safe"
+                        .into(),
+                )
+            })?
+            .map_err(write_error)?;
+        match reply.data {
+            Response::Rejected(r) => Err(r.into_error()),
+            other => Ok(other),
+        }
+    }
+
+    /// Waits until this node (the leader) has applied everything committed before the call.
+    pub async fn read_barrier(&self) -> Result<()> {
+        let barrier = self.raft.ensure_linearizable();
+        tokio::time::timeout(self.config.write_timeout, barrier)
+            .await
+            .map_err(|_| Error::Unavailable("could not confirm leadership in time".into()))?
+            .map_err(read_error)?;
+        Ok(())
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.config.clock.now_ms()
+    }
+
+    pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
+        let cmd = Command::Schedule { now_ms: self.now_ms(), spec };
+        match self.write(cmd).await? {
+            Response::Timer { timer, created } => Ok((timer, created)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
+        let cmd = Command::ScheduleBatch { now_ms: self.now_ms(), specs };
+        match self.write(cmd).await? {
+            Response::Batch(results) => Ok(results),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn cancel(&self, key: TimerKey) -> Result<Timer> {
+        let cmd = Command::Cancel { now_ms: self.now_ms(), key };
+        match self.write(cmd).await? {
+            Response::Timer { timer, .. } => Ok(timer),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn reschedule(&self, key: TimerKey, when: When) -> Result<Timer> {
+        let cmd = Command::Reschedule { now_ms: self.now_ms(), key, when };
+        match self.write(cmd).await? {
+            Response::Timer { timer, .. } => Ok(timer),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Linearizable read of one timer.
+    pub async fn get(&self, key: &TimerKey) -> Result<Timer> {
+        self.read_barrier().await?;
+        self.store
+            .get(key)?
+            .ok_or_else(|| Error::NotFound(format!("timer {key} not found")))
+    }
+
+    /// Linearizable page of a namespace's timers.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page> {
+        self.read_barrier().await?;
+        self.store.list(namespace, filter, after, limit)
+    }
+
+    /// This node's view of the cluster (local, not linearizable).
+    pub fn status(&self) -> Result<NodeStatus> {
+        let m = self.raft.metrics().borrow().clone();
+        let sm = self.store.meta()?;
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .collect();
+        Ok(NodeStatus {
+            id: self.id,
+            role: role_name(m.state),
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            members,
+            pending_timers: sm.pending,
+            time_cursor_ms: sm.cursor_ms,
+        })
+    }
+}
+
+fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Learner => "learner",
+        ServerState::Candidate => "candidate",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+fn unexpected(r: Response) -> Error {
+    Error::Internal(format!("unexpected response {r:?}"))
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Error::NotLeader,
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            Error::Internal(e.to_string())
+        }
+        RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
+    }
+}
+
+fn read_error(e: RaftError<NodeId, CheckIsLeaderError<NodeId, openraft::BasicNode>>) -> Error {
+    match e {
+        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)) => Error::NotLeader,
+        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
+            Error::Unavailable(format!("cannot reach a quorum: {q}"))
+        }
+        RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
+    }
+}

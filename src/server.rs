@@ -1,0 +1,144 @@
+//! Wires a node together and runs it: storage, Raft, the gRPC server, the fire driver.
+//!
+//! The listener, the clock (inside `NodeConfig`) and the shutdown signal are injected, so tests
+//! bind `127.0.0.1:0`, run three nodes in one process and stop them cleanly (mini-redis style).
+//!
+//! Bootstrap is static, like etcd's `--initial-cluster`: a node whose storage is uninitialised
+//! calls `initialize` with every peer from `--peers`. Several nodes doing so with identical
+//! membership is safe (openraft); a node restarted on its data dir is already initialised and
+//! simply rejoins.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InitializeError, RaftError};
+use openraft::BasicNode;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::cluster::ClusterService;
+use crate::api::pb::{cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer};
+use crate::api::peer::PeerService;
+use crate::api::timers::TimersService;
+use crate::api::MAX_CLIENT_MESSAGE_BYTES;
+use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
+use crate::cluster::{FireDriver, FireSignal, Network, Raft};
+use crate::config::NodeConfig;
+use crate::node::Node;
+use crate::storage::{self, LogStore, StateMachine, Store};
+use crate::wheel::Wheel;
+use crate::{Error, Result};
+
+/// A started node; call [`RunningNode::shutdown`] to stop it.
+pub struct RunningNode {
+    pub node: Arc<Node>,
+    /// The address the gRPC server listens on.
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Opens storage, starts Raft, serves gRPC on `listener` and starts the fire driver.
+pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningNode> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let addr = listener.local_addr()?;
+    let db = open_db_retrying(&config.data_dir).await?;
+    let store = Store::new(db.clone(), Wheel::new(config.bucket_ms));
+    let signal = Arc::new(FireSignal::default());
+    let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
+    let log = LogStore::new(db);
+    let raft = Raft::new(config.id, Arc::new(config.openraft()?), Network, log, sm)
+        .await
+        .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
+    let node = Arc::new(Node { id: config.id, raft: raft.clone(), store: store.clone(), config });
+
+    let (shutdown, rx) = watch::channel(false);
+    let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
+    bootstrap(&node).await?;
+    let driver = FireDriver {
+        id: node.id,
+        raft,
+        store,
+        clock: node.config.clock,
+        signal,
+        max_fires_per_entry: node.config.max_fires_per_entry,
+    };
+    tasks.push(tokio::spawn(driver.run(rx)));
+    tracing::info!(id = node.id, %addr, "node started");
+    Ok(RunningNode { node, addr, shutdown, tasks })
+}
+
+/// RocksDB's lock outlives a stopped node for a moment (its syncer thread lets go last), so a
+/// node restarted in the same process retries briefly.
+async fn open_db_retrying(dir: &std::path::Path) -> Result<Arc<rocksdb::DB>> {
+    let mut attempts = 0;
+    loop {
+        match storage::open_db(dir) {
+            Err(Error::Storage(m)) if m.contains("lock") && attempts < 100 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn bootstrap(node: &Node) -> Result<()> {
+    let initialized = node
+        .raft
+        .is_initialized()
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    if initialized {
+        return Ok(());
+    }
+    let members: std::collections::BTreeMap<u64, BasicNode> = node
+        .config
+        .peers
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect();
+    match node.raft.initialize(members).await {
+        Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(Error::Internal(format!("initialize: {e}"))),
+    }
+}
+
+async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let timers = TimersServer::new(TimersService::new(node.clone()))
+        .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
+    let peer = RaftServer::new(PeerService::new(node.raft.clone()))
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(timers)
+        .add_service(ClusterServer::new(ClusterService::new(node.clone())))
+        .add_service(peer)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "gRPC server failed");
+    }
+}
+
+impl RunningNode {
+    /// Stops serving, stops the fire driver and Raft, and waits for them.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.node.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        tracing::info!(id = self.node.id, "node stopped");
+    }
+}

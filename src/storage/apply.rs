@@ -1,0 +1,229 @@
+//! Applying one command: the deterministic heart of timerdb.
+//!
+//! Contract (what breaks if violated): given the same state and the same entry, every replica
+//! must produce byte-identical writes. So nothing here reads a clock, a random number, or any
+//! state but the database and the entry; iteration is in key order; a command that no longer
+//! applies (cancel of a fired timer) yields a `Rejected` response, never a panic and never a
+//! partial write. A storage error is returned and is fatal to the node: skipping an entry would
+//! fork this replica from the others.
+//!
+//! Each entry's effects accumulate in one `WriteBatch`, which the state machine writes together
+//! with `last_applied`, so a crash re-applies an entry wholly or not at all.
+
+use std::collections::HashMap;
+
+use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
+
+use super::meta::Progress;
+use super::{cf, codec, CF_TIMERS, CF_WHEEL};
+use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::wheel::{self, Wheel};
+use crate::{Error, Result};
+
+/// Applies commands for one log entry into `batch`.
+pub(super) struct Applier<'a> {
+    pub db: &'a DB,
+    pub wheel: Wheel,
+    pub batch: &'a mut WriteBatch,
+    pub progress: &'a mut Progress,
+    /// The entry's log index: a fired timer's `fire_index`.
+    pub index: u64,
+    /// The earliest due time this entry put on the wheel, to wake the fire driver.
+    pub earliest_new_due: Option<i64>,
+}
+
+impl Applier<'_> {
+    pub fn command(&mut self, cmd: Command) -> Result<Response> {
+        match cmd {
+            Command::Schedule { now_ms, spec } => self.schedule(now_ms, spec),
+            Command::ScheduleBatch { now_ms, specs } => self.schedule_batch(now_ms, specs),
+            Command::Cancel { now_ms, key } => self.cancel(now_ms, key),
+            Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
+            Command::Fire { now_ms, max } => self.fire(now_ms, max),
+        }
+    }
+
+    fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        let raw = self.db.get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
+        raw.map(|v| codec::decode(&v)).transpose()
+    }
+
+    fn put(&mut self, timer: &Timer) {
+        let key = wheel::timer_key(&timer.key);
+        self.batch.put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
+    }
+
+    /// Puts a PENDING timer on the wheel at its placement and counts it.
+    fn enqueue(&mut self, timer: &mut Timer) {
+        timer.bucket = self.wheel.placement(timer.fire_at_ms, self.progress.floor);
+        let key = wheel::wheel_key(timer.bucket, &timer.key);
+        self.batch.put_cf(cf(self.db, CF_WHEEL), key, []);
+        self.progress.pending += 1;
+        let due = self.wheel.due_ms(timer.bucket);
+        self.earliest_new_due = Some(self.earliest_new_due.map_or(due, |d| d.min(due)));
+    }
+
+    /// Takes a PENDING timer off the wheel and uncounts it.
+    fn dequeue(&mut self, timer: &Timer) {
+        debug_assert_eq!(timer.state, TimerState::Pending, "dequeue of {timer:?}");
+        let key = wheel::wheel_key(timer.bucket, &timer.key);
+        self.batch.delete_cf(cf(self.db, CF_WHEEL), key);
+        self.progress.pending = self.progress.pending.saturating_sub(1);
+    }
+
+    fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
+        let mut timer = Timer {
+            fire_at_ms: spec.when.resolve(now_ms),
+            key: spec.key,
+            payload: spec.payload,
+            state: TimerState::Pending,
+            attempts: 0,
+            created_at_ms: now_ms,
+            fired_at_ms: 0,
+            fire_index: 0,
+            finished_at_ms: 0,
+            scheduled_when: spec.when,
+            bucket: 0,
+        };
+        self.enqueue(&mut timer);
+        self.put(&timer);
+        timer
+    }
+
+    fn schedule(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Response> {
+        match self.load(&spec.key)? {
+            Some(existing) if existing.same_request(&spec) => Ok(Response::Timer {
+                timer: existing,
+                created: false,
+            }),
+            Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(spec.key))),
+            None => Ok(Response::Timer { timer: self.new_timer(now_ms, spec), created: true }),
+        }
+    }
+
+    /// All or none: any conflicting key rejects the whole batch before anything is staged.
+    fn schedule_batch(&mut self, now_ms: i64, specs: Vec<TimerSpec>) -> Result<Response> {
+        let mut existing: Vec<Option<Timer>> = Vec::with_capacity(specs.len());
+        let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::new();
+        for (i, spec) in specs.iter().enumerate() {
+            if let Some(&j) = first_in_batch.get(&spec.key) {
+                if specs[j] != *spec {
+                    return Ok(Response::Rejected(Rejection::AlreadyExists(spec.key.clone())));
+                }
+                existing.push(None);
+                continue;
+            }
+            first_in_batch.insert(&spec.key, i);
+            let found = self.load(&spec.key)?;
+            if found.as_ref().is_some_and(|t| !t.same_request(spec)) {
+                return Ok(Response::Rejected(Rejection::AlreadyExists(spec.key.clone())));
+            }
+            existing.push(found);
+        }
+        let positions: Vec<usize> = specs.iter().map(|s| first_in_batch[&s.key]).collect();
+        let mut results: Vec<(Timer, bool)> = Vec::with_capacity(specs.len());
+        for ((i, spec), found) in specs.into_iter().enumerate().zip(existing) {
+            let result = match found {
+                Some(t) => (t, false),
+                None if positions[i] < i => (results[positions[i]].0.clone(), false),
+                None => (self.new_timer(now_ms, spec), true),
+            };
+            results.push(result);
+        }
+        Ok(Response::Batch(results))
+    }
+
+    fn cancel(&mut self, now_ms: i64, key: TimerKey) -> Result<Response> {
+        let Some(mut timer) = self.load(&key)? else {
+            return Ok(Response::Rejected(Rejection::NotFound(key)));
+        };
+        match timer.state {
+            TimerState::Pending => {
+                self.dequeue(&timer);
+                timer.state = TimerState::Cancelled;
+                timer.finished_at_ms = now_ms;
+                self.put(&timer);
+                Ok(Response::Timer { timer, created: false })
+            }
+            // A retried cancel: the timer is already what the client asked for.
+            TimerState::Cancelled => Ok(Response::Timer { timer, created: false }),
+            state => Ok(Response::Rejected(Rejection::WrongState { key, state })),
+        }
+    }
+
+    fn reschedule(&mut self, now_ms: i64, key: TimerKey, when: When) -> Result<Response> {
+        let Some(mut timer) = self.load(&key)? else {
+            return Ok(Response::Rejected(Rejection::NotFound(key)));
+        };
+        if timer.state != TimerState::Pending {
+            let state = timer.state;
+            return Ok(Response::Rejected(Rejection::WrongState { key, state }));
+        }
+        self.dequeue(&timer);
+        timer.fire_at_ms = when.resolve(now_ms);
+        self.enqueue(&mut timer);
+        self.put(&timer);
+        Ok(Response::Timer { timer, created: false })
+    }
+
+    /// Fires due timers in wheel order, at most `max`. Moves the cursor and floor forward only.
+    fn fire(&mut self, now_ms: i64, max: u32) -> Result<Response> {
+        let now_bucket = self.wheel.bucket_of(now_ms);
+        let due = self.due_keys(now_ms, now_bucket, max as usize)?;
+        let count = due.len() as u32;
+        let more = count >= max;
+        for (_, key) in &due {
+            let mut timer = self
+                .load(key)?
+                .ok_or_else(|| Error::Storage(format!("wheel holds {key} with no timer")))?;
+            self.dequeue(&timer);
+            timer.state = TimerState::Fired;
+            timer.fired_at_ms = now_ms;
+            timer.fire_index = self.index;
+            self.put(&timer);
+        }
+        let p = &mut *self.progress;
+        p.cursor_ms = p.cursor_ms.max(now_ms);
+        // Stopped short at `max`: timers may remain in the last fired bucket, so the floor may
+        // only advance to it; otherwise everything due has fired up to `now`'s bucket.
+        let new_floor = match (more, due.last()) {
+            (true, Some((bucket, _))) => *bucket,
+            _ => now_bucket,
+        };
+        p.floor = p.floor.max(new_floor);
+        Ok(Response::Fired { count, more })
+    }
+
+    /// Wheel keys from the floor to `now_bucket` whose timers are due at `now_ms`, in key order.
+    fn due_keys(&self, now_ms: i64, now_bucket: u64, max: usize) -> Result<Vec<(u64, TimerKey)>> {
+        let start = wheel::bucket_start_key(self.progress.floor);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(start.clone());
+        opts.set_iterate_upper_bound(wheel::bucket_start_key(now_bucket.saturating_add(1)));
+        let iter = self.db.iterator_cf_opt(
+            cf(self.db, CF_WHEEL),
+            opts,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut due = Vec::new();
+        for item in iter {
+            if due.len() >= max {
+                break;
+            }
+            let (k, _) = item?;
+            let (bucket, key) = wheel::decode_wheel_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt wheel key".into()))?;
+            // Earlier buckets are wholly due; in `now`'s own bucket (wider than 1 ms) a timer
+            // may still be in the future: never fire early.
+            if bucket == now_bucket && !self.fire_at_reached(&key, now_ms)? {
+                continue;
+            }
+            due.push((bucket, key));
+        }
+        Ok(due)
+    }
+
+    fn fire_at_reached(&self, key: &TimerKey, now_ms: i64) -> Result<bool> {
+        Ok(self.load(key)?.is_some_and(|t| t.fire_at_ms <= now_ms))
+    }
+}

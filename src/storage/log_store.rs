@@ -1,0 +1,206 @@
+//! The Raft log and vote: openraft's `RaftLogStorage` on the `log` and `raft` column families.
+//!
+//! Invariants:
+//! - openraft hears an append is done (the `LogFlushed` callback) only after the entries are
+//!   fsynced; votes, truncations and purges are fsynced before their call returns (DESIGN 5).
+//! - Appended entries are readable as soon as `append` returns (written to RocksDB unsynced,
+//!   then synced in the background), as openraft's contract asks.
+//! - The log has no holes: truncate deletes a suffix, purge a prefix and records the last
+//!   purged id in the same synced batch.
+//!
+//! Group commit: the [`Syncer`] thread takes every callback queued since its last fsync and
+//! answers them all after one `SyncWAL`, so many concurrent appends cost one fsync. Callbacks
+//! are answered in append order, which openraft requires.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::{mpsc, Arc};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+
+use super::{cf, codec, CF_LOG, CF_RAFT};
+use crate::cluster::TypeConfig;
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+type StResult<T> = Result<T, StorageError<u64>>;
+
+fn log_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
+    StorageIOError::read_logs(&e).into()
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
+    StorageIOError::write_logs(&e).into()
+}
+
+/// The log store; cheap to clone (clones share the database and the syncer).
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+    syncer: mpsc::Sender<LogFlushed<TypeConfig>>,
+}
+
+impl LogStore {
+    /// A log store over `db`, starting its syncer thread.
+    pub fn new(db: Arc<DB>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let sync_db = db.clone();
+        std::thread::Builder::new()
+            .name("timerdb-log-sync".into())
+            .spawn(move || run_syncer(sync_db, rx))
+            .expect("spawn log syncer thread");
+        LogStore { db, syncer: tx }
+    }
+
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StResult<Option<T>> {
+        let raw = self.db.get_cf(cf(&self.db, CF_RAFT), key).map_err(read_err)?;
+        match raw {
+            Some(v) => codec::decode(&v)
+                .map(Some)
+                .map_err(|e| StorageIOError::read_logs(&e).into()),
+            None => Ok(None),
+        }
+    }
+
+    fn write_synced(&self, batch: WriteBatch) -> StResult<()> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(batch, &opts).map_err(write_err)
+    }
+
+    fn last_log_id(&self) -> StResult<Option<LogId<u64>>> {
+        let mut iter = self.db.iterator_cf(cf(&self.db, CF_LOG), IteratorMode::End);
+        match iter.next() {
+            None => Ok(None),
+            Some(item) => {
+                let (_, v) = item.map_err(read_err)?;
+                let entry: Entry<TypeConfig> =
+                    codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?;
+                Ok(Some(entry.log_id))
+            }
+        }
+    }
+}
+
+/// The group-commit loop: one `SyncWAL` for every burst of appends, callbacks in order.
+/// Runs until every `LogStore` clone is dropped.
+fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+    while let Ok(first) = rx.recv() {
+        let mut waiting = vec![first];
+        waiting.extend(rx.try_iter());
+        let result = db.flush_wal(true);
+        for callback in waiting {
+            let r = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::other(e.to_string())),
+            };
+            callback.log_io_completed(r);
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StResult<Vec<Entry<TypeConfig>>> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let key = log_key(start);
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_LOG),
+            IteratorMode::From(&key, Direction::Forward),
+        );
+        let mut entries = Vec::new();
+        for item in iter {
+            let (k, v) = item.map_err(read_err)?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
+                StorageIOError::<u64>::read_logs(&io::Error::other("corrupt log key"))
+            })?);
+            if !range.contains(&index) {
+                break;
+            }
+            entries.push(codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> StResult<LogState<TypeConfig>> {
+        let last_purged_log_id: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
+        let last_log_id = self.last_log_id()?.or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> StResult<()> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(cf(&self.db, CF_RAFT), VOTE, codec::encode(vote));
+        self.write_synced(batch)
+            .map_err(|_| StorageIOError::write_vote(&io::Error::other("vote write failed")).into())
+    }
+
+    async fn read_vote(&mut self) -> StResult<Option<Vote<u64>>> {
+        self.get_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StResult<()> {
+        // Not synced: losing it on a crash only delays apply until the leader says it again.
+        self.db
+            .put_cf(cf(&self.db, CF_RAFT), COMMITTED, codec::encode(&committed))
+            .map_err(write_err)
+    }
+
+    async fn read_committed(&mut self) -> StResult<Option<LogId<u64>>> {
+        Ok(self.get_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let log = cf(&self.db, CF_LOG);
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            batch.put_cf(log, log_key(entry.log_id.index), codec::encode(&entry));
+        }
+        // Readable now; durable when the syncer calls back.
+        self.db.write(batch).map_err(write_err)?;
+        self.syncer
+            .send(callback)
+            .map_err(|_| write_err(io::Error::other("log syncer stopped")))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> StResult<()> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(log_id.index), log_key(u64::MAX));
+        batch.delete_cf(cf(&self.db, CF_LOG), log_key(u64::MAX));
+        self.write_synced(batch)
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> StResult<()> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
+        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
+        self.write_synced(batch)
+    }
+}

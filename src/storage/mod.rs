@@ -1,0 +1,248 @@
+//! RocksDB storage: one database per node, one column family per keyspace.
+//!
+//! | CF | key | value | owner |
+//! |---|---|---|---|
+//! | `log` | log index (u64 BE) | bincode `Entry` | [`LogStore`] |
+//! | `raft` | `vote`, `committed`, `last_purged` | bincode | [`LogStore`] |
+//! | `timers` | `wheel::timer_key` | bincode [`Timer`](crate::timer::Timer) | [`StateMachine`] |
+//! | `wheel` | `wheel::wheel_key` | empty: the PENDING index | [`StateMachine`] |
+//! | `meta` | typed keys in [`meta`] | bincode | [`StateMachine`] |
+//!
+//! Durability: log appends, votes, truncations and purges are fsynced before openraft hears they
+//! are done (appends through the [`log_store::Syncer`], which groups many appends into one
+//! fsync). State-machine writes are not synced: the log is the durable record and apply is
+//! replayed from `last_applied`. Because both share one write-ahead log, a synced log write also
+//! makes every earlier state-machine write durable.
+//!
+//! The state machine and the log store share the `Arc<DB>`; readers (the API, the fire driver)
+//! go through [`Store`], which only reads and sees each applied entry atomically (every entry is
+//! one WriteBatch that also moves `last_applied`).
+
+mod apply;
+mod codec;
+pub mod log_store;
+pub mod meta;
+mod snapshot;
+mod state_machine;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, DB};
+
+pub use codec::{decode, encode};
+pub use log_store::LogStore;
+pub use state_machine::StateMachine;
+
+use crate::timer::{Timer, TimerKey, TimerState};
+use crate::wheel::{self, Wheel};
+use crate::{Error, Result};
+
+pub const CF_LOG: &str = "log";
+pub const CF_RAFT: &str = "raft";
+pub const CF_TIMERS: &str = "timers";
+pub const CF_WHEEL: &str = "wheel";
+pub const CF_META: &str = "meta";
+const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT, CF_TIMERS, CF_WHEEL, CF_META];
+
+/// Opens (or creates) a node's database under `dir`.
+pub fn open_db(dir: &Path) -> Result<Arc<DB>> {
+    std::fs::create_dir_all(dir)?;
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    let cfs = ALL_CFS.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let db = DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?;
+    Ok(Arc::new(db))
+}
+
+/// Column-family handle; the families are created at open, so absence is a bug.
+pub(crate) fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    db.cf_handle(name)
+        .unwrap_or_else(|| panic!("column family {name} missing"))
+}
+
+/// What List filters on.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<TimerState>,
+    /// Inclusive lower bound on `fire_at_ms`; `None`: unbounded.
+    pub fire_from_ms: Option<i64>,
+    /// Exclusive upper bound on `fire_at_ms`; `None`: unbounded.
+    pub fire_to_ms: Option<i64>,
+}
+
+impl ListFilter {
+    fn matches(&self, t: &Timer) -> bool {
+        self.state.is_none_or(|s| s == t.state)
+            && self.fire_from_ms.is_none_or(|f| t.fire_at_ms >= f)
+            && self.fire_to_ms.is_none_or(|to| t.fire_at_ms < to)
+    }
+}
+
+/// One page of a List.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    pub timers: Vec<Timer>,
+    /// The id to continue after; `None` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// Most keys one List call examines, so a sparse filter over a huge namespace answers with a
+/// short page and a token instead of scanning for ever.
+const LIST_SCAN_BUDGET: usize = 100_000;
+
+/// Read access to the state machine, for the API and the fire driver.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<DB>,
+    wheel: Wheel,
+}
+
+impl Store {
+    pub fn new(db: Arc<DB>, wheel: Wheel) -> Self {
+        Store { db, wheel }
+    }
+
+    pub fn db(&self) -> &Arc<DB> {
+        &self.db
+    }
+
+    pub fn wheel(&self) -> Wheel {
+        self.wheel
+    }
+
+    /// The timer at `key`, if any.
+    pub fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        let raw = self.db.get_cf(cf(&self.db, CF_TIMERS), wheel::timer_key(key))?;
+        raw.map(|v| decode(&v)).transpose()
+    }
+
+    /// Up to `limit` timers of `namespace` matching `filter`, in id order, after id `after`.
+    pub fn list(
+        &self,
+        namespace: &str,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page> {
+        let prefix = wheel::namespace_prefix(namespace);
+        let start = match after {
+            // The smallest key strictly after `after`: append a zero byte.
+            Some(id) => {
+                let mut k = wheel::timer_key(&TimerKey::new(namespace, id));
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(prefix_end(&prefix));
+        let iter = self.db.iterator_cf_opt(
+            cf(&self.db, CF_TIMERS),
+            opts,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut page = Page::default();
+        let mut last_id = None;
+        for (scanned, item) in iter.enumerate() {
+            let (_, v) = item?;
+            let timer: Timer = decode(&v)?;
+            if scanned >= LIST_SCAN_BUDGET || page.timers.len() >= limit {
+                page.next_after = last_id;
+                return Ok(page);
+            }
+            last_id = Some(timer.key.id.clone());
+            if filter.matches(&timer) {
+                page.timers.push(timer);
+            }
+        }
+        Ok(page)
+    }
+
+    /// The earliest wheel bucket at or after the floor, i.e. the next PENDING timers.
+    pub fn next_bucket(&self) -> Result<Option<u64>> {
+        let floor = self.meta()?.floor;
+        let start = wheel::bucket_start_key(floor);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(start.clone());
+        let mut iter = self.db.iterator_cf_opt(
+            cf(&self.db, CF_WHEEL),
+            opts,
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        match iter.next() {
+            None => Ok(None),
+            Some(item) => {
+                let (k, _) = item?;
+                let (bucket, _) = wheel::decode_wheel_key(&k)
+                    .ok_or_else(|| Error::Storage("corrupt wheel key".into()))?;
+                Ok(Some(bucket))
+            }
+        }
+    }
+
+    /// The replicated counters and cursors as last applied.
+    pub fn meta(&self) -> Result<meta::SmMeta> {
+        meta::SmMeta::load(&self.db)
+    }
+
+    /// A digest of the whole state machine (timers, wheel, meta) and the applied index it
+    /// describes, read from one consistent RocksDB snapshot. Equal applied index ⇒ equal digest
+    /// on every correct replica.
+    pub fn digest(&self) -> Result<(u64, u64)> {
+        let snap = self.db.snapshot();
+        let mut h = Fnv64::new();
+        for name in [CF_TIMERS, CF_WHEEL, CF_META] {
+            h.write(name.as_bytes());
+            for item in snap.iterator_cf(cf(&self.db, name), IteratorMode::Start) {
+                let (k, v) = item?;
+                h.write(&(k.len() as u64).to_be_bytes());
+                h.write(&k);
+                h.write(&(v.len() as u64).to_be_bytes());
+                h.write(&v);
+            }
+        }
+        let applied = match snap.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)? {
+            Some(v) => decode::<Option<openraft::LogId<u64>>>(&v)?.map_or(0, |l| l.index),
+            None => 0,
+        };
+        Ok((applied, h.finish()))
+    }
+}
+
+/// The first key after every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0xff; 16]
+}
+
+/// FNV-1a, 64 bit: stable across builds and platforms, which the digest needs and std's hasher
+/// does not promise.
+struct Fnv64(u64);
+
+impl Fnv64 {
+    fn new() -> Self {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= *b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+
+#[cfg(test)]
+mod tests;

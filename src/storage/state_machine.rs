@@ -1,0 +1,165 @@
+//! The replicated state machine: openraft's `RaftStateMachine` over the `timers`, `wheel` and
+//! `meta` column families.
+//!
+//! Invariants:
+//! - Each entry is applied as one WriteBatch holding its effects *and* the new `last_applied`
+//!   (and membership), so restart resumes exactly after the last applied entry: no entry is
+//!   applied twice and no timer fires twice across a crash.
+//! - Apply never reads a clock (see `apply`); the in-memory `SmMeta` mirrors what is on disk.
+//! - The bucket width is fixed when the database is created: a node refuses to reopen it with
+//!   a different one, because replicas with different widths would write different keys.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, Snapshot, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+use rocksdb::WriteBatch;
+
+use super::apply::Applier;
+use super::meta::{self, SmMeta};
+use super::snapshot::{self, SnapshotBuilder};
+use super::{cf, codec, Store, CF_META};
+use crate::cluster::{FireSignal, TypeConfig};
+use crate::timer::Response;
+use crate::{Error, Result};
+
+type StResult<T> = std::result::Result<T, StorageError<u64>>;
+
+/// The state machine openraft drives.
+pub struct StateMachine {
+    pub(super) store: Store,
+    pub(super) meta: SmMeta,
+    signal: Arc<FireSignal>,
+    snapshot_dir: PathBuf,
+}
+
+impl StateMachine {
+    /// Opens the state machine on `store`, keeping snapshots under `data_dir/snapshot`.
+    pub fn open(store: Store, data_dir: &Path, signal: Arc<FireSignal>) -> Result<Self> {
+        check_bucket_width(&store)?;
+        let meta = SmMeta::load(store.db())?;
+        let snapshot_dir = data_dir.join("snapshot");
+        std::fs::create_dir_all(&snapshot_dir)?;
+        Ok(StateMachine { store, meta, signal, snapshot_dir })
+    }
+
+    fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {
+        let db = self.store.db().clone();
+        let mut batch = WriteBatch::default();
+        let mut progress = self.meta.progress;
+        let mut membership_changed = false;
+        let mut earliest_new_due = None;
+        let response = match entry.payload {
+            EntryPayload::Blank => Response::None,
+            EntryPayload::Membership(m) => {
+                self.meta.membership = StoredMembership::new(Some(entry.log_id), m);
+                membership_changed = true;
+                Response::None
+            }
+            EntryPayload::Normal(cmd) => {
+                let mut applier = Applier {
+                    db: &db,
+                    wheel: self.store.wheel(),
+                    batch: &mut batch,
+                    progress: &mut progress,
+                    index: entry.log_id.index,
+                    earliest_new_due: None,
+                };
+                let response = applier.command(cmd)?;
+                earliest_new_due = applier.earliest_new_due;
+                response
+            }
+        };
+        let mut next = self.meta.clone();
+        next.progress = progress;
+        next.last_applied = Some(entry.log_id);
+        next.stage(&db, &mut batch, membership_changed);
+        db.write(batch)?;
+        self.meta = next;
+        if let Some(due) = earliest_new_due {
+            self.signal.scheduled(due);
+        }
+        Ok(response)
+    }
+}
+
+/// Records the bucket width on first open; refuses a different one later.
+fn check_bucket_width(store: &Store) -> Result<()> {
+    let db = store.db();
+    let width = store.wheel().width_ms();
+    match db.get_cf(cf(db, CF_META), meta::BUCKET_MS)? {
+        Some(v) => {
+            let stored: u64 = codec::decode(&v)?;
+            if stored != width {
+                return Err(Error::InvalidArgument(format!(
+                    "data dir was created with bucket width {stored} ms, not {width} ms"
+                )));
+            }
+        }
+        None => db.put_cf(cf(db, CF_META), meta::BUCKET_MS, codec::encode(&width))?,
+    }
+    Ok(())
+}
+
+fn sm_err(e: Error) -> StorageError<u64> {
+    StorageIOError::<u64>::write_state_machine(&e).into()
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StResult<(Option<LogId<u64>>, StoredMembership<u64, BasicNode>)> {
+        Ok((self.meta.last_applied, self.meta.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StResult<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        for entry in entries {
+            let log_id = entry.log_id;
+            let response = self.apply_entry(entry).map_err(|e| {
+                tracing::error!(%log_id, error = %e, "apply failed; the node must stop");
+                StorageError::from(StorageIOError::apply(log_id, &e))
+            })?;
+            responses.push(response);
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder::new(self.store.db().clone(), self.snapshot_dir.clone())
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StResult<()> {
+        let data = snapshot.into_inner();
+        snapshot::install(self.store.db(), &data).map_err(sm_err)?;
+        snapshot::save(&self.snapshot_dir, meta, &data).map_err(sm_err)?;
+        self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
+        tracing::info!(last = ?meta.last_log_id, bytes = data.len(), "installed snapshot");
+        // The wheel may hold earlier timers now: let a sleeping driver look again.
+        self.signal.scheduled(i64::MIN);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StResult<Option<Snapshot<TypeConfig>>> {
+        snapshot::load(&self.snapshot_dir).map_err(sm_err)
+    }
+}

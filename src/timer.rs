@@ -1,0 +1,180 @@
+//! The domain: a timer, its states, and the replicated vocabulary (`Command`, `Response`).
+//!
+//! A `Command` is what a log entry carries; applying it is the only way state changes. Commands
+//! that need the time carry it (`now_ms`, stamped by the leader from `Clock`), so apply is a pure
+//! function of the log. Every command is idempotent in the sense DESIGN asks for: replaying a
+//! forwarded retry cannot create a second timer or a second transition.
+//!
+//! A timer's life: `Pending` → `Fired` (a Fire entry) → `Acked` (next issue), or `Pending` →
+//! `Cancelled`. Nothing ever returns to `Pending` except through a later Redrive command.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a timer lives in a namespace; the pair is unique.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TimerKey {
+    pub namespace: String,
+    pub id: String,
+}
+
+impl TimerKey {
+    pub fn new(namespace: impl Into<String>, id: impl Into<String>) -> Self {
+        TimerKey { namespace: namespace.into(), id: id.into() }
+    }
+}
+
+impl std::fmt::Display for TimerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.id)
+    }
+}
+
+/// A timer's state. Transitions are listed in the module essay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TimerState {
+    Pending,
+    Fired,
+    Acked,
+    Cancelled,
+    Dead,
+}
+
+impl TimerState {
+    /// Upper-case name, as error messages and the CLI print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimerState::Pending => "PENDING",
+            TimerState::Fired => "FIRED",
+            TimerState::Acked => "ACKED",
+            TimerState::Cancelled => "CANCELLED",
+            TimerState::Dead => "DEAD",
+        }
+    }
+}
+
+/// When a timer should fire, as the client said it. Kept so a retried Schedule can be
+/// recognised as identical even when it was relative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum When {
+    /// Absolute Unix-epoch milliseconds; in the past means "fire now".
+    At(i64),
+    /// Milliseconds after the leader's clock when the entry was proposed.
+    After(i64),
+}
+
+impl When {
+    /// The absolute fire time, given the entry's `now_ms`.
+    pub fn resolve(self, now_ms: i64) -> i64 {
+        match self {
+            When::At(t) => t,
+            When::After(d) => now_ms.saturating_add(d),
+        }
+    }
+}
+
+/// A client's request to create one timer, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerSpec {
+    pub key: TimerKey,
+    pub when: When,
+    pub payload: Vec<u8>,
+}
+
+/// A timer as stored in the state machine and returned to clients.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timer {
+    pub key: TimerKey,
+    pub fire_at_ms: i64,
+    pub payload: Vec<u8>,
+    pub state: TimerState,
+    /// Deliveries made so far.
+    pub attempts: u32,
+    pub created_at_ms: i64,
+    /// The leader's clock in the Fire entry that fired it; 0 before.
+    pub fired_at_ms: i64,
+    /// Log index of the Fire entry that fired it; 0 before. The consumers' dedup token.
+    pub fire_index: u64,
+    /// When it became ACKED, CANCELLED or DEAD; 0 before.
+    pub finished_at_ms: i64,
+    /// The `when` of the Schedule that created it, for recognising retries.
+    pub scheduled_when: When,
+    /// The wheel bucket holding it while PENDING (may be later than `fire_at_ms`'s bucket when
+    /// it was scheduled in the past: see `wheel`).
+    pub bucket: u64,
+}
+
+impl Timer {
+    /// Whether `spec` repeats the Schedule that created this timer.
+    pub fn same_request(&self, spec: &TimerSpec) -> bool {
+        self.scheduled_when == spec.when && self.payload == spec.payload
+    }
+}
+
+/// The replicated vocabulary: what one log entry asks the state machine to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create a timer (idempotent on identical content).
+    Schedule { now_ms: i64, spec: TimerSpec },
+    /// Create many timers atomically: all or none.
+    ScheduleBatch { now_ms: i64, specs: Vec<TimerSpec> },
+    /// PENDING → CANCELLED. Cancelling a CANCELLED timer again succeeds (retries are harmless).
+    Cancel { now_ms: i64, key: TimerKey },
+    /// Move a PENDING timer to a new time.
+    Reschedule { now_ms: i64, key: TimerKey, when: When },
+    /// Fire every PENDING timer with `fire_at_ms <= now_ms`, at most `max` of them, in key order.
+    Fire { now_ms: i64, max: u32 },
+}
+
+impl Command {
+    /// Short name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Schedule { .. } => "schedule",
+            Command::ScheduleBatch { .. } => "schedule_batch",
+            Command::Cancel { .. } => "cancel",
+            Command::Reschedule { .. } => "reschedule",
+            Command::Fire { .. } => "fire",
+        }
+    }
+}
+
+/// Why a command was rejected at apply time. Deterministic: every replica rejects alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    NotFound(TimerKey),
+    /// A different timer holds the key.
+    AlreadyExists(TimerKey),
+    /// The timer is not in a state the command accepts.
+    WrongState { key: TimerKey, state: TimerState },
+}
+
+/// What applying a command produced; returned to the proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Membership and blank entries.
+    None,
+    /// Schedule, Cancel, Reschedule: the timer after the command; `created` for Schedule.
+    Timer { timer: Timer, created: bool },
+    /// ScheduleBatch: one (timer, created) per spec, in request order.
+    Batch(Vec<(Timer, bool)>),
+    /// Fire: how many fired, and whether due timers remain past `max`.
+    Fired { count: u32, more: bool },
+    Rejected(Rejection),
+}
+
+impl Rejection {
+    /// Converts to the error the client sees, with a message a person understands.
+    pub fn into_error(self) -> crate::Error {
+        use crate::Error;
+        match self {
+            Rejection::NotFound(k) => Error::NotFound(format!("timer {k} not found")),
+            Rejection::AlreadyExists(k) => Error::AlreadyExists(format!(
+                "timer {k} already exists with a different fire time or payload"
+            )),
+            Rejection::WrongState { key, state } => Error::FailedPrecondition(format!(
+                "timer {key} is {} (only PENDING timers can be changed)",
+                state.name()
+            )),
+        }
+    }
+}

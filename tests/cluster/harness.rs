@@ -1,0 +1,202 @@
+//! Test harness: real timerdb nodes (RocksDB in tempdirs, openraft, tonic on 127.0.0.1
+//! ephemeral ports) in this test process, plus gRPC clients to them.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use timerdb::api::pb::{self, timers_client::TimersClient};
+use timerdb::config::NodeConfig;
+use timerdb::node::Leader;
+use timerdb::server::{self, RunningNode};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+pub const NS: &str = "test";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub fn now_ms() -> i64 {
+    timerdb::clock::Clock::system().now_ms()
+}
+
+/// A cluster of in-process nodes.
+pub struct TestCluster {
+    pub dir: TempDir,
+    pub peers: BTreeMap<u64, String>,
+    pub nodes: BTreeMap<u64, Option<RunningNode>>,
+}
+
+impl TestCluster {
+    /// Starts `n` nodes and waits for a leader.
+    pub async fn start(n: u64) -> TestCluster {
+        init_tracing();
+        let dir = TempDir::new().unwrap();
+        let mut listeners = BTreeMap::new();
+        for id in 1..=n {
+            listeners.insert(id, TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let peers: BTreeMap<u64, String> = listeners
+            .iter()
+            .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
+            .collect();
+        let mut cluster = TestCluster { dir, peers, nodes: BTreeMap::new() };
+        for (id, listener) in listeners {
+            let node = server::start(cluster.config(id), listener).await.unwrap();
+            cluster.nodes.insert(id, Some(node));
+        }
+        cluster.leader().await;
+        cluster
+    }
+
+    pub fn config(&self, id: u64) -> NodeConfig {
+        let mut c = NodeConfig::new(id, self.dir.path().join(format!("n{id}")), self.peers.clone());
+        c.leader_wait = Duration::from_secs(3);
+        c.write_timeout = Duration::from_secs(5);
+        c
+    }
+
+    pub fn node(&self, id: u64) -> &RunningNode {
+        self.nodes[&id].as_ref().expect("node is stopped")
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes.iter().filter(|(_, n)| n.is_some()).map(|(id, _)| *id).collect()
+    }
+
+    /// Waits until a running node leads and every running node agrees; returns its id.
+    pub async fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let running = self.running();
+            let leaders: Vec<u64> =
+                running.iter().copied().filter(|id| self.node(*id).node.leader() == Leader::Me).collect();
+            if let [leader] = leaders[..] {
+                let agreed = running.iter().all(|id| {
+                    self.node(*id).node.raft.metrics().borrow().current_leader == Some(leader)
+                });
+                if agreed {
+                    return leader;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader elected within 20 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A running node that is not the leader.
+    pub async fn follower(&self) -> u64 {
+        let leader = self.leader().await;
+        *self.running().iter().find(|id| **id != leader).expect("no follower running")
+    }
+
+    pub async fn client(&self, id: u64) -> TimersClient<Channel> {
+        let addr = format!("http://{}", self.peers[&id]);
+        let ch = tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
+        TimersClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20)
+    }
+
+    /// Stops a node (its process would be gone: the others see it as dead).
+    pub async fn stop(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).unwrap().take().expect("already stopped");
+        node.shutdown().await;
+    }
+
+    /// Restarts a stopped node on its data dir and address.
+    pub async fn restart(&mut self, id: u64) {
+        let listener = bind_retrying(&self.peers[&id]).await;
+        let node = server::start(self.config(id), listener).await.unwrap();
+        self.nodes.insert(id, Some(node));
+    }
+
+    /// Waits until every running node applied the same index with the same state digest.
+    pub async fn converged(&self) -> (u64, u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let digests: Vec<(u64, u64)> =
+                self.running().iter().map(|id| self.node(*id).node.store.digest().unwrap()).collect();
+            if digests.windows(2).all(|w| w[0] == w[1]) {
+                return digests[0];
+            }
+            assert!(Instant::now() < deadline, "replicas did not converge: {digests:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Reads a timer straight from one node's state machine (no Raft round).
+    pub fn local_timer(&self, id: u64, tid: &str) -> Option<timerdb::timer::Timer> {
+        let key = timerdb::timer::TimerKey::new(NS, tid);
+        self.node(id).node.store.get(&key).unwrap()
+    }
+
+    pub async fn shutdown(mut self) {
+        for id in self.running() {
+            self.stop(id).await;
+        }
+    }
+}
+
+async fn bind_retrying(addr: &str) -> TcpListener {
+    for _ in 0..100 {
+        if let Ok(l) = TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot bind {addr} again");
+}
+
+pub fn at(t: i64) -> Option<pb::schedule_request::When> {
+    Some(pb::schedule_request::When::FireAtMs(t))
+}
+
+pub fn schedule_req(id: &str, fire_at_ms: i64) -> pb::ScheduleRequest {
+    pb::ScheduleRequest { namespace: NS.into(), id: id.into(), when: at(fire_at_ms), payload: id.as_bytes().to_vec() }
+}
+
+pub async fn get(c: &mut TimersClient<Channel>, id: &str) -> Result<pb::Timer, tonic::Status> {
+    let r = c.get(pb::GetRequest { namespace: NS.into(), id: id.into() }).await?;
+    Ok(r.into_inner().timer.unwrap())
+}
+
+/// Every timer of the namespace, through List paging.
+pub async fn list_all(c: &mut TimersClient<Channel>, state: pb::TimerState) -> Vec<pb::Timer> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let req = pb::ListRequest {
+            namespace: NS.into(),
+            state: state as i32,
+            limit: 1000,
+            page_token: token,
+            ..Default::default()
+        };
+        let page = c.list(req).await.unwrap().into_inner();
+        out.extend(page.timers);
+        token = page.next_page_token;
+        if token.is_empty() {
+            return out;
+        }
+    }
+}
+
+/// Polls until `n` timers of the namespace are FIRED (through any node), or panics.
+pub async fn wait_fired(c: &mut TimersClient<Channel>, n: usize, within: Duration) -> Vec<pb::Timer> {
+    let deadline = Instant::now() + within;
+    loop {
+        let fired = list_all(c, pb::TimerState::Fired).await;
+        if fired.len() >= n {
+            return fired;
+        }
+        assert!(Instant::now() < deadline, "only {} of {n} timers fired within {within:?}", fired.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
