@@ -189,14 +189,34 @@ pub async fn list_all(c: &mut TimersClient<Channel>, state: pb::TimerState) -> V
 }
 
 /// Polls until `n` timers of the namespace are FIRED (through any node), or panics.
+///
+/// Also the observer's never-early check: `fired_at_ms` is the state machine's own claim, so it
+/// cannot reveal an early fire; the client's clock can. A timer seen FIRED in a response that
+/// arrived before its `fire_at_ms` (same machine, same clock) fired early.
 pub async fn wait_fired(c: &mut TimersClient<Channel>, n: usize, within: Duration) -> Vec<pb::Timer> {
     let deadline = Instant::now() + within;
     loop {
         let fired = list_all(c, pb::TimerState::Fired).await;
+        let seen_at = now_ms();
+        assert_not_early(&fired, seen_at);
         if fired.len() >= n {
             return fired;
         }
         assert!(Instant::now() < deadline, "only {} of {n} timers fired within {within:?}", fired.len());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Panics if any of `fired` is due after `seen_at`, the client time its FIRED state was known by.
+pub fn assert_not_early(fired: &[pb::Timer], seen_at: i64) {
+    for t in fired {
+        assert!(
+            t.fire_at_ms <= seen_at,
+            "{} observed FIRED at {seen_at}, {} ms before its fire time {}",
+            t.id,
+            t.fire_at_ms - seen_at,
+            t.fire_at_ms
+        );
+        assert!(t.fired_at_ms >= t.fire_at_ms, "{} claims fired_at {} < fire_at {}", t.id, t.fired_at_ms, t.fire_at_ms);
     }
 }
