@@ -2,7 +2,10 @@
 //! timerdb needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/timerdb/v1/timerdb.proto", "proto/timerdb/v1/raft.proto"];
+    let protos = [
+        "proto/timerdb/v1/timerdb.proto",
+        "proto/timerdb/v1/raft.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

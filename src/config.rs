@@ -58,7 +58,11 @@ pub struct RaftTiming {
 
 impl Default for RaftTiming {
     fn default() -> Self {
-        RaftTiming { heartbeat_ms: 100, election_timeout_min_ms: 400, election_timeout_max_ms: 800 }
+        RaftTiming {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+        }
     }
 }
 
@@ -80,6 +84,10 @@ pub struct NodeConfig {
     pub write_timeout: Duration,
     /// Most timers one Fire entry fires (keeps each apply short).
     pub max_fires_per_entry: u32,
+    /// Build a snapshot (and purge the log behind it) after this many entries.
+    pub snapshot_every_entries: u64,
+    /// Log entries kept behind a snapshot, so a briefly slow follower catches up from the log.
+    pub keep_log_entries: u64,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
 }
@@ -97,6 +105,8 @@ impl NodeConfig {
             leader_wait: Duration::from_secs(5),
             write_timeout: Duration::from_secs(10),
             max_fires_per_entry: 10_000,
+            snapshot_every_entries: 50_000,
+            keep_log_entries: 10_000,
             clock: Clock::system(),
         }
     }
@@ -110,10 +120,14 @@ impl NodeConfig {
             )));
         }
         if self.bucket_ms == 0 {
-            return Err(Error::InvalidArgument("bucket width must be at least 1 ms".into()));
+            return Err(Error::InvalidArgument(
+                "bucket width must be at least 1 ms".into(),
+            ));
         }
         if self.max_fires_per_entry == 0 {
-            return Err(Error::InvalidArgument("max fires per entry must be positive".into()));
+            return Err(Error::InvalidArgument(
+                "max fires per entry must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -129,8 +143,8 @@ impl NodeConfig {
             max_payload_entries: 1024,
             // Snapshot and purge periodically so the log does not grow without bound, keeping a
             // generous tail so a briefly slow follower catches up from the log, not a snapshot.
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(50_000),
-            max_in_snapshot_log_to_keep: 10_000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: self.keep_log_entries,
             ..Default::default()
         };
         config

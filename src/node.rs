@@ -54,12 +54,13 @@ impl Node {
         let m = self.raft.metrics().borrow().clone();
         match m.current_leader {
             Some(id) if id == self.id && m.state == ServerState::Leader => Leader::Me,
-            Some(id) if id != self.id => {
-                match m.membership_config.membership().get_node(&id) {
-                    Some(node) => Leader::Other { id, addr: node.addr.clone() },
-                    None => Leader::Unknown,
-                }
-            }
+            Some(id) if id != self.id => match m.membership_config.membership().get_node(&id) {
+                Some(node) => Leader::Other {
+                    id,
+                    addr: node.addr.clone(),
+                },
+                None => Leader::Unknown,
+            },
             _ => Leader::Unknown,
         }
     }
@@ -104,7 +105,10 @@ impl Node {
     }
 
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
-        let cmd = Command::Schedule { now_ms: self.now_ms(), spec };
+        let cmd = Command::Schedule {
+            now_ms: self.now_ms(),
+            spec,
+        };
         match self.write(cmd).await? {
             Response::Timer { timer, created } => Ok((timer, created)),
             other => Err(unexpected(other)),
@@ -112,7 +116,10 @@ impl Node {
     }
 
     pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
-        let cmd = Command::ScheduleBatch { now_ms: self.now_ms(), specs };
+        let cmd = Command::ScheduleBatch {
+            now_ms: self.now_ms(),
+            specs,
+        };
         match self.write(cmd).await? {
             Response::Batch(results) => Ok(results),
             other => Err(unexpected(other)),
@@ -120,7 +127,10 @@ impl Node {
     }
 
     pub async fn cancel(&self, key: TimerKey) -> Result<Timer> {
-        let cmd = Command::Cancel { now_ms: self.now_ms(), key };
+        let cmd = Command::Cancel {
+            now_ms: self.now_ms(),
+            key,
+        };
         match self.write(cmd).await? {
             Response::Timer { timer, .. } => Ok(timer),
             other => Err(unexpected(other)),
@@ -128,7 +138,11 @@ impl Node {
     }
 
     pub async fn reschedule(&self, key: TimerKey, when: When) -> Result<Timer> {
-        let cmd = Command::Reschedule { now_ms: self.now_ms(), key, when };
+        let cmd = Command::Reschedule {
+            now_ms: self.now_ms(),
+            key,
+            when,
+        };
         match self.write(cmd).await? {
             Response::Timer { timer, .. } => Ok(timer),
             other => Err(unexpected(other)),

@@ -20,7 +20,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::cluster::ClusterService;
-use crate::api::pb::{cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer};
+use crate::api::pb::{
+    cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer,
+};
 use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
@@ -54,7 +56,12 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let raft = Raft::new(config.id, Arc::new(config.openraft()?), Network, log, sm)
         .await
         .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
-    let node = Arc::new(Node { id: config.id, raft: raft.clone(), store: store.clone(), config });
+    let node = Arc::new(Node {
+        id: config.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        config,
+    });
 
     let (shutdown, rx) = watch::channel(false);
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
@@ -69,7 +76,12 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     };
     tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = node.id, %addr, "node started");
-    Ok(RunningNode { node, addr, shutdown, tasks })
+    Ok(RunningNode {
+        node,
+        addr,
+        shutdown,
+        tasks,
+    })
 }
 
 /// RocksDB's lock outlives a stopped node for a moment (its syncer thread lets go last), so a

@@ -19,7 +19,10 @@ pub struct TimerKey {
 
 impl TimerKey {
     pub fn new(namespace: impl Into<String>, id: impl Into<String>) -> Self {
-        TimerKey { namespace: namespace.into(), id: id.into() }
+        TimerKey {
+            namespace: namespace.into(),
+            id: id.into(),
+        }
     }
 }
 
@@ -120,7 +123,11 @@ pub enum Command {
     /// PENDING → CANCELLED. Cancelling a CANCELLED timer again succeeds (retries are harmless).
     Cancel { now_ms: i64, key: TimerKey },
     /// Move a PENDING timer to a new time.
-    Reschedule { now_ms: i64, key: TimerKey, when: When },
+    Reschedule {
+        now_ms: i64,
+        key: TimerKey,
+        when: When,
+    },
     /// Fire every PENDING timer with `fire_at_ms <= now_ms`, at most `max` of them, in key order.
     Fire { now_ms: i64, max: u32 },
 }
@@ -145,7 +152,10 @@ pub enum Rejection {
     /// A different timer holds the key.
     AlreadyExists(TimerKey),
     /// The timer is not in a state the command accepts.
-    WrongState { key: TimerKey, state: TimerState },
+    WrongState {
+        key: TimerKey,
+        state: TimerState,
+    },
 }
 
 /// What applying a command produced; returned to the proposer.
@@ -154,11 +164,17 @@ pub enum Response {
     /// Membership and blank entries.
     None,
     /// Schedule, Cancel, Reschedule: the timer after the command; `created` for Schedule.
-    Timer { timer: Timer, created: bool },
+    Timer {
+        timer: Timer,
+        created: bool,
+    },
     /// ScheduleBatch: one (timer, created) per spec, in request order.
     Batch(Vec<(Timer, bool)>),
     /// Fire: how many fired, and whether due timers remain past `max`.
-    Fired { count: u32, more: bool },
+    Fired {
+        count: u32,
+        more: bool,
+    },
     Rejected(Rejection),
 }
 

@@ -71,7 +71,11 @@ pub fn timer_key(key: &TimerKey) -> Vec<u8> {
 
 fn push_timer_key(out: &mut Vec<u8>, key: &TimerKey) {
     let ns = key.namespace.as_bytes();
-    debug_assert!(ns.len() <= u16::MAX as usize, "namespace too long: {}", ns.len());
+    debug_assert!(
+        ns.len() <= u16::MAX as usize,
+        "namespace too long: {}",
+        ns.len()
+    );
     out.extend_from_slice(&(ns.len() as u16).to_be_bytes());
     out.extend_from_slice(ns);
     out.extend_from_slice(key.id.as_bytes());
@@ -150,7 +154,11 @@ mod tests {
     #[test]
     fn placement_clamps_to_floor() {
         let w = Wheel::new(10);
-        assert_eq!(w.placement(55, 30), 50, "future timers keep their own bucket");
+        assert_eq!(
+            w.placement(55, 30),
+            50,
+            "future timers keep their own bucket"
+        );
         assert_eq!(w.placement(5, 30), 30, "past timers go to the floor");
         assert_eq!(w.placement(30, 30), 30);
     }
@@ -170,13 +178,19 @@ mod tests {
         let p = namespace_prefix("ab");
         assert!(timer_key(&k("ab", "x")).starts_with(&p));
         assert!(timer_key(&k("ab", "")).starts_with(&p));
-        assert!(!timer_key(&k("abc", "x")).starts_with(&p), "longer namespace must not match");
-        assert!(!timer_key(&k("a", "bx")).starts_with(&p), "split point must matter");
+        assert!(
+            !timer_key(&k("abc", "x")).starts_with(&p),
+            "longer namespace must not match"
+        );
+        assert!(
+            !timer_key(&k("a", "bx")).starts_with(&p),
+            "split point must matter"
+        );
     }
 
     #[test]
     fn wheel_keys_sort_by_time_then_key() {
-        let mut keys = vec![
+        let mut keys = [
             wheel_key(300, &k("a", "a")),
             wheel_key(2, &k("z", "z")),
             wheel_key(256, &k("a", "a")),

@@ -35,7 +35,11 @@ impl cluster_server::Cluster for ClusterService {
             members: s
                 .members
                 .into_iter()
-                .map(|(node_id, addr, voter)| pb::Member { node_id, addr, voter })
+                .map(|(node_id, addr, voter)| pb::Member {
+                    node_id,
+                    addr,
+                    voter,
+                })
                 .collect(),
             pending_timers: s.pending_timers,
             time_cursor_ms: s.time_cursor_ms,

@@ -39,10 +39,15 @@ fn check_name(field: &str, value: &str, max: usize) -> Result<(), Error> {
         return Err(invalid(format!("{field} must not be empty")));
     }
     if value.len() > max {
-        return Err(invalid(format!("{field} is {} bytes; the limit is {max}", value.len())));
+        return Err(invalid(format!(
+            "{field} is {} bytes; the limit is {max}",
+            value.len()
+        )));
     }
     if value.chars().any(char::is_control) {
-        return Err(invalid(format!("{field} {value:?} contains control characters")));
+        return Err(invalid(format!(
+            "{field} {value:?} contains control characters"
+        )));
     }
     Ok(())
 }
@@ -62,7 +67,9 @@ fn when_at(fire_at_ms: i64) -> Result<When, Error> {
         )));
     }
     if fire_at_ms > MAX_FIRE_AT_MS {
-        return Err(invalid(format!("fire_at_ms {fire_at_ms} is after the year 9999")));
+        return Err(invalid(format!(
+            "fire_at_ms {fire_at_ms} is after the year 9999"
+        )));
     }
     Ok(When::At(fire_at_ms))
 }
@@ -113,7 +120,11 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
         )));
     }
     let when = schedule_when(req.when, limits)?;
-    Ok(TimerSpec { key, when, payload: req.payload.clone() })
+    Ok(TimerSpec {
+        key,
+        when,
+        payload: req.payload.clone(),
+    })
 }
 
 /// Validates a ScheduleBatch: size, each timer, and no id twice.
@@ -133,7 +144,10 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
     for (i, t) in req.timers.iter().enumerate() {
         let s = spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?;
         if !seen.insert(s.key.clone()) {
-            return Err(invalid(format!("timers[{i}]: {} appears twice in the batch", s.key)));
+            return Err(invalid(format!(
+                "timers[{i}]: {} appears twice in the batch",
+                s.key
+            )));
         }
         out.push(s);
     }
@@ -185,7 +199,12 @@ pub fn list_params(req: &pb::ListRequest, limits: &Limits) -> Result<ListParams,
         fire_from_ms: (req.fire_from_ms != 0).then_some(req.fire_from_ms),
         fire_to_ms: (req.fire_to_ms != 0).then_some(req.fire_to_ms),
     };
-    Ok(ListParams { namespace: req.namespace.clone(), filter, after, limit })
+    Ok(ListParams {
+        namespace: req.namespace.clone(),
+        filter,
+        after,
+        limit,
+    })
 }
 
 /// A page token is the hex of the last id returned: opaque to clients, exact for any id.
@@ -194,8 +213,12 @@ pub fn encode_token(id: &str) -> String {
 }
 
 fn decode_token(token: &str) -> Result<String, Error> {
-    let bad = || invalid(format!("page_token {token:?} is not one this server issued"));
-    if token.len() % 2 != 0 {
+    let bad = || {
+        invalid(format!(
+            "page_token {token:?} is not one this server issued"
+        ))
+    };
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes = (0..token.len())

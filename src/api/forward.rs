@@ -36,8 +36,10 @@ pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
 /// Wraps `msg` for forwarding to the leader.
 pub fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
-    r.metadata_mut()
-        .insert(FORWARDED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+    r.metadata_mut().insert(
+        FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
     r.set_timeout(timeout);
     r
 }
@@ -50,7 +52,10 @@ pub struct Router {
 
 impl Router {
     pub fn new(node: Arc<Node>) -> Self {
-        Router { node, clients: Mutex::new(HashMap::new()) }
+        Router {
+            node,
+            clients: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn node(&self) -> &Arc<Node> {

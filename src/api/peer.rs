@@ -27,7 +27,9 @@ fn body<T: serde::de::DeserializeOwned>(req: Request<RaftMessage>) -> Result<T, 
 }
 
 fn reply<T: serde::Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
-    Ok(Response::new(RaftMessage { data: encode(value) }))
+    Ok(Response::new(RaftMessage {
+        data: encode(value),
+    }))
 }
 
 #[tonic::async_trait]

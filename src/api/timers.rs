@@ -24,7 +24,9 @@ pub struct TimersService {
 
 impl TimersService {
     pub fn new(node: Arc<Node>) -> Self {
-        TimersService { router: Router::new(node) }
+        TimersService {
+            router: Router::new(node),
+        }
     }
 
     fn node(&self) -> &Node {
@@ -78,12 +80,16 @@ impl timers_server::Timers for TimersService {
                     let results = node.schedule_batch(specs.clone()).await?;
                     let results = results
                         .into_iter()
-                        .map(|(t, created)| pb::ScheduleResponse { timer: Some(t.into()), created })
+                        .map(|(t, created)| pb::ScheduleResponse {
+                            timer: Some(t.into()),
+                            created,
+                        })
                         .collect();
                     Ok(pb::ScheduleBatchResponse { results })
                 },
                 move |mut c| async move {
-                    c.schedule_batch(forward::request(req.clone(), timeout)).await
+                    c.schedule_batch(forward::request(req.clone(), timeout))
+                        .await
                 },
             )
             .await?;
@@ -104,7 +110,9 @@ impl timers_server::Timers for TimersService {
                 forwarded,
                 move || async move {
                     let timer = node.cancel(key.clone()).await?;
-                    Ok(pb::CancelResponse { timer: Some(timer.into()) })
+                    Ok(pb::CancelResponse {
+                        timer: Some(timer.into()),
+                    })
                 },
                 move |mut c| async move { c.cancel(forward::request(req.clone(), timeout)).await },
             )
@@ -121,19 +129,21 @@ impl timers_server::Timers for TimersService {
         let key = &convert::key(&req.namespace, &req.id, self.limits())?;
         let when = convert::reschedule_when(req.when, self.limits())?;
         let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.reschedule(key.clone(), when).await?;
-                    Ok(pb::RescheduleResponse { timer: Some(timer.into()) })
-                },
-                move |mut c| async move {
-                    c.reschedule(forward::request(req.clone(), timeout)).await
-                },
-            )
-            .await?;
+        let reply =
+            self.router
+                .route(
+                    forwarded,
+                    move || async move {
+                        let timer = node.reschedule(key.clone(), when).await?;
+                        Ok(pb::RescheduleResponse {
+                            timer: Some(timer.into()),
+                        })
+                    },
+                    move |mut c| async move {
+                        c.reschedule(forward::request(req.clone(), timeout)).await
+                    },
+                )
+                .await?;
         Ok(Response::new(reply))
     }
 
@@ -151,7 +161,9 @@ impl timers_server::Timers for TimersService {
                 forwarded,
                 move || async move {
                     let timer = node.get(key).await?;
-                    Ok(pb::GetResponse { timer: Some(timer.into()) })
+                    Ok(pb::GetResponse {
+                        timer: Some(timer.into()),
+                    })
                 },
                 move |mut c| async move { c.get(forward::request(req.clone(), timeout)).await },
             )
@@ -177,7 +189,11 @@ impl timers_server::Timers for TimersService {
                         .await?;
                     Ok(pb::ListResponse {
                         timers: page.timers.into_iter().map(Into::into).collect(),
-                        next_page_token: page.next_after.as_deref().map(encode_token).unwrap_or_default(),
+                        next_page_token: page
+                            .next_after
+                            .as_deref()
+                            .map(encode_token)
+                            .unwrap_or_default(),
                     })
                 },
                 move |mut c| async move { c.list(forward::request(req.clone(), timeout)).await },
@@ -197,7 +213,10 @@ impl timers_server::Timers for TimersService {
         ))
     }
 
-    async fn ack(&self, _request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+    async fn ack(
+        &self,
+        _request: Request<pb::AckRequest>,
+    ) -> Result<Response<pb::AckResponse>, Status> {
         Err(Status::unimplemented("Ack is not available yet"))
     }
 }

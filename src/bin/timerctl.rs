@@ -14,7 +14,13 @@ use tonic::transport::Channel;
 #[command(name = "timerctl", version, about = "Command-line client for timerdb")]
 struct Cli {
     /// Any node of the cluster, as HOST:PORT or http://HOST:PORT.
-    #[arg(long, short, global = true, env = "TIMERDB_ENDPOINT", default_value = "127.0.0.1:7101")]
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "TIMERDB_ENDPOINT",
+        default_value = "127.0.0.1:7101"
+    )]
     endpoint: String,
     #[command(subcommand)]
     command: Command,
@@ -128,7 +134,9 @@ async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn fmt_ms(ms: i64) -> String {
@@ -161,7 +169,12 @@ fn print_timer(t: &pb::Timer) {
         fmt_ms(t.fire_at_ms)
     );
     if t.fire_index > 0 {
-        line += &format!("  fired_at={} (+{} ms) fire_index={}", fmt_ms(t.fired_at_ms), t.fired_at_ms - t.fire_at_ms, t.fire_index);
+        line += &format!(
+            "  fired_at={} (+{} ms) fire_index={}",
+            fmt_ms(t.fired_at_ms),
+            t.fired_at_ms - t.fire_at_ms,
+            t.fire_index
+        );
     }
     if t.finished_at_ms > 0 {
         line += &format!("  finished_at={}", fmt_ms(t.finished_at_ms));
@@ -189,42 +202,78 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let ch = channel(&cli.endpoint).await?;
     let mut timers = TimersClient::new(ch.clone());
     match cli.command {
-        Command::Schedule { namespace, id, when, payload } => {
+        Command::Schedule {
+            namespace,
+            id,
+            when,
+            payload,
+        } => {
             let when = match (when.delay, when.at) {
                 (Some(d), _) => pb::schedule_request::When::DelayMs(d.as_millis() as i64),
                 (None, Some(at)) => pb::schedule_request::When::FireAtMs(parse_at(&at)?),
                 (None, None) => bail!("give --in or --at"),
             };
-            let req = pb::ScheduleRequest { namespace, id, when: Some(when), payload: payload.into_bytes() };
+            let req = pb::ScheduleRequest {
+                namespace,
+                id,
+                when: Some(when),
+                payload: payload.into_bytes(),
+            };
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
             print!("{} ", if r.created { "scheduled" } else { "exists" });
             print_timer(&r.timer.unwrap_or_default());
         }
         Command::Cancel { namespace, id } => {
-            let r = timers.cancel(pb::CancelRequest { namespace, id }).await.map_err(status_err)?;
+            let r = timers
+                .cancel(pb::CancelRequest { namespace, id })
+                .await
+                .map_err(status_err)?;
             print!("cancelled ");
             print_timer(&r.into_inner().timer.unwrap_or_default());
         }
-        Command::Reschedule { namespace, id, when } => {
+        Command::Reschedule {
+            namespace,
+            id,
+            when,
+        } => {
             let when = match (when.delay, when.at) {
                 (Some(d), _) => pb::reschedule_request::When::DelayMs(d.as_millis() as i64),
                 (None, Some(at)) => pb::reschedule_request::When::FireAtMs(parse_at(&at)?),
                 (None, None) => bail!("give --in or --at"),
             };
-            let req = pb::RescheduleRequest { namespace, id, when: Some(when) };
+            let req = pb::RescheduleRequest {
+                namespace,
+                id,
+                when: Some(when),
+            };
             let r = timers.reschedule(req).await.map_err(status_err)?;
             print!("rescheduled ");
             print_timer(&r.into_inner().timer.unwrap_or_default());
         }
         Command::Get { namespace, id } => {
-            let r = timers.get(pb::GetRequest { namespace, id }).await.map_err(status_err)?;
+            let r = timers
+                .get(pb::GetRequest { namespace, id })
+                .await
+                .map_err(status_err)?;
             print_timer(&r.into_inner().timer.unwrap_or_default());
         }
-        Command::List { namespace, state, limit, all } => {
+        Command::List {
+            namespace,
+            state,
+            limit,
+            all,
+        } => {
             list(&mut timers, namespace, state, limit, all).await?;
         }
         Command::Status => status(ch).await?,
-        Command::Load { namespace, count, concurrency, delay, spread, wait } => {
+        Command::Load {
+            namespace,
+            count,
+            concurrency,
+            delay,
+            spread,
+            wait,
+        } => {
             load(timers, namespace, count, concurrency, delay, spread, wait).await?;
         }
     }
@@ -266,13 +315,32 @@ async fn list(
 }
 
 async fn status(ch: Channel) -> anyhow::Result<()> {
-    let s = ClusterClient::new(ch).status(pb::StatusRequest {}).await.map_err(status_err)?.into_inner();
-    println!("node {}  role={}  leader={}  term={}", s.node_id, s.role, s.leader_id, s.term);
-    println!("last_log_index={}  applied_index={}  pending_timers={}", s.last_log_index, s.applied_index, s.pending_timers);
+    let s = ClusterClient::new(ch)
+        .status(pb::StatusRequest {})
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    println!(
+        "node {}  role={}  leader={}  term={}",
+        s.node_id, s.role, s.leader_id, s.term
+    );
+    println!(
+        "last_log_index={}  applied_index={}  pending_timers={}",
+        s.last_log_index, s.applied_index, s.pending_timers
+    );
     println!("time_cursor={}", fmt_ms(s.time_cursor_ms));
     for m in s.members {
-        let lead = if m.node_id == s.leader_id { "  (leader)" } else { "" };
-        println!("  member {}  {}  {}{lead}", m.node_id, m.addr, if m.voter { "voter" } else { "learner" });
+        let lead = if m.node_id == s.leader_id {
+            "  (leader)"
+        } else {
+            ""
+        };
+        println!(
+            "  member {}  {}  {}{lead}",
+            m.node_id,
+            m.addr,
+            if m.voter { "voter" } else { "learner" }
+        );
     }
     Ok(())
 }
@@ -300,7 +368,11 @@ async fn load(
                 if i >= count {
                     return Ok::<_, tonic::Status>(());
                 }
-                let offset = if count > 1 { spread_ms * i as i64 / (count as i64 - 1) } else { 0 };
+                let offset = if count > 1 {
+                    spread_ms * i as i64 / (count as i64 - 1)
+                } else {
+                    0
+                };
                 let req = pb::ScheduleRequest {
                     namespace: ns.clone(),
                     id: format!("load-{run}-{i}"),
@@ -315,9 +387,19 @@ async fn load(
         t.await?.map_err(status_err)?;
     }
     let secs = started.elapsed().as_secs_f64();
-    println!("scheduled {count} timers in {secs:.2} s: {:.0} schedules/s ({concurrency} in flight)", count as f64 / secs);
+    println!(
+        "scheduled {count} timers in {secs:.2} s: {:.0} schedules/s ({concurrency} in flight)",
+        count as f64 / secs
+    );
     if wait {
-        report_lateness(timers, &namespace, &format!("load-{run}-"), count, base + spread_ms).await?;
+        report_lateness(
+            timers,
+            &namespace,
+            &format!("load-{run}-"),
+            count,
+            base + spread_ms,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -330,7 +412,9 @@ async fn report_lateness(
     count: usize,
     last_fire_ms: i64,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_millis((last_fire_ms - now_ms()).max(0) as u64) + Duration::from_secs(60);
+    let deadline = Instant::now()
+        + Duration::from_millis((last_fire_ms - now_ms()).max(0) as u64)
+        + Duration::from_secs(60);
     loop {
         let mut lateness = Vec::with_capacity(count);
         let mut token = String::new();
@@ -343,7 +427,12 @@ async fn report_lateness(
                 ..Default::default()
             };
             let page = timers.list(req).await.map_err(status_err)?.into_inner();
-            lateness.extend(page.timers.iter().filter(|t| t.id.starts_with(prefix)).map(|t| t.fired_at_ms - t.fire_at_ms));
+            lateness.extend(
+                page.timers
+                    .iter()
+                    .filter(|t| t.id.starts_with(prefix))
+                    .map(|t| t.fired_at_ms - t.fire_at_ms),
+            );
             token = page.next_page_token;
             if token.is_empty() {
                 break;
@@ -354,7 +443,10 @@ async fn report_lateness(
             let p = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
             println!(
                 "all {count} fired; lateness (fired_at - fire_at, ms): min {} p50 {} p99 {} max {}",
-                lateness[0], p(0.5), p(0.99), lateness[lateness.len() - 1]
+                lateness[0],
+                p(0.5),
+                p(0.99),
+                lateness[lateness.len() - 1]
             );
             if lateness[0] < 0 {
                 bail!("a timer fired early");

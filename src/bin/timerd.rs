@@ -33,7 +33,12 @@ struct Args {
     #[arg(long, env = "TIMERDB_BUCKET_MS", default_value_t = timerdb::wheel::DEFAULT_BUCKET_MS)]
     bucket_ms: u64,
     /// Skew this node's clock by this many ms (testing only).
-    #[arg(long, env = "TIMERDB_CLOCK_OFFSET_MS", default_value_t = 0, allow_hyphen_values = true)]
+    #[arg(
+        long,
+        env = "TIMERDB_CLOCK_OFFSET_MS",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
     clock_offset_ms: i64,
     /// Log filter, e.g. `info` or `timerdb=debug,openraft=warn`.
     #[arg(long, env = "TIMERDB_LOG", default_value = "info,openraft=warn")]

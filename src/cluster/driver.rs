@@ -39,7 +39,10 @@ pub struct FireSignal {
 
 impl Default for FireSignal {
     fn default() -> Self {
-        FireSignal { notify: Notify::new(), target_ms: AtomicI64::new(i64::MAX) }
+        FireSignal {
+            notify: Notify::new(),
+            target_ms: AtomicI64::new(i64::MAX),
+        }
     }
 }
 
@@ -130,7 +133,10 @@ impl FireDriver {
     /// Proposes Fire entries until nothing more is due at `now_ms`; false on error.
     async fn fire(&self, now_ms: i64) -> bool {
         loop {
-            let cmd = Command::Fire { now_ms, max: self.max_fires_per_entry };
+            let cmd = Command::Fire {
+                now_ms,
+                max: self.max_fires_per_entry,
+            };
             match self.raft.client_write(cmd).await {
                 Ok(reply) => match reply.data {
                     Response::Fired { count, more } => {

@@ -7,15 +7,15 @@
 //! openraft back off instead of hammering a dead peer. Channels connect lazily and reconnect by
 //! themselves, so a restarted peer is picked up without any bookkeeping here.
 
+// openraft's trait signatures fix these (large) error types; helpers return them as they are.
+#![allow(clippy::result_large_err)]
 use std::time::Duration;
 
-use openraft::error::{
-    InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
-    InstallSnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
 use serde::{de::DeserializeOwned, Serialize};
@@ -66,7 +66,11 @@ impl PeerClient {
                     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
             });
-        PeerClient { target, client, addr: addr.to_string() }
+        PeerClient {
+            target,
+            client,
+            addr: addr.to_string(),
+        }
     }
 
     /// Sends one RPC; the outer error is the transport's, the inner the remote Raft's.

@@ -44,13 +44,16 @@ impl Applier<'_> {
     }
 
     fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        let raw = self.db.get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
+        let raw = self
+            .db
+            .get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
     fn put(&mut self, timer: &Timer) {
         let key = wheel::timer_key(&timer.key);
-        self.batch.put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
+        self.batch
+            .put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
     }
 
     /// Puts a PENDING timer on the wheel at its placement and counts it.
@@ -97,7 +100,10 @@ impl Applier<'_> {
                 created: false,
             }),
             Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(spec.key))),
-            None => Ok(Response::Timer { timer: self.new_timer(now_ms, spec), created: true }),
+            None => Ok(Response::Timer {
+                timer: self.new_timer(now_ms, spec),
+                created: true,
+            }),
         }
     }
 
@@ -108,7 +114,9 @@ impl Applier<'_> {
         for (i, spec) in specs.iter().enumerate() {
             if let Some(&j) = first_in_batch.get(&spec.key) {
                 if specs[j] != *spec {
-                    return Ok(Response::Rejected(Rejection::AlreadyExists(spec.key.clone())));
+                    return Ok(Response::Rejected(Rejection::AlreadyExists(
+                        spec.key.clone(),
+                    )));
                 }
                 existing.push(None);
                 continue;
@@ -116,7 +124,9 @@ impl Applier<'_> {
             first_in_batch.insert(&spec.key, i);
             let found = self.load(&spec.key)?;
             if found.as_ref().is_some_and(|t| !t.same_request(spec)) {
-                return Ok(Response::Rejected(Rejection::AlreadyExists(spec.key.clone())));
+                return Ok(Response::Rejected(Rejection::AlreadyExists(
+                    spec.key.clone(),
+                )));
             }
             existing.push(found);
         }
@@ -143,10 +153,16 @@ impl Applier<'_> {
                 timer.state = TimerState::Cancelled;
                 timer.finished_at_ms = now_ms;
                 self.put(&timer);
-                Ok(Response::Timer { timer, created: false })
+                Ok(Response::Timer {
+                    timer,
+                    created: false,
+                })
             }
             // A retried cancel: the timer is already what the client asked for.
-            TimerState::Cancelled => Ok(Response::Timer { timer, created: false }),
+            TimerState::Cancelled => Ok(Response::Timer {
+                timer,
+                created: false,
+            }),
             state => Ok(Response::Rejected(Rejection::WrongState { key, state })),
         }
     }
@@ -163,7 +179,10 @@ impl Applier<'_> {
         timer.fire_at_ms = when.resolve(now_ms);
         self.enqueue(&mut timer);
         self.put(&timer);
-        Ok(Response::Timer { timer, created: false })
+        Ok(Response::Timer {
+            timer,
+            created: false,
+        })
     }
 
     /// Fires due timers in wheel order, at most `max`. Moves the cursor and floor forward only.

@@ -12,6 +12,8 @@
 //! answers them all after one `SyncWAL`, so many concurrent appends cost one fsync. Callbacks
 //! are answered in append order, which openraft requires.
 
+// openraft's trait signatures fix these (large) error types; helpers return them as they are.
+#![allow(clippy::result_large_err)]
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
@@ -62,7 +64,10 @@ impl LogStore {
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StResult<Option<T>> {
-        let raw = self.db.get_cf(cf(&self.db, CF_RAFT), key).map_err(read_err)?;
+        let raw = self
+            .db
+            .get_cf(cf(&self.db, CF_RAFT), key)
+            .map_err(read_err)?;
         match raw {
             Some(v) => codec::decode(&v)
                 .map(Some)
@@ -144,7 +149,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> StResult<LogState<TypeConfig>> {
         let last_purged_log_id: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
         let last_log_id = self.last_log_id()?.or(last_purged_log_id);
-        Ok(LogState { last_purged_log_id, last_log_id })
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -192,7 +200,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> StResult<()> {
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(log_id.index), log_key(u64::MAX));
+        batch.delete_range_cf(
+            cf(&self.db, CF_LOG),
+            log_key(log_id.index),
+            log_key(u64::MAX),
+        );
         batch.delete_cf(cf(&self.db, CF_LOG), log_key(u64::MAX));
         self.write_synced(batch)
     }

@@ -115,7 +115,9 @@ impl Store {
 
     /// The timer at `key`, if any.
     pub fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        let raw = self.db.get_cf(cf(&self.db, CF_TIMERS), wheel::timer_key(key))?;
+        let raw = self
+            .db
+            .get_cf(cf(&self.db, CF_TIMERS), wheel::timer_key(key))?;
         raw.map(|v| decode(&v)).transpose()
     }
 
@@ -242,7 +244,6 @@ impl Fnv64 {
         self.0
     }
 }
-
 
 #[cfg(test)]
 mod tests;

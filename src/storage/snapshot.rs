@@ -75,13 +75,23 @@ impl SnapshotBuilder {
         };
         let data = codec::encode(&dump);
         save(&self.dir, &meta, &data)?;
-        tracing::info!(index, rows = dump.rows.len(), bytes = data.len(), "built snapshot");
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+        tracing::info!(
+            index,
+            rows = dump.rows.len(),
+            bytes = data.len(),
+            "built snapshot"
+        );
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> std::result::Result<Snapshot<TypeConfig>, StorageError<u64>> {
+    async fn build_snapshot(
+        &mut self,
+    ) -> std::result::Result<Snapshot<TypeConfig>, StorageError<u64>> {
         self.build()
             .map_err(|e| StorageIOError::<u64>::write_snapshot(None, &e).into())
     }
@@ -126,5 +136,8 @@ pub fn load(dir: &Path) -> Result<Option<Snapshot<TypeConfig>>> {
         Err(e) => return Err(e.into()),
     };
     let (meta, data): (SnapshotMeta<u64, BasicNode>, Vec<u8>) = codec::decode(&bytes)?;
-    Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    Ok(Some(Snapshot {
+        meta,
+        snapshot: Box::new(Cursor::new(data)),
+    }))
 }

@@ -45,7 +45,12 @@ impl StateMachine {
         let meta = SmMeta::load(store.db())?;
         let snapshot_dir = data_dir.join("snapshot");
         std::fs::create_dir_all(&snapshot_dir)?;
-        Ok(StateMachine { store, meta, signal, snapshot_dir })
+        Ok(StateMachine {
+            store,
+            meta,
+            signal,
+            snapshot_dir,
+        })
     }
 
     fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {

@@ -59,7 +59,10 @@ fn spec(id: &str, at: i64, payload: &str) -> TimerSpec {
 }
 
 fn schedule(id: &str, at: i64) -> Command {
-    Command::Schedule { now_ms: T0, spec: spec(id, at, "p") }
+    Command::Schedule {
+        now_ms: T0,
+        spec: spec(id, at, "p"),
+    }
 }
 
 fn fire(now_ms: i64, max: u32) -> Command {
@@ -79,7 +82,12 @@ impl Sm {
         let dir = TempDir::new().unwrap();
         let (_, sm) = open(&dir);
         let store = Store::new(sm.store.db().clone(), Wheel::default());
-        Sm { _dir: dir, sm, store, next: 1 }
+        Sm {
+            _dir: dir,
+            sm,
+            store,
+            next: 1,
+        }
     }
 
     async fn apply(&mut self, cmd: Command) -> Response {
@@ -102,18 +110,36 @@ async fn schedule_is_idempotent_on_identical_content() {
     let mut s = Sm::new();
     assert!(created(&s.apply(schedule("a", T0 + 10)).await));
     let again = s.apply(schedule("a", T0 + 10)).await;
-    assert!(matches!(again, Response::Timer { created: false, .. }), "{again:?}");
-    let other = s.apply(Command::Schedule { now_ms: T0, spec: spec("a", T0 + 10, "x") }).await;
-    assert_eq!(other, Response::Rejected(Rejection::AlreadyExists(TimerKey::new("ns", "a"))));
+    assert!(
+        matches!(again, Response::Timer { created: false, .. }),
+        "{again:?}"
+    );
+    let other = s
+        .apply(Command::Schedule {
+            now_ms: T0,
+            spec: spec("a", T0 + 10, "x"),
+        })
+        .await;
+    assert_eq!(
+        other,
+        Response::Rejected(Rejection::AlreadyExists(TimerKey::new("ns", "a")))
+    );
     assert_eq!(s.store.meta().unwrap().pending, 1);
     // A relative schedule retried later (another now_ms) is still the same request.
     let rel = |now_ms| Command::Schedule {
         now_ms,
-        spec: TimerSpec { key: TimerKey::new("ns", "r"), when: When::After(50), payload: vec![] },
+        spec: TimerSpec {
+            key: TimerKey::new("ns", "r"),
+            when: When::After(50),
+            payload: vec![],
+        },
     };
     assert!(created(&s.apply(rel(T0)).await));
     let r = s.apply(rel(T0 + 999)).await;
-    assert!(matches!(&r, Response::Timer { created: false, timer } if timer.fire_at_ms == T0 + 50), "{r:?}");
+    assert!(
+        matches!(&r, Response::Timer { created: false, timer } if timer.fire_at_ms == T0 + 50),
+        "{r:?}"
+    );
 }
 
 #[tokio::test]
@@ -121,15 +147,40 @@ async fn fires_never_early_and_records_index() {
     let mut s = Sm::new();
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 20)).await;
-    assert_eq!(s.apply(fire(T0 + 9, 100)).await, Response::Fired { count: 0, more: false });
-    assert_eq!(s.timer("a").state, TimerState::Pending, "fired before its time");
+    assert_eq!(
+        s.apply(fire(T0 + 9, 100)).await,
+        Response::Fired {
+            count: 0,
+            more: false
+        }
+    );
+    assert_eq!(
+        s.timer("a").state,
+        TimerState::Pending,
+        "fired before its time"
+    );
     let idx = s.next;
-    assert_eq!(s.apply(fire(T0 + 10, 100)).await, Response::Fired { count: 1, more: false });
+    assert_eq!(
+        s.apply(fire(T0 + 10, 100)).await,
+        Response::Fired {
+            count: 1,
+            more: false
+        }
+    );
     let a = s.timer("a");
-    assert_eq!((a.state, a.fired_at_ms, a.fire_index), (TimerState::Fired, T0 + 10, idx));
+    assert_eq!(
+        (a.state, a.fired_at_ms, a.fire_index),
+        (TimerState::Fired, T0 + 10, idx)
+    );
     assert_eq!(s.timer("b").state, TimerState::Pending);
     // A lagging leader's Fire fires nothing new and does not move the cursor back.
-    assert_eq!(s.apply(fire(T0 + 5, 100)).await, Response::Fired { count: 0, more: false });
+    assert_eq!(
+        s.apply(fire(T0 + 5, 100)).await,
+        Response::Fired {
+            count: 0,
+            more: false
+        }
+    );
     assert_eq!(s.store.meta().unwrap().cursor_ms, T0 + 10);
     assert_eq!(s.timer("a").fire_index, idx, "a timer must fire once");
     s.apply(fire(T0 + 30, 100)).await;
@@ -145,15 +196,33 @@ async fn fire_is_bounded_per_entry_in_key_order() {
         s.apply(schedule(&format!("t{i:02}"), T0 + (i % 3))).await;
     }
     let r1 = s.apply(fire(T0 + 100, 10)).await;
-    assert_eq!(r1, Response::Fired { count: 10, more: true });
+    assert_eq!(
+        r1,
+        Response::Fired {
+            count: 10,
+            more: true
+        }
+    );
     // Key order: the 9 timers of bucket T0 (t00, t03, … t24) first, then bucket T0+1 in id
     // order (t01, t04, …): the 10th fire is t01 and t04 waits for the next entry.
     assert_eq!(s.timer("t24").state, TimerState::Fired);
     assert_eq!(s.timer("t01").state, TimerState::Fired);
     assert_eq!(s.timer("t04").state, TimerState::Pending);
     assert_eq!(s.timer("t02").state, TimerState::Pending);
-    assert_eq!(s.apply(fire(T0 + 100, 10)).await, Response::Fired { count: 10, more: true });
-    assert_eq!(s.apply(fire(T0 + 100, 10)).await, Response::Fired { count: 5, more: false });
+    assert_eq!(
+        s.apply(fire(T0 + 100, 10)).await,
+        Response::Fired {
+            count: 10,
+            more: true
+        }
+    );
+    assert_eq!(
+        s.apply(fire(T0 + 100, 10)).await,
+        Response::Fired {
+            count: 5,
+            more: false
+        }
+    );
     assert_eq!(s.store.meta().unwrap().pending, 0);
 }
 
@@ -163,9 +232,19 @@ async fn schedule_in_the_past_fires_at_next_fire() {
     s.apply(schedule("x", T0 + 100)).await;
     s.apply(fire(T0 + 100, 10)).await; // the floor is now at T0 + 100
     let r = s.apply(schedule("past", T0 - 5000)).await;
-    let Response::Timer { timer, .. } = r else { panic!("{r:?}") };
-    assert_eq!(timer.fire_at_ms, T0 - 5000, "the timer keeps the time it was given");
-    assert_eq!(s.store.next_bucket().unwrap(), Some((T0 + 100) as u64), "placed at the floor");
+    let Response::Timer { timer, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        timer.fire_at_ms,
+        T0 - 5000,
+        "the timer keeps the time it was given"
+    );
+    assert_eq!(
+        s.store.next_bucket().unwrap(),
+        Some((T0 + 100) as u64),
+        "placed at the floor"
+    );
     s.apply(fire(T0 + 101, 10)).await;
     assert_eq!(s.timer("past").state, TimerState::Fired);
 }
@@ -175,20 +254,52 @@ async fn cancel_rules() {
     let mut s = Sm::new();
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 10)).await;
-    let r = s.apply(Command::Cancel { now_ms: T0 + 1, key: TimerKey::new("ns", "a") }).await;
-    assert!(matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Cancelled && timer.finished_at_ms == T0 + 1));
+    let r = s
+        .apply(Command::Cancel {
+            now_ms: T0 + 1,
+            key: TimerKey::new("ns", "a"),
+        })
+        .await;
+    assert!(
+        matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Cancelled && timer.finished_at_ms == T0 + 1)
+    );
     // Retrying a successful cancel is harmless and still says cancelled.
-    let again = s.apply(Command::Cancel { now_ms: T0 + 2, key: TimerKey::new("ns", "a") }).await;
+    let again = s
+        .apply(Command::Cancel {
+            now_ms: T0 + 2,
+            key: TimerKey::new("ns", "a"),
+        })
+        .await;
     assert!(matches!(&again, Response::Timer { timer, .. } if timer.finished_at_ms == T0 + 1));
     s.apply(fire(T0 + 10, 10)).await;
-    assert_eq!(s.timer("a").state, TimerState::Cancelled, "a cancelled timer fired");
-    let late = s.apply(Command::Cancel { now_ms: T0 + 11, key: TimerKey::new("ns", "b") }).await;
+    assert_eq!(
+        s.timer("a").state,
+        TimerState::Cancelled,
+        "a cancelled timer fired"
+    );
+    let late = s
+        .apply(Command::Cancel {
+            now_ms: T0 + 11,
+            key: TimerKey::new("ns", "b"),
+        })
+        .await;
     assert_eq!(
         late,
-        Response::Rejected(Rejection::WrongState { key: TimerKey::new("ns", "b"), state: TimerState::Fired })
+        Response::Rejected(Rejection::WrongState {
+            key: TimerKey::new("ns", "b"),
+            state: TimerState::Fired
+        })
     );
-    let missing = s.apply(Command::Cancel { now_ms: T0, key: TimerKey::new("ns", "zz") }).await;
-    assert_eq!(missing, Response::Rejected(Rejection::NotFound(TimerKey::new("ns", "zz"))));
+    let missing = s
+        .apply(Command::Cancel {
+            now_ms: T0,
+            key: TimerKey::new("ns", "zz"),
+        })
+        .await;
+    assert_eq!(
+        missing,
+        Response::Rejected(Rejection::NotFound(TimerKey::new("ns", "zz")))
+    );
     assert_eq!(s.store.meta().unwrap().pending, 0);
 }
 
@@ -198,15 +309,37 @@ async fn reschedule_rules() {
     s.apply(schedule("a", T0 + 100)).await;
     s.apply(schedule("b", T0 + 100)).await;
     let key = |id: &str| TimerKey::new("ns", id);
-    s.apply(Command::Reschedule { now_ms: T0, key: key("a"), when: When::At(T0 + 10) }).await;
-    s.apply(Command::Reschedule { now_ms: T0, key: key("b"), when: When::After(500) }).await;
+    s.apply(Command::Reschedule {
+        now_ms: T0,
+        key: key("a"),
+        when: When::At(T0 + 10),
+    })
+    .await;
+    s.apply(Command::Reschedule {
+        now_ms: T0,
+        key: key("b"),
+        when: When::After(500),
+    })
+    .await;
     assert_eq!(s.store.next_bucket().unwrap(), Some((T0 + 10) as u64));
     s.apply(fire(T0 + 100, 10)).await;
     assert_eq!(s.timer("a").state, TimerState::Fired, "earlier reschedule");
     assert_eq!(s.timer("b").state, TimerState::Pending, "later reschedule");
     assert_eq!(s.timer("b").fire_at_ms, T0 + 500);
-    let r = s.apply(Command::Reschedule { now_ms: T0, key: key("a"), when: When::At(T0) }).await;
-    assert!(matches!(r, Response::Rejected(Rejection::WrongState { state: TimerState::Fired, .. })));
+    let r = s
+        .apply(Command::Reschedule {
+            now_ms: T0,
+            key: key("a"),
+            when: When::At(T0),
+        })
+        .await;
+    assert!(matches!(
+        r,
+        Response::Rejected(Rejection::WrongState {
+            state: TimerState::Fired,
+            ..
+        })
+    ));
     assert_eq!(s.store.meta().unwrap().pending, 1);
 }
 
@@ -215,12 +348,30 @@ async fn batch_is_all_or_nothing() {
     let mut s = Sm::new();
     s.apply(schedule("taken", T0)).await;
     let batch = |specs| Command::ScheduleBatch { now_ms: T0, specs };
-    let r = s.apply(batch(vec![spec("n1", T0, "p"), spec("taken", T0, "different")])).await;
-    assert!(matches!(r, Response::Rejected(Rejection::AlreadyExists(_))), "{r:?}");
-    assert!(s.store.get(&TimerKey::new("ns", "n1")).unwrap().is_none(), "half a batch was written");
-    let r = s.apply(batch(vec![spec("n1", T0, "p"), spec("taken", T0, "p")])).await;
-    let Response::Batch(results) = r else { panic!("{r:?}") };
-    assert_eq!(results.iter().map(|(_, c)| *c).collect::<Vec<_>>(), vec![true, false]);
+    let r = s
+        .apply(batch(vec![
+            spec("n1", T0, "p"),
+            spec("taken", T0, "different"),
+        ]))
+        .await;
+    assert!(
+        matches!(r, Response::Rejected(Rejection::AlreadyExists(_))),
+        "{r:?}"
+    );
+    assert!(
+        s.store.get(&TimerKey::new("ns", "n1")).unwrap().is_none(),
+        "half a batch was written"
+    );
+    let r = s
+        .apply(batch(vec![spec("n1", T0, "p"), spec("taken", T0, "p")]))
+        .await;
+    let Response::Batch(results) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        results.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
+        vec![true, false]
+    );
     assert_eq!(s.store.meta().unwrap().pending, 2);
 }
 
@@ -230,13 +381,21 @@ fn workload() -> Vec<Command> {
     for i in 0..200 {
         cmds.push(schedule(&format!("w{i}"), T0 + (i * 7) % 50));
         if i % 9 == 0 {
-            cmds.push(Command::Cancel { now_ms: T0, key: TimerKey::new("ns", format!("w{i}")) });
+            cmds.push(Command::Cancel {
+                now_ms: T0,
+                key: TimerKey::new("ns", format!("w{i}")),
+            });
         }
         if i % 40 == 39 {
             cmds.push(fire(T0 + i / 10, 17));
         }
     }
-    cmds.push(Command::ScheduleBatch { now_ms: T0, specs: (0..50).map(|i| spec(&format!("b{i}"), T0 + i, "")).collect() });
+    cmds.push(Command::ScheduleBatch {
+        now_ms: T0,
+        specs: (0..50)
+            .map(|i| spec(&format!("b{i}"), T0 + i, ""))
+            .collect(),
+    });
     cmds.push(fire(T0 + 30, 1000));
     cmds
 }
@@ -249,11 +408,19 @@ async fn apply_is_deterministic() {
         one.apply(c).await;
     }
     // The same entries, applied in one call instead of one by one.
-    let entries: Vec<_> = cmds.into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+    let entries: Vec<_> = cmds
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| entry(i as u64 + 1, c))
+        .collect();
     two.sm.apply(entries).await.unwrap();
     let (d1, d2) = (one.store.digest().unwrap(), two.store.digest().unwrap());
     assert_eq!(d1, d2, "same log, different state");
-    assert_ne!(d1.1, Sm::new().store.digest().unwrap().1, "digest ignores content");
+    assert_ne!(
+        d1.1,
+        Sm::new().store.digest().unwrap().1,
+        "digest ignores content"
+    );
 }
 
 #[tokio::test]
@@ -261,7 +428,11 @@ async fn restart_and_snapshot_reproduce_state() {
     let dir = TempDir::new().unwrap();
     let (before, meta_before) = {
         let (_, mut sm) = open(&dir);
-        let entries: Vec<_> = workload().into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+        let entries: Vec<_> = workload()
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| entry(i as u64 + 1, c))
+            .collect();
         sm.apply(entries).await.unwrap();
         (sm.store.digest().unwrap(), sm.meta.clone())
     };
@@ -270,10 +441,23 @@ async fn restart_and_snapshot_reproduce_state() {
     assert_eq!(sm.meta, meta_before);
     let _ = log.get_log_state().await.unwrap();
 
-    let snap = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
     let mut other = Sm::new();
-    other.sm.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
-    assert_eq!(other.store.digest().unwrap(), before, "snapshot install differs");
+    other
+        .sm
+        .install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.store.digest().unwrap(),
+        before,
+        "snapshot install differs"
+    );
     let current = other.sm.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta.last_log_id, snap.meta.last_log_id);
 }

@@ -33,11 +33,17 @@ pub struct TestCluster {
     pub dir: TempDir,
     pub peers: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, Option<RunningNode>>,
+    tune: fn(&mut NodeConfig),
 }
 
 impl TestCluster {
-    /// Starts `n` nodes and waits for a leader.
+    /// Starts `n` nodes with the default configuration and waits for a leader.
     pub async fn start(n: u64) -> TestCluster {
+        Self::start_with(n, |_| {}).await
+    }
+
+    /// Starts `n` nodes, each configuration adjusted by `tune`, and waits for a leader.
+    pub async fn start_with(n: u64, tune: fn(&mut NodeConfig)) -> TestCluster {
         init_tracing();
         let dir = TempDir::new().unwrap();
         let mut listeners = BTreeMap::new();
@@ -48,7 +54,12 @@ impl TestCluster {
             .iter()
             .map(|(id, l)| (*id, l.local_addr().unwrap().to_string()))
             .collect();
-        let mut cluster = TestCluster { dir, peers, nodes: BTreeMap::new() };
+        let mut cluster = TestCluster {
+            dir,
+            peers,
+            nodes: BTreeMap::new(),
+            tune,
+        };
         for (id, listener) in listeners {
             let node = server::start(cluster.config(id), listener).await.unwrap();
             cluster.nodes.insert(id, Some(node));
@@ -58,9 +69,14 @@ impl TestCluster {
     }
 
     pub fn config(&self, id: u64) -> NodeConfig {
-        let mut c = NodeConfig::new(id, self.dir.path().join(format!("n{id}")), self.peers.clone());
+        let mut c = NodeConfig::new(
+            id,
+            self.dir.path().join(format!("n{id}")),
+            self.peers.clone(),
+        );
         c.leader_wait = Duration::from_secs(3);
         c.write_timeout = Duration::from_secs(5);
+        (self.tune)(&mut c);
         c
     }
 
@@ -69,7 +85,11 @@ impl TestCluster {
     }
 
     pub fn running(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|(_, n)| n.is_some()).map(|(id, _)| *id).collect()
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.is_some())
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Waits until a running node leads and every running node agrees; returns its id.
@@ -77,8 +97,11 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let running = self.running();
-            let leaders: Vec<u64> =
-                running.iter().copied().filter(|id| self.node(*id).node.leader() == Leader::Me).collect();
+            let leaders: Vec<u64> = running
+                .iter()
+                .copied()
+                .filter(|id| self.node(*id).node.leader() == Leader::Me)
+                .collect();
             if let [leader] = leaders[..] {
                 let agreed = running.iter().all(|id| {
                     self.node(*id).node.raft.metrics().borrow().current_leader == Some(leader)
@@ -95,18 +118,33 @@ impl TestCluster {
     /// A running node that is not the leader.
     pub async fn follower(&self) -> u64 {
         let leader = self.leader().await;
-        *self.running().iter().find(|id| **id != leader).expect("no follower running")
+        *self
+            .running()
+            .iter()
+            .find(|id| **id != leader)
+            .expect("no follower running")
     }
 
     pub async fn client(&self, id: u64) -> TimersClient<Channel> {
         let addr = format!("http://{}", self.peers[&id]);
-        let ch = tonic::transport::Endpoint::from_shared(addr).unwrap().connect().await.unwrap();
-        TimersClient::new(ch).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20)
+        let ch = tonic::transport::Endpoint::from_shared(addr)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        TimersClient::new(ch)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
     }
 
     /// Stops a node (its process would be gone: the others see it as dead).
     pub async fn stop(&mut self, id: u64) {
-        let node = self.nodes.get_mut(&id).unwrap().take().expect("already stopped");
+        let node = self
+            .nodes
+            .get_mut(&id)
+            .unwrap()
+            .take()
+            .expect("already stopped");
         node.shutdown().await;
     }
 
@@ -121,12 +159,18 @@ impl TestCluster {
     pub async fn converged(&self) -> (u64, u64) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let digests: Vec<(u64, u64)> =
-                self.running().iter().map(|id| self.node(*id).node.store.digest().unwrap()).collect();
+            let digests: Vec<(u64, u64)> = self
+                .running()
+                .iter()
+                .map(|id| self.node(*id).node.store.digest().unwrap())
+                .collect();
             if digests.windows(2).all(|w| w[0] == w[1]) {
                 return digests[0];
             }
-            assert!(Instant::now() < deadline, "replicas did not converge: {digests:?}");
+            assert!(
+                Instant::now() < deadline,
+                "replicas did not converge: {digests:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -159,11 +203,21 @@ pub fn at(t: i64) -> Option<pb::schedule_request::When> {
 }
 
 pub fn schedule_req(id: &str, fire_at_ms: i64) -> pb::ScheduleRequest {
-    pb::ScheduleRequest { namespace: NS.into(), id: id.into(), when: at(fire_at_ms), payload: id.as_bytes().to_vec() }
+    pb::ScheduleRequest {
+        namespace: NS.into(),
+        id: id.into(),
+        when: at(fire_at_ms),
+        payload: id.as_bytes().to_vec(),
+    }
 }
 
 pub async fn get(c: &mut TimersClient<Channel>, id: &str) -> Result<pb::Timer, tonic::Status> {
-    let r = c.get(pb::GetRequest { namespace: NS.into(), id: id.into() }).await?;
+    let r = c
+        .get(pb::GetRequest {
+            namespace: NS.into(),
+            id: id.into(),
+        })
+        .await?;
     Ok(r.into_inner().timer.unwrap())
 }
 
@@ -193,7 +247,11 @@ pub async fn list_all(c: &mut TimersClient<Channel>, state: pb::TimerState) -> V
 /// Also the observer's never-early check: `fired_at_ms` is the state machine's own claim, so it
 /// cannot reveal an early fire; the client's clock can. A timer seen FIRED in a response that
 /// arrived before its `fire_at_ms` (same machine, same clock) fired early.
-pub async fn wait_fired(c: &mut TimersClient<Channel>, n: usize, within: Duration) -> Vec<pb::Timer> {
+pub async fn wait_fired(
+    c: &mut TimersClient<Channel>,
+    n: usize,
+    within: Duration,
+) -> Vec<pb::Timer> {
     let deadline = Instant::now() + within;
     loop {
         let fired = list_all(c, pb::TimerState::Fired).await;
@@ -202,7 +260,11 @@ pub async fn wait_fired(c: &mut TimersClient<Channel>, n: usize, within: Duratio
         if fired.len() >= n {
             return fired;
         }
-        assert!(Instant::now() < deadline, "only {} of {n} timers fired within {within:?}", fired.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} timers fired within {within:?}",
+            fired.len()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -217,6 +279,12 @@ pub fn assert_not_early(fired: &[pb::Timer], seen_at: i64) {
             t.fire_at_ms - seen_at,
             t.fire_at_ms
         );
-        assert!(t.fired_at_ms >= t.fire_at_ms, "{} claims fired_at {} < fire_at {}", t.id, t.fired_at_ms, t.fire_at_ms);
+        assert!(
+            t.fired_at_ms >= t.fire_at_ms,
+            "{} claims fired_at {} < fire_at {}",
+            t.id,
+            t.fired_at_ms,
+            t.fire_at_ms
+        );
     }
 }

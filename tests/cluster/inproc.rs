@@ -17,13 +17,21 @@ async fn fires_on_time_never_early() {
     // Phase 1: schedule 50 timers 300..800 ms ahead through a follower.
     let base = now_ms() + 300;
     for i in 0..50 {
-        client.schedule(schedule_req(&format!("t{i}"), base + i * 10)).await.unwrap();
+        client
+            .schedule(schedule_req(&format!("t{i}"), base + i * 10))
+            .await
+            .unwrap();
     }
     // Phase 2: each fires, at or after its time, and not long after.
     let fired = wait_fired(&mut client, 50, Duration::from_secs(10)).await;
     for t in &fired {
         assert!(t.fired_at_ms >= t.fire_at_ms, "{} fired early: {t:?}", t.id);
-        assert!(t.fired_at_ms - t.fire_at_ms < 2_000, "{} fired {} ms late", t.id, t.fired_at_ms - t.fire_at_ms);
+        assert!(
+            t.fired_at_ms - t.fire_at_ms < 2_000,
+            "{} fired {} ms late",
+            t.id,
+            t.fired_at_ms - t.fire_at_ms
+        );
         assert!(t.fire_index > 0);
     }
     // Phase 3: an idle cluster writes nothing (no empty ticks).
@@ -42,40 +50,87 @@ async fn cancel_and_reschedule() {
     let t = now_ms();
 
     // Phase 1: cancel before fire: acknowledged, never fires.
-    client.schedule(schedule_req("cancel-me", t + 800)).await.unwrap();
-    let r = client.cancel(pb::CancelRequest { namespace: NS.into(), id: "cancel-me".into() }).await.unwrap();
-    assert_eq!(r.into_inner().timer.unwrap().state, pb::TimerState::Cancelled as i32);
+    client
+        .schedule(schedule_req("cancel-me", t + 800))
+        .await
+        .unwrap();
+    let r = client
+        .cancel(pb::CancelRequest {
+            namespace: NS.into(),
+            id: "cancel-me".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        r.into_inner().timer.unwrap().state,
+        pb::TimerState::Cancelled as i32
+    );
 
     // Phase 2: reschedule one earlier and one later.
-    client.schedule(schedule_req("earlier", t + 5_000)).await.unwrap();
-    client.schedule(schedule_req("later", t + 300)).await.unwrap();
+    client
+        .schedule(schedule_req("earlier", t + 5_000))
+        .await
+        .unwrap();
+    client
+        .schedule(schedule_req("later", t + 300))
+        .await
+        .unwrap();
     let resched = |id: &str, at: i64| pb::RescheduleRequest {
         namespace: NS.into(),
         id: id.into(),
         when: Some(pb::reschedule_request::When::FireAtMs(at)),
     };
-    client.reschedule(resched("earlier", t + 400)).await.unwrap();
-    client.reschedule(resched("later", t + 2_500)).await.unwrap();
+    client
+        .reschedule(resched("earlier", t + 400))
+        .await
+        .unwrap();
+    client
+        .reschedule(resched("later", t + 2_500))
+        .await
+        .unwrap();
 
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let earlier = get(&mut client, "earlier").await.unwrap();
-    assert_eq!(earlier.state, pb::TimerState::Fired as i32, "rescheduled-earlier timer did not fire");
+    assert_eq!(
+        earlier.state,
+        pb::TimerState::Fired as i32,
+        "rescheduled-earlier timer did not fire"
+    );
     assert!(earlier.fired_at_ms >= t + 400);
-    assert_eq!(get(&mut client, "later").await.unwrap().state, pb::TimerState::Pending as i32, "fired at its old time");
+    assert_eq!(
+        get(&mut client, "later").await.unwrap().state,
+        pb::TimerState::Pending as i32,
+        "fired at its old time"
+    );
     let cancelled = get(&mut client, "cancel-me").await.unwrap();
-    assert_eq!((cancelled.state, cancelled.fire_index), (pb::TimerState::Cancelled as i32, 0));
+    assert_eq!(
+        (cancelled.state, cancelled.fire_index),
+        (pb::TimerState::Cancelled as i32, 0)
+    );
 
     // Phase 3: the later one fires at its new time.
     tokio::time::sleep(Duration::from_millis(1_700)).await;
     let later = get(&mut client, "later").await.unwrap();
     assert_eq!(later.state, pb::TimerState::Fired as i32);
-    assert!(later.fired_at_ms >= t + 2_500, "fired before its rescheduled time");
+    assert!(
+        later.fired_at_ms >= t + 2_500,
+        "fired before its rescheduled time"
+    );
 
     // Phase 4: cancel or reschedule after fire is FAILED_PRECONDITION naming the state.
-    let e = client.cancel(pb::CancelRequest { namespace: NS.into(), id: "later".into() }).await.unwrap_err();
+    let e = client
+        .cancel(pb::CancelRequest {
+            namespace: NS.into(),
+            id: "later".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().contains("FIRED"), "{}", e.message());
-    let e = client.reschedule(resched("later", t + 10_000)).await.unwrap_err();
+    let e = client
+        .reschedule(resched("later", t + 10_000))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     c.shutdown().await;
 }
@@ -89,11 +144,22 @@ async fn any_node_serves_every_call_and_bad_input_is_refused() {
         // Phase 1: schedule and read through every node, leader and followers.
         let mut client = c.client(id).await;
         let tid = format!("via-{id}");
-        let r = client.schedule(schedule_req(&tid, far)).await.unwrap().into_inner();
+        let r = client
+            .schedule(schedule_req(&tid, far))
+            .await
+            .unwrap()
+            .into_inner();
         assert!(r.created);
-        let again = client.schedule(schedule_req(&tid, far)).await.unwrap().into_inner();
+        let again = client
+            .schedule(schedule_req(&tid, far))
+            .await
+            .unwrap()
+            .into_inner();
         assert!(!again.created, "identical schedule must be idempotent");
-        assert_eq!(get(&mut client, &tid).await.unwrap().payload, tid.as_bytes());
+        assert_eq!(
+            get(&mut client, &tid).await.unwrap().payload,
+            tid.as_bytes()
+        );
     }
     // Phase 2: a write on one follower is visible to a linearizable read on another.
     let followers: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
@@ -105,31 +171,64 @@ async fn any_node_serves_every_call_and_bad_input_is_refused() {
 
     // Phase 3: bad input gets the right status, and the node lives on.
     let mut bad = schedule_req("", far);
-    assert_eq!(a.schedule(bad.clone()).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        a.schedule(bad.clone()).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     bad.id = "x".into();
     bad.when = None;
-    assert_eq!(a.schedule(bad).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        a.schedule(bad).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     let mut other = schedule_req("rw", far + 1);
     let e = a.schedule(other.clone()).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
     other.payload = vec![0; 64 * 1024 + 1];
-    assert_eq!(a.schedule(other).await.unwrap_err().code(), Code::ResourceExhausted);
+    assert_eq!(
+        a.schedule(other).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
     let e = get(&mut a, "nope").await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     assert!(e.message().contains("test/nope"), "{}", e.message());
-    let e = a.cancel(pb::CancelRequest { namespace: NS.into(), id: "nope".into() }).await.unwrap_err();
+    let e = a
+        .cancel(pb::CancelRequest {
+            namespace: NS.into(),
+            id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    let huge = pb::ScheduleBatchRequest { timers: (0..10_001).map(|i| schedule_req(&format!("b{i}"), far)).collect() };
-    assert_eq!(a.schedule_batch(huge).await.unwrap_err().code(), Code::ResourceExhausted);
-    let e = a.subscribe(pb::SubscribeRequest::default()).await.err().unwrap();
+    let huge = pb::ScheduleBatchRequest {
+        timers: (0..10_001)
+            .map(|i| schedule_req(&format!("b{i}"), far))
+            .collect(),
+    };
+    assert_eq!(
+        a.schedule_batch(huge).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    let e = a
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code(), Code::Unimplemented);
 
     // Phase 4: a 10,000-timer batch is accepted whole, and paging walks it all.
-    let full = pb::ScheduleBatchRequest { timers: (0..10_000).map(|i| schedule_req(&format!("b{i:05}"), far)).collect() };
+    let full = pb::ScheduleBatchRequest {
+        timers: (0..10_000)
+            .map(|i| schedule_req(&format!("b{i:05}"), far))
+            .collect(),
+    };
     let r = a.schedule_batch(full).await.unwrap().into_inner();
     assert_eq!(r.results.len(), 10_000);
     assert!(r.results.iter().all(|r| r.created));
-    assert_eq!(list_all(&mut b, pb::TimerState::Pending).await.len(), 10_004);
+    assert_eq!(
+        list_all(&mut b, pb::TimerState::Pending).await.len(),
+        10_004
+    );
     assert_eq!(list_all(&mut b, pb::TimerState::Fired).await.len(), 0);
     c.converged().await;
     c.shutdown().await;
@@ -146,8 +245,14 @@ async fn leader_killed_while_timers_are_due_every_timer_fires_once() {
     let base = now_ms() + 500;
     let n = 1_500;
     for chunk in (0..n).collect::<Vec<i64>>().chunks(500) {
-        let timers = chunk.iter().map(|i| schedule_req(&format!("k{i:04}"), base + i * 2)).collect();
-        client.schedule_batch(pb::ScheduleBatchRequest { timers }).await.unwrap();
+        let timers = chunk
+            .iter()
+            .map(|i| schedule_req(&format!("k{i:04}"), base + i * 2))
+            .collect();
+        client
+            .schedule_batch(pb::ScheduleBatchRequest { timers })
+            .await
+            .unwrap();
     }
     // Phase 2: kill the leader while they are coming due.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -185,14 +290,80 @@ async fn restarted_node_catches_up_from_its_data_dir() {
     let leader = c.leader().await;
     let mut client = c.client(leader).await;
     let base = now_ms() + 200;
-    let timers = (0..300).map(|i| schedule_req(&format!("r{i}"), base + i)).collect();
-    client.schedule_batch(pb::ScheduleBatchRequest { timers }).await.unwrap();
+    let timers = (0..300)
+        .map(|i| schedule_req(&format!("r{i}"), base + i))
+        .collect();
+    client
+        .schedule_batch(pb::ScheduleBatchRequest { timers })
+        .await
+        .unwrap();
     wait_fired(&mut client, 300, Duration::from_secs(10)).await;
 
     c.restart(follower).await;
     let (applied, _) = c.converged().await;
     assert!(applied >= c.node(leader).node.status().unwrap().applied_index);
-    assert_eq!(c.local_timer(follower, "r299").unwrap().state, timerdb::timer::TimerState::Fired);
+    assert_eq!(
+        c.local_timer(follower, "r299").unwrap().state,
+        timerdb::timer::TimerState::Fired
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
+    // Snapshot every 20 entries and keep no log behind it: a stopped follower must come back
+    // through InstallSnapshot, not the log.
+    let mut c = TestCluster::start_with(3, |cfg| {
+        cfg.snapshot_every_entries = 20;
+        cfg.keep_log_entries = 0;
+    })
+    .await;
+    let follower = c.follower().await;
+    c.stop(follower).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let base = now_ms() + 100;
+    // Phase 1: 100 entries of mixed work while the follower is away; some timers fire.
+    for i in 0..100 {
+        let due = if i % 2 == 0 {
+            base + i
+        } else {
+            base + 3_600_000
+        };
+        client
+            .schedule(schedule_req(&format!("s{i}"), due))
+            .await
+            .unwrap();
+    }
+    wait_fired(&mut client, 50, Duration::from_secs(10)).await;
+    let purged = c.node(leader).node.raft.metrics().borrow().purged;
+    assert!(
+        purged.is_some_and(|p| p.index > 50),
+        "the leader did not purge its log: {purged:?}"
+    );
+
+    // Phase 2: the follower returns, installs a snapshot, and ends identical.
+    c.restart(follower).await;
+    c.converged().await;
+    let snap = c.node(follower).node.raft.metrics().borrow().snapshot;
+    assert!(snap.is_some(), "the follower caught up without a snapshot");
+    assert_eq!(
+        c.local_timer(follower, "s98").unwrap().state,
+        timerdb::timer::TimerState::Fired
+    );
+    assert_eq!(
+        c.local_timer(follower, "s99").unwrap().state,
+        timerdb::timer::TimerState::Pending
+    );
+    assert_eq!(c.node(follower).node.store.meta().unwrap().pending, 50);
+
+    // Phase 3: it keeps working as a replica afterwards.
+    client
+        .schedule(schedule_req("after", now_ms() + 50))
+        .await
+        .unwrap();
+    wait_fired(&mut client, 51, Duration::from_secs(10)).await;
+    c.converged().await;
     c.shutdown().await;
 }
 
@@ -204,8 +375,14 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
     // the last one, so the two fronts cross mid-way and both outcomes happen.
     let n: usize = 300;
     let base = now_ms() + 300;
-    let timers = (0..n).map(|i| schedule_req(&format!("race{i}"), base + 3 * i as i64)).collect();
-    client.clone().schedule_batch(pb::ScheduleBatchRequest { timers }).await.unwrap();
+    let timers = (0..n)
+        .map(|i| schedule_req(&format!("race{i}"), base + 3 * i as i64))
+        .collect();
+    client
+        .clone()
+        .schedule_batch(pb::ScheduleBatchRequest { timers })
+        .await
+        .unwrap();
 
     // Phase 1: cancel every timer, highest first, from 8 concurrent clients.
     let mut tasks = Vec::new();
@@ -215,7 +392,12 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
             let mut outcomes = BTreeMap::new();
             for i in (0..n).rev().skip(w).step_by(8) {
                 let id = format!("race{i}");
-                let r = cl.cancel(pb::CancelRequest { namespace: NS.into(), id: id.clone() }).await;
+                let r = cl
+                    .cancel(pb::CancelRequest {
+                        namespace: NS.into(),
+                        id: id.clone(),
+                    })
+                    .await;
                 outcomes.insert(id, r.map(|_| ()).map_err(|e| e.code()));
             }
             outcomes
@@ -233,7 +415,11 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
         let t = get(&mut client, &id).await.unwrap();
         match outcome {
             Ok(()) => {
-                assert_eq!((t.state, t.fire_index), (pb::TimerState::Cancelled as i32, 0), "{id} fired after an OK cancel");
+                assert_eq!(
+                    (t.state, t.fire_index),
+                    (pb::TimerState::Cancelled as i32, 0),
+                    "{id} fired after an OK cancel"
+                );
                 cancelled += 1;
             }
             Err(Code::FailedPrecondition) => {
@@ -245,7 +431,10 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
     }
     eprintln!("cancel race: {cancelled} cancelled, {lost} already fired");
     assert_eq!(cancelled + lost, n);
-    assert!(cancelled > 0 && lost > 0, "the race was not exercised: {cancelled} cancelled, {lost} fired");
+    assert!(
+        cancelled > 0 && lost > 0,
+        "the race was not exercised: {cancelled} cancelled, {lost} fired"
+    );
     c.converged().await;
     c.shutdown().await;
 }
@@ -260,8 +449,15 @@ async fn without_a_quorum_calls_fail_unavailable_in_bounded_time() {
     c.stop(others[1]).await;
     let mut client = c.client(survivor).await;
     let started = Instant::now();
-    let e = client.schedule(schedule_req("lonely", now_ms() + 1000)).await.unwrap_err();
+    let e = client
+        .schedule(schedule_req("lonely", now_ms() + 1000))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
-    assert!(started.elapsed() < Duration::from_secs(15), "waited {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "waited {:?}",
+        started.elapsed()
+    );
     c.shutdown().await;
 }

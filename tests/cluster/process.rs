@@ -24,7 +24,14 @@ fn free_addr() -> String {
 fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
     let log = std::fs::File::create(p.dir.join(format!("timerd-{id}.log"))).unwrap();
     Command::new(env!("CARGO_BIN_EXE_timerd"))
-        .args(["--id", &id.to_string(), "--listen", &p.addr, "--peers", peers])
+        .args([
+            "--id",
+            &id.to_string(),
+            "--listen",
+            &p.addr,
+            "--peers",
+            peers,
+        ])
         .arg("--data-dir")
         .arg(p.dir.join("data"))
         .stdout(Stdio::null())
@@ -34,7 +41,11 @@ fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
 }
 
 async fn channel(addr: &str) -> Option<Channel> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?.connect().await.ok()
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect()
+        .await
+        .ok()
 }
 
 async fn status(addr: &str) -> Option<pb::StatusResponse> {
@@ -51,7 +62,10 @@ async fn leader(procs: &[Proc]) -> usize {
                 return i;
             }
         }
-        assert!(Instant::now() < deadline, "no leader among the timerd processes");
+        assert!(
+            Instant::now() < deadline,
+            "no leader among the timerd processes"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -64,10 +78,19 @@ async fn sigkill_the_leader_process_and_restart_it() {
         .map(|id| {
             let dir = tmp.path().join(format!("n{id}"));
             std::fs::create_dir_all(&dir).unwrap();
-            Proc { addr: free_addr(), dir, child: None }
+            Proc {
+                addr: free_addr(),
+                dir,
+                child: None,
+            }
         })
         .collect();
-    let peers = procs.iter().enumerate().map(|(i, p)| format!("{}={}", i + 1, p.addr)).collect::<Vec<_>>().join(",");
+    let peers = procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
+        .collect::<Vec<_>>()
+        .join(",");
     for (i, p) in procs.iter_mut().enumerate() {
         p.child = Some(spawn(i as u64 + 1, p, &peers));
     }
@@ -77,8 +100,13 @@ async fn sigkill_the_leader_process_and_restart_it() {
     let f = (l + 1) % 3;
     let mut client = TimersClient::new(channel(&procs[f].addr).await.unwrap());
     let base = now_ms() + 800;
-    let timers = (0..1000).map(|i| schedule_req(&format!("p{i}"), base + i * 2)).collect();
-    client.schedule_batch(pb::ScheduleBatchRequest { timers }).await.unwrap();
+    let timers = (0..1000)
+        .map(|i| schedule_req(&format!("p{i}"), base + i * 2))
+        .collect();
+    client
+        .schedule_batch(pb::ScheduleBatchRequest { timers })
+        .await
+        .unwrap();
 
     // Phase 2: SIGKILL the leader while they come due.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -88,7 +116,10 @@ async fn sigkill_the_leader_process_and_restart_it() {
 
     // Phase 3: all fire.
     let fired = wait_fired(&mut client, 1000, Duration::from_secs(20)).await;
-    assert!(fired.iter().all(|t| t.fired_at_ms >= t.fire_at_ms), "a timer fired early");
+    assert!(
+        fired.iter().all(|t| t.fired_at_ms >= t.fire_at_ms),
+        "a timer fired early"
+    );
 
     // Phase 4: restart the killed node; every node converges with nothing pending.
     let restarted = spawn(l as u64 + 1, &procs[l], &peers);
@@ -99,8 +130,12 @@ async fn sigkill_the_leader_process_and_restart_it() {
         for p in &procs {
             st.push(status(&p.addr).await);
         }
-        let done = st.iter().all(|s| s.as_ref().is_some_and(|s| s.pending_timers == 0))
-            && st.windows(2).all(|w| w[0].as_ref().map(|s| s.applied_index) == w[1].as_ref().map(|s| s.applied_index));
+        let done = st
+            .iter()
+            .all(|s| s.as_ref().is_some_and(|s| s.pending_timers == 0))
+            && st.windows(2).all(|w| {
+                w[0].as_ref().map(|s| s.applied_index) == w[1].as_ref().map(|s| s.applied_index)
+            });
         if done {
             break;
         }
@@ -117,7 +152,9 @@ async fn sigkill_the_leader_process_and_restart_it() {
 }
 
 fn send_sigterm(child: &Child) {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> bool {

@@ -4,7 +4,12 @@ use tonic::Code;
 
 use super::*;
 
-fn req(ns: &str, id: &str, when: Option<pb::schedule_request::When>, payload: usize) -> pb::ScheduleRequest {
+fn req(
+    ns: &str,
+    id: &str,
+    when: Option<pb::schedule_request::When>,
+    payload: usize,
+) -> pb::ScheduleRequest {
     pb::ScheduleRequest {
         namespace: ns.into(),
         id: id.into(),
@@ -29,22 +34,70 @@ fn schedule_validation_table() {
     let long_ns = "n".repeat(129);
     let long_id = "i".repeat(257);
     let cases: Vec<(pb::ScheduleRequest, Code, &str)> = vec![
-        (req("", "a", at(NOW), 0), Code::InvalidArgument, "namespace must not be empty"),
-        (req("ns", "", at(NOW), 0), Code::InvalidArgument, "id must not be empty"),
-        (req(&long_ns, "a", at(NOW), 0), Code::InvalidArgument, "namespace is 129 bytes"),
-        (req("ns", &long_id, at(NOW), 0), Code::InvalidArgument, "id is 257 bytes"),
-        (req("ns", "a\n", at(NOW), 0), Code::InvalidArgument, "control characters"),
-        (req("ns", "a", None, 0), Code::InvalidArgument, "fire_at_ms or delay_ms"),
-        (req("ns", "a", at(1_700_000_000), 0), Code::InvalidArgument, "seconds"),
-        (req("ns", "a", at(MAX_FIRE_AT_MS + 1), 0), Code::InvalidArgument, "9999"),
-        (req("ns", "a", after(-1), 0), Code::InvalidArgument, "negative"),
-        (req("ns", "a", after(l.max_delay_ms + 1), 0), Code::InvalidArgument, "exceeds"),
-        (req("ns", "a", at(NOW), 64 * 1024 + 1), Code::ResourceExhausted, "payload"),
+        (
+            req("", "a", at(NOW), 0),
+            Code::InvalidArgument,
+            "namespace must not be empty",
+        ),
+        (
+            req("ns", "", at(NOW), 0),
+            Code::InvalidArgument,
+            "id must not be empty",
+        ),
+        (
+            req(&long_ns, "a", at(NOW), 0),
+            Code::InvalidArgument,
+            "namespace is 129 bytes",
+        ),
+        (
+            req("ns", &long_id, at(NOW), 0),
+            Code::InvalidArgument,
+            "id is 257 bytes",
+        ),
+        (
+            req("ns", "a\n", at(NOW), 0),
+            Code::InvalidArgument,
+            "control characters",
+        ),
+        (
+            req("ns", "a", None, 0),
+            Code::InvalidArgument,
+            "fire_at_ms or delay_ms",
+        ),
+        (
+            req("ns", "a", at(1_700_000_000), 0),
+            Code::InvalidArgument,
+            "seconds",
+        ),
+        (
+            req("ns", "a", at(MAX_FIRE_AT_MS + 1), 0),
+            Code::InvalidArgument,
+            "9999",
+        ),
+        (
+            req("ns", "a", after(-1), 0),
+            Code::InvalidArgument,
+            "negative",
+        ),
+        (
+            req("ns", "a", after(l.max_delay_ms + 1), 0),
+            Code::InvalidArgument,
+            "exceeds",
+        ),
+        (
+            req("ns", "a", at(NOW), 64 * 1024 + 1),
+            Code::ResourceExhausted,
+            "payload",
+        ),
     ];
     for (r, code, needle) in cases {
         let err = Status::from(spec(&r, &l).unwrap_err());
         assert_eq!(err.code(), code, "{r:?}: {err:?}");
-        assert!(err.message().contains(needle), "{:?} lacks {needle:?}", err.message());
+        assert!(
+            err.message().contains(needle),
+            "{:?} lacks {needle:?}",
+            err.message()
+        );
     }
 }
 
@@ -60,23 +113,40 @@ fn schedule_accepts_limits_exactly() {
 
 #[test]
 fn batch_validation() {
-    let l = Limits { max_batch: 3, ..Limits::default() };
+    let l = Limits {
+        max_batch: 3,
+        ..Limits::default()
+    };
     let batch = |reqs: Vec<pb::ScheduleRequest>| pb::ScheduleBatchRequest { timers: reqs };
     let e = specs(&batch(vec![]), &l).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)));
-    let four = (0..4).map(|i| req("ns", &i.to_string(), at(NOW), 0)).collect();
-    assert!(matches!(specs(&batch(four), &l).unwrap_err(), Error::ResourceExhausted(_)));
+    let four = (0..4)
+        .map(|i| req("ns", &i.to_string(), at(NOW), 0))
+        .collect();
+    assert!(matches!(
+        specs(&batch(four), &l).unwrap_err(),
+        Error::ResourceExhausted(_)
+    ));
     let dup = vec![req("ns", "a", at(NOW), 0), req("ns", "a", at(NOW), 0)];
     let e = specs(&batch(dup), &l).unwrap_err();
-    assert!(e.to_string().contains("timers[1]") && e.to_string().contains("twice"), "{e}");
+    assert!(
+        e.to_string().contains("timers[1]") && e.to_string().contains("twice"),
+        "{e}"
+    );
     let bad = vec![req("ns", "a", at(NOW), 0), req("ns", "", at(NOW), 0)];
-    assert!(specs(&batch(bad), &l).unwrap_err().to_string().starts_with("timers[1]: "));
+    assert!(specs(&batch(bad), &l)
+        .unwrap_err()
+        .to_string()
+        .starts_with("timers[1]: "));
 }
 
 #[test]
 fn list_validation_and_tokens() {
     let l = Limits::default();
-    let mut r = pb::ListRequest { namespace: "ns".into(), ..Default::default() };
+    let mut r = pb::ListRequest {
+        namespace: "ns".into(),
+        ..Default::default()
+    };
     let p = list_params(&r, &l).unwrap();
     assert_eq!(p.limit, l.default_list_limit);
     assert!(p.filter.state.is_none() && p.after.is_none());
@@ -103,8 +173,14 @@ fn every_error_maps_to_its_code() {
         (Error::InvalidArgument("x".into()), Code::InvalidArgument),
         (Error::NotFound("x".into()), Code::NotFound),
         (Error::AlreadyExists("x".into()), Code::AlreadyExists),
-        (Error::FailedPrecondition("x".into()), Code::FailedPrecondition),
-        (Error::ResourceExhausted("x".into()), Code::ResourceExhausted),
+        (
+            Error::FailedPrecondition("x".into()),
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::ResourceExhausted("x".into()),
+            Code::ResourceExhausted,
+        ),
         (Error::NotLeader, Code::Unavailable),
         (Error::Unavailable("x".into()), Code::Unavailable),
         (Error::Storage("x".into()), Code::Internal),
