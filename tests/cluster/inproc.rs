@@ -336,9 +336,19 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
             .unwrap();
     }
     wait_fired(&mut client, 50, Duration::from_secs(10)).await;
-    let purged = c.node(leader).node.raft.metrics().borrow().purged;
+    // Snapshots and purges run in the background: wait (bounded) for the purge.
+    let purged = c
+        .node(leader)
+        .node
+        .raft
+        .wait(Some(Duration::from_secs(10)))
+        .metrics(
+            |m| m.purged.is_some_and(|p| p.index > 50),
+            "log purged past 50",
+        )
+        .await;
     assert!(
-        purged.is_some_and(|p| p.index > 50),
+        purged.is_ok(),
         "the leader did not purge its log: {purged:?}"
     );
 
