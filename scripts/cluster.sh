@@ -35,7 +35,8 @@ PEERS="1=$(addr 1),2=$(addr 2),3=$(addr 3)"
 build() {
   if [[ -z "${TIMERDB_BIN:-}" ]]; then
     bash scripts/deps.sh
-    cargo build --bins --quiet
+    # --all-targets: the same feature set as scripts/test.sh, so RocksDB is compiled once for both.
+    cargo build --all-targets --quiet
   fi
 }
 
@@ -52,7 +53,9 @@ start_node() {
 
 leader() {
   for n in 1 2 3; do
-    if alive "$n" && "$BIN/timerctl" -e "$(addr "$n")" status 2>/dev/null | grep -q "role=leader"; then
+    # Capture, then match: `| grep -q` can SIGPIPE timerctl, which pipefail reports as failure.
+    if alive "$n" && out=$("$BIN/timerctl" -e "$(addr "$n")" status 2>/dev/null) &&
+      [[ "$out" == *"role=leader"* ]]; then
       echo "$n"; return 0
     fi
   done
