@@ -13,7 +13,7 @@ use openraft::ServerState;
 
 use crate::cluster::{NodeId, Raft};
 use crate::config::NodeConfig;
-use crate::storage::{ListFilter, Page, Store};
+use crate::storage::{ListQuery, Page, Store};
 use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
 use crate::{Error, Result};
 
@@ -158,15 +158,9 @@ impl Node {
     }
 
     /// Linearizable page of a namespace's timers.
-    pub async fn list(
-        &self,
-        namespace: &str,
-        filter: &ListFilter,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page> {
+    pub async fn list(&self, query: &ListQuery) -> Result<Page> {
         self.read_barrier().await?;
-        self.store.list(namespace, filter, after, limit)
+        self.store.list(query)
     }
 
     /// This node's view of the cluster (local, not linearizable).

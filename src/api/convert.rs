@@ -8,7 +8,7 @@ use tonic::{Code, Status};
 
 use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
-use crate::storage::ListFilter;
+use crate::storage::{ListFilter, ListQuery};
 use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::Error;
 
@@ -162,16 +162,8 @@ fn prefix_error(e: Error, prefix: &str) -> Error {
     }
 }
 
-/// A validated List request.
-pub struct ListParams {
-    pub namespace: String,
-    pub filter: ListFilter,
-    pub after: Option<String>,
-    pub limit: usize,
-}
-
 /// Validates a List request and decodes its page token.
-pub fn list_params(req: &pb::ListRequest, limits: &Limits) -> Result<ListParams, Error> {
+pub fn list_query(req: &pb::ListRequest, limits: &Limits) -> Result<ListQuery, Error> {
     check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
     let state = state_from_pb(req.state)?;
     let limit = match req.limit as usize {
@@ -199,7 +191,7 @@ pub fn list_params(req: &pb::ListRequest, limits: &Limits) -> Result<ListParams,
         fire_from_ms: (req.fire_from_ms != 0).then_some(req.fire_from_ms),
         fire_to_ms: (req.fire_to_ms != 0).then_some(req.fire_to_ms),
     };
-    Ok(ListParams {
+    Ok(ListQuery {
         namespace: req.namespace.clone(),
         filter,
         after,

@@ -177,16 +177,14 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let p = &convert::list_params(&req, self.limits())?;
+        let p = &convert::list_query(&req, self.limits())?;
         let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
         let reply = self
             .router
             .route(
                 forwarded,
                 move || async move {
-                    let page = node
-                        .list(&p.namespace, &p.filter, p.after.as_deref(), p.limit)
-                        .await?;
+                    let page = node.list(p).await?;
                     Ok(pb::ListResponse {
                         timers: page.timers.into_iter().map(Into::into).collect(),
                         next_page_token: page

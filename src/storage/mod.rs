@@ -81,6 +81,16 @@ impl ListFilter {
     }
 }
 
+/// A List request, validated: which namespace, what filter, where to resume, how many.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    pub namespace: String,
+    pub filter: ListFilter,
+    /// Resume after this id (from the previous page's `next_after`).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
 /// One page of a List.
 #[derive(Debug, Clone, Default)]
 pub struct Page {
@@ -121,16 +131,11 @@ impl Store {
         raw.map(|v| decode(&v)).transpose()
     }
 
-    /// Up to `limit` timers of `namespace` matching `filter`, in id order, after id `after`.
-    pub fn list(
-        &self,
-        namespace: &str,
-        filter: &ListFilter,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Page> {
+    /// One page of `q.namespace`'s timers matching its filter, in id order.
+    pub fn list(&self, q: &ListQuery) -> Result<Page> {
+        let (namespace, filter, limit) = (q.namespace.as_str(), &q.filter, q.limit);
         let prefix = wheel::namespace_prefix(namespace);
-        let start = match after {
+        let start = match q.after.as_deref() {
             // The smallest key strictly after `after`: append a zero byte.
             Some(id) => {
                 let mut k = wheel::timer_key(&TimerKey::new(namespace, id));

@@ -461,3 +461,69 @@ async fn restart_and_snapshot_reproduce_state() {
     let current = other.sm.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta.last_log_id, snap.meta.last_log_id);
 }
+
+#[tokio::test]
+async fn list_filters_and_pages() {
+    let mut s = Sm::new();
+    for i in 0..10 {
+        s.apply(schedule(&format!("l{i}"), T0 + i * 10)).await;
+    }
+    // Another namespace whose name extends this one's must never leak into it.
+    s.apply(Command::Schedule {
+        now_ms: T0,
+        spec: TimerSpec {
+            key: TimerKey::new("nsx", "l0"),
+            when: When::At(T0),
+            payload: vec![],
+        },
+    })
+    .await;
+    s.apply(fire(T0 + 35, 100)).await; // l0..l3 fired
+    let query = |state, from, to, after: Option<&str>, limit| ListQuery {
+        namespace: "ns".into(),
+        filter: ListFilter {
+            state,
+            fire_from_ms: from,
+            fire_to_ms: to,
+        },
+        after: after.map(String::from),
+        limit,
+    };
+    let ids = |p: &Page| {
+        p.timers
+            .iter()
+            .map(|t| t.key.id.clone())
+            .collect::<Vec<_>>()
+    };
+
+    let all = s.store.list(&query(None, None, None, None, 100)).unwrap();
+    assert_eq!(all.timers.len(), 10);
+    assert_eq!(all.next_after, None);
+    let fired = s
+        .store
+        .list(&query(Some(TimerState::Fired), None, None, None, 100))
+        .unwrap();
+    assert_eq!(ids(&fired), ["l0", "l1", "l2", "l3"]);
+    // [T0+20, T0+50): l2..l4, whatever their state.
+    let range = s
+        .store
+        .list(&query(None, Some(T0 + 20), Some(T0 + 50), None, 100))
+        .unwrap();
+    assert_eq!(ids(&range), ["l2", "l3", "l4"]);
+
+    // Pages of 3 walk every timer exactly once.
+    let (mut seen, mut after) = (Vec::new(), None);
+    loop {
+        let page = s
+            .store
+            .list(&query(None, None, None, after.as_deref(), 3))
+            .unwrap();
+        assert!(page.timers.len() <= 3);
+        seen.extend(ids(&page));
+        match page.next_after {
+            Some(a) => after = Some(a),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (0..10).map(|i| format!("l{i}")).collect::<Vec<_>>());
+}

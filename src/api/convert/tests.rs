@@ -147,24 +147,24 @@ fn list_validation_and_tokens() {
         namespace: "ns".into(),
         ..Default::default()
     };
-    let p = list_params(&r, &l).unwrap();
+    let p = list_query(&r, &l).unwrap();
     assert_eq!(p.limit, l.default_list_limit);
     assert!(p.filter.state.is_none() && p.after.is_none());
     r.state = 99;
-    assert!(list_params(&r, &l).is_err());
+    assert!(list_query(&r, &l).is_err());
     r.state = pb::TimerState::Fired as i32;
     r.limit = (l.max_list_limit + 1) as u32;
-    assert!(list_params(&r, &l).is_err());
+    assert!(list_query(&r, &l).is_err());
     r.limit = 5;
     r.page_token = "zz".into();
-    assert!(list_params(&r, &l).is_err());
+    assert!(list_query(&r, &l).is_err());
     r.page_token = encode_token("id/名");
-    let p = list_params(&r, &l).unwrap();
+    let p = list_query(&r, &l).unwrap();
     assert_eq!(p.after.as_deref(), Some("id/名"));
     assert_eq!(p.filter.state, Some(TimerState::Fired));
     r.fire_from_ms = 10;
     r.fire_to_ms = 10;
-    assert!(list_params(&r, &l).is_err());
+    assert!(list_query(&r, &l).is_err());
 }
 
 #[test]
