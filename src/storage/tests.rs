@@ -527,3 +527,16 @@ async fn list_filters_and_pages() {
     }
     assert_eq!(seen, (0..10).map(|i| format!("l{i}")).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_data_dir_keeps_its_bucket_width() {
+    let dir = TempDir::new().unwrap();
+    let signal = || Arc::new(FireSignal::default());
+    let db = open_db(dir.path()).unwrap();
+    StateMachine::open(Store::new(db.clone(), Wheel::new(1)), dir.path(), signal()).unwrap();
+    StateMachine::open(Store::new(db.clone(), Wheel::new(1)), dir.path(), signal()).unwrap();
+    let err = StateMachine::open(Store::new(db, Wheel::new(10)), dir.path(), signal())
+        .err()
+        .expect("reopened with another bucket width");
+    assert!(err.to_string().contains("bucket width 1 ms"), "{err}");
+}
