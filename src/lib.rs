@@ -8,6 +8,7 @@
 //! Modules, from the bottom up:
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`timer`]: domain types and the replicated command vocabulary.
+//! - [`namespace`]: namespaces and their replicated policy.
 //! - [`wheel`]: bucket arithmetic and order-preserving key encoding (pure).
 //! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
 //! - [`cluster`]: openraft types, peer network, fire driver.
@@ -21,6 +22,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod namespace;
 pub mod node;
 pub mod server;
 pub mod storage;

@@ -6,6 +6,7 @@
 //! state machine). An apply-time `Rejected` becomes the matching error here, so callers see one
 //! error type. Nothing here knows about protobuf or forwarding.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -13,6 +14,7 @@ use openraft::ServerState;
 
 use crate::cluster::{NodeId, Raft};
 use crate::config::NodeConfig;
+use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListQuery, Page, Store};
 use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
 use crate::{Error, Result};
@@ -104,7 +106,31 @@ impl Node {
         self.config.clock.now_ms()
     }
 
+    /// Refuses payloads over their namespace's limit (the policy as this leader has applied it).
+    fn check_payloads<'a>(&self, specs: impl IntoIterator<Item = &'a TimerSpec>) -> Result<()> {
+        let mut limits: HashMap<&str, u32> = HashMap::new();
+        for spec in specs {
+            let ns = spec.key.namespace.as_str();
+            let limit = match limits.get(ns) {
+                Some(l) => *l,
+                None => {
+                    let l = self.store.namespace(ns)?.policy.max_payload_bytes;
+                    *limits.entry(ns).or_insert(l)
+                }
+            };
+            if spec.payload.len() > limit as usize {
+                return Err(Error::ResourceExhausted(format!(
+                    "payload of {} is {} bytes; namespace {ns} allows {limit}",
+                    spec.key,
+                    spec.payload.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
+        self.check_payloads([&spec])?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
             spec,
@@ -116,6 +142,7 @@ impl Node {
     }
 
     pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
+        self.check_payloads(&specs)?;
         let cmd = Command::ScheduleBatch {
             now_ms: self.now_ms(),
             specs,
@@ -147,6 +174,26 @@ impl Node {
             Response::Timer { timer, .. } => Ok(timer),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Replicates a namespace's policy (already validated).
+    pub async fn put_namespace(&self, name: String, policy: Policy) -> Result<Namespace> {
+        match self.write(Command::PutNamespace { name, policy }).await? {
+            Response::Namespace(ns) => Ok(ns),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Linearizable read of a namespace (the default policy if never configured).
+    pub async fn namespace(&self, name: &str) -> Result<Namespace> {
+        self.read_barrier().await?;
+        self.store.namespace(name)
+    }
+
+    /// Linearizable page of configured namespaces.
+    pub async fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
+        self.read_barrier().await?;
+        self.store.namespaces(after, limit)
     }
 
     /// Linearizable read of one timer.

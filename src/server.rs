@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::cluster::ClusterService;
+use crate::api::namespaces::NamespacesService;
+use crate::api::pb::namespaces_server::NamespacesServer;
 use crate::api::pb::{
     cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer,
 };
@@ -130,6 +132,7 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(timers)
+        .add_service(NamespacesServer::new(NamespacesService::new(node.clone())))
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
         .add_service(peer)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {

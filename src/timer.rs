@@ -10,6 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::namespace::{Namespace, Policy};
+
 /// Where a timer lives in a namespace; the pair is unique.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TimerKey {
@@ -130,6 +132,8 @@ pub enum Command {
     },
     /// Fire every PENDING timer with `fire_at_ms <= now_ms`, at most `max` of them, in key order.
     Fire { now_ms: i64, max: u32 },
+    /// Set a namespace's policy (validated before proposing).
+    PutNamespace { name: String, policy: Policy },
 }
 
 impl Command {
@@ -141,6 +145,7 @@ impl Command {
             Command::Cancel { .. } => "cancel",
             Command::Reschedule { .. } => "reschedule",
             Command::Fire { .. } => "fire",
+            Command::PutNamespace { .. } => "put_namespace",
         }
     }
 }
@@ -175,6 +180,8 @@ pub enum Response {
         count: u32,
         more: bool,
     },
+    /// PutNamespace: the namespace as stored.
+    Namespace(Namespace),
     Rejected(Rejection),
 }
 

@@ -8,6 +8,7 @@ use tonic::{Code, Status};
 
 use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
+use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery};
 use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::Error;
@@ -34,7 +35,7 @@ fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
 }
 
-fn check_name(field: &str, value: &str, max: usize) -> Result<(), Error> {
+pub(crate) fn check_name(field: &str, value: &str, max: usize) -> Result<(), Error> {
     if value.is_empty() {
         return Err(invalid(format!("{field} must not be empty")));
     }
@@ -204,7 +205,7 @@ pub fn encode_token(id: &str) -> String {
     id.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-fn decode_token(token: &str) -> Result<String, Error> {
+pub(crate) fn decode_token(token: &str) -> Result<String, Error> {
     let bad = || {
         invalid(format!(
             "page_token {token:?} is not one this server issued"
@@ -256,6 +257,54 @@ impl From<Timer> for pb::Timer {
             fired_at_ms: t.fired_at_ms,
             fire_index: t.fire_index,
             finished_at_ms: t.finished_at_ms,
+        }
+    }
+}
+
+/// Validates a PutNamespace: the name, then every policy field (a zero field takes the
+/// default; jitter is optional so that 0 can mean "none").
+pub fn namespace_put(
+    req: &pb::PutNamespaceRequest,
+    limits: &Limits,
+) -> Result<(String, Policy), Error> {
+    check_name("namespace", &req.name, limits.max_namespace_bytes)?;
+    let p = req.policy.unwrap_or_default();
+    let d = Policy::default();
+    let or = |v: u64, default: u64| if v == 0 { default } else { v };
+    let or32 = |v: u32, default: u32| if v == 0 { default } else { v };
+    let policy = Policy {
+        ack_timeout_ms: or(p.ack_timeout_ms, d.ack_timeout_ms),
+        max_attempts: or32(p.max_attempts, d.max_attempts),
+        backoff_min_ms: or(p.backoff_min_ms, d.backoff_min_ms),
+        backoff_max_ms: or(p.backoff_max_ms, d.backoff_max_ms),
+        backoff_multiplier_permille: or32(
+            p.backoff_multiplier_permille,
+            d.backoff_multiplier_permille,
+        ),
+        backoff_jitter_percent: p.backoff_jitter_percent.unwrap_or(d.backoff_jitter_percent),
+        retention_ms: or(p.retention_ms, d.retention_ms),
+        max_payload_bytes: or32(p.max_payload_bytes, d.max_payload_bytes),
+    };
+    policy.validate(limits.max_payload_bytes)?;
+    Ok((req.name.clone(), policy))
+}
+
+impl From<Namespace> for pb::Namespace {
+    fn from(ns: Namespace) -> pb::Namespace {
+        let p = ns.policy;
+        pb::Namespace {
+            name: ns.name,
+            configured: ns.configured,
+            policy: Some(pb::NamespacePolicy {
+                ack_timeout_ms: p.ack_timeout_ms,
+                max_attempts: p.max_attempts,
+                backoff_min_ms: p.backoff_min_ms,
+                backoff_max_ms: p.backoff_max_ms,
+                backoff_multiplier_permille: p.backoff_multiplier_permille,
+                backoff_jitter_percent: Some(p.backoff_jitter_percent),
+                retention_ms: p.retention_ms,
+                max_payload_bytes: p.max_payload_bytes,
+            }),
         }
     }
 }

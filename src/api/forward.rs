@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use super::pb::namespaces_client::NamespacesClient;
 use super::pb::timers_client::TimersClient;
 use super::MAX_CLIENT_MESSAGE_BYTES;
 use crate::node::{Leader, Node};
@@ -44,17 +45,29 @@ pub fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     r
 }
 
-/// Routes calls to the leader; caches one client per leader address.
+/// A Timers client for forwarding over `ch`, with the client message limits.
+pub fn timers(ch: Channel) -> TimersClient<Channel> {
+    TimersClient::new(ch)
+        .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
+}
+
+/// A Namespaces client for forwarding over `ch`.
+pub fn namespaces(ch: Channel) -> NamespacesClient<Channel> {
+    NamespacesClient::new(ch)
+}
+
+/// Routes calls to the leader; caches one channel per leader address.
 pub struct Router {
     node: Arc<Node>,
-    clients: Mutex<HashMap<String, TimersClient<Channel>>>,
+    channels: Mutex<HashMap<String, Channel>>,
 }
 
 impl Router {
     pub fn new(node: Arc<Node>) -> Self {
         Router {
             node,
-            clients: Mutex::new(HashMap::new()),
+            channels: Mutex::new(HashMap::new()),
         }
     }
 
@@ -67,9 +80,9 @@ impl Router {
         self.node.config.write_timeout + Duration::from_secs(1)
     }
 
-    fn client(&self, addr: &str) -> Result<TimersClient<Channel>, Status> {
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = clients.get(addr) {
+    fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
         let channel = Endpoint::from_shared(format!("http://{addr}"))
@@ -77,11 +90,8 @@ impl Router {
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();
-        let client = TimersClient::new(channel)
-            .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
-        clients.insert(addr.to_string(), client.clone());
-        Ok(client)
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
     }
 
     /// Runs `local` if this node leads, else `remote` against the leader, retrying retryable
@@ -95,7 +105,7 @@ impl Router {
     where
         L: FnMut() -> LF,
         LF: Future<Output = crate::Result<T>>,
-        R: FnMut(TimersClient<Channel>) -> RF,
+        R: FnMut(Channel) -> RF,
         RF: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let deadline = Instant::now() + self.node.config.leader_wait;
@@ -112,7 +122,7 @@ impl Router {
                         self.node.id
                     )))
                 }
-                Leader::Other { id, addr } => match remote(self.client(&addr)?).await {
+                Leader::Other { id, addr } => match remote(self.channel(&addr)?).await {
                     Ok(reply) => return Ok(reply.into_inner()),
                     Err(s) if s.code() == Code::Unavailable => {
                         last = format!("leader {id} at {addr}: {}", s.message())

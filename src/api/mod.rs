@@ -4,6 +4,7 @@
 //!   `proto/timerdb/v1/timerdb.proto`). Any node serves every call: [`forward`] proposes locally
 //!   on the leader and forwards the unchanged request to the leader from a follower, waiting a
 //!   bounded time while there is none.
+//! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies).
 //! - [`cluster`]: the client `Cluster` service (Status).
 //! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
 //! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
@@ -12,6 +13,7 @@
 pub mod cluster;
 pub mod convert;
 pub mod forward;
+pub mod namespaces;
 pub mod peer;
 pub mod timers;
 

@@ -56,9 +56,16 @@ impl timers_server::Timers for TimersService {
                 forwarded,
                 move || async move {
                     let (timer, created) = node.schedule(spec.clone()).await?;
-                    Ok(pb::ScheduleResponse { timer: Some(timer.into()), created })
+                    Ok(pb::ScheduleResponse {
+                        timer: Some(timer.into()),
+                        created,
+                    })
                 },
-                move |mut c| async move { c.schedule(forward::request(req.clone(), timeout)).await },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .schedule(forward::request(req.clone(), timeout))
+                        .await
+                },
             )
             .await?;
         Ok(Response::new(reply))
@@ -87,8 +94,9 @@ impl timers_server::Timers for TimersService {
                         .collect();
                     Ok(pb::ScheduleBatchResponse { results })
                 },
-                move |mut c| async move {
-                    c.schedule_batch(forward::request(req.clone(), timeout))
+                move |ch| async move {
+                    forward::timers(ch)
+                        .schedule_batch(forward::request(req.clone(), timeout))
                         .await
                 },
             )
@@ -114,7 +122,11 @@ impl timers_server::Timers for TimersService {
                         timer: Some(timer.into()),
                     })
                 },
-                move |mut c| async move { c.cancel(forward::request(req.clone(), timeout)).await },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .cancel(forward::request(req.clone(), timeout))
+                        .await
+                },
             )
             .await?;
         Ok(Response::new(reply))
@@ -129,21 +141,23 @@ impl timers_server::Timers for TimersService {
         let key = &convert::key(&req.namespace, &req.id, self.limits())?;
         let when = convert::reschedule_when(req.when, self.limits())?;
         let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply =
-            self.router
-                .route(
-                    forwarded,
-                    move || async move {
-                        let timer = node.reschedule(key.clone(), when).await?;
-                        Ok(pb::RescheduleResponse {
-                            timer: Some(timer.into()),
-                        })
-                    },
-                    move |mut c| async move {
-                        c.reschedule(forward::request(req.clone(), timeout)).await
-                    },
-                )
-                .await?;
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let timer = node.reschedule(key.clone(), when).await?;
+                    Ok(pb::RescheduleResponse {
+                        timer: Some(timer.into()),
+                    })
+                },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .reschedule(forward::request(req.clone(), timeout))
+                        .await
+                },
+            )
+            .await?;
         Ok(Response::new(reply))
     }
 
@@ -165,7 +179,11 @@ impl timers_server::Timers for TimersService {
                         timer: Some(timer.into()),
                     })
                 },
-                move |mut c| async move { c.get(forward::request(req.clone(), timeout)).await },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .get(forward::request(req.clone(), timeout))
+                        .await
+                },
             )
             .await?;
         Ok(Response::new(reply))
@@ -194,7 +212,11 @@ impl timers_server::Timers for TimersService {
                             .unwrap_or_default(),
                     })
                 },
-                move |mut c| async move { c.list(forward::request(req.clone(), timeout)).await },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .list(forward::request(req.clone(), timeout))
+                        .await
+                },
             )
             .await?;
         Ok(Response::new(reply))

@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::meta::Progress;
-use super::{cf, codec, CF_TIMERS, CF_WHEEL};
+use super::{cf, codec, CF_NAMESPACES, CF_TIMERS, CF_WHEEL};
+use crate::namespace::{Namespace, Policy};
 use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::{self, Wheel};
 use crate::{Error, Result};
@@ -40,7 +41,19 @@ impl Applier<'_> {
             Command::Cancel { now_ms, key } => self.cancel(now_ms, key),
             Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
             Command::Fire { now_ms, max } => self.fire(now_ms, max),
+            Command::PutNamespace { name, policy } => Ok(self.put_namespace(name, policy)),
         }
+    }
+
+    fn put_namespace(&mut self, name: String, policy: Policy) -> Response {
+        let key = name.as_bytes().to_vec();
+        self.batch
+            .put_cf(cf(self.db, CF_NAMESPACES), key, codec::encode(&policy));
+        Response::Namespace(Namespace {
+            name,
+            policy,
+            configured: true,
+        })
     }
 
     fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {

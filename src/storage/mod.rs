@@ -7,6 +7,7 @@
 //! | `timers` | `wheel::timer_key` | bincode [`Timer`](crate::timer::Timer) | [`StateMachine`] |
 //! | `wheel` | `wheel::wheel_key` | empty: the PENDING index | [`StateMachine`] |
 //! | `meta` | typed keys in [`meta`] | bincode | [`StateMachine`] |
+//! | `namespaces` | namespace name | bincode [`Policy`](crate::namespace::Policy) | [`StateMachine`] |
 //!
 //! Durability: log appends, votes, truncations and purges are fsynced before openraft hears they
 //! are done (appends through the [`log_store::Syncer`], which groups many appends into one
@@ -34,6 +35,7 @@ pub use codec::{decode, encode};
 pub use log_store::LogStore;
 pub use state_machine::StateMachine;
 
+use crate::namespace::{Namespace, Policy};
 use crate::timer::{Timer, TimerKey, TimerState};
 use crate::wheel::{self, Wheel};
 use crate::{Error, Result};
@@ -43,7 +45,10 @@ pub const CF_RAFT: &str = "raft";
 pub const CF_TIMERS: &str = "timers";
 pub const CF_WHEEL: &str = "wheel";
 pub const CF_META: &str = "meta";
-const ALL_CFS: [&str; 5] = [CF_LOG, CF_RAFT, CF_TIMERS, CF_WHEEL, CF_META];
+pub const CF_NAMESPACES: &str = "namespaces";
+const ALL_CFS: [&str; 6] = [CF_LOG, CF_RAFT, CF_TIMERS, CF_WHEEL, CF_META, CF_NAMESPACES];
+/// The column families that make up the state machine (snapshots and digests cover these).
+pub(crate) const SM_CFS: [&str; 4] = [CF_TIMERS, CF_WHEEL, CF_META, CF_NAMESPACES];
 
 /// Opens (or creates) a node's database under `dir`.
 pub fn open_db(dir: &Path) -> Result<Arc<DB>> {
@@ -190,6 +195,46 @@ impl Store {
         }
     }
 
+    /// A namespace's policy: its own if configured, the default otherwise.
+    pub fn namespace(&self, name: &str) -> Result<Namespace> {
+        let raw = self
+            .db
+            .get_cf(cf(&self.db, CF_NAMESPACES), name.as_bytes())?;
+        Ok(match raw {
+            Some(v) => Namespace {
+                name: name.into(),
+                policy: decode(&v)?,
+                configured: true,
+            },
+            None => Namespace {
+                name: name.into(),
+                policy: Policy::default(),
+                configured: false,
+            },
+        })
+    }
+
+    /// Up to `limit` configured namespaces in name order, after `after`.
+    pub fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
+        let start = after.map_or_else(Vec::new, |a| [a.as_bytes(), &[0]].concat());
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_NAMESPACES),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter.take(limit) {
+            let (k, v) = item?;
+            let name = String::from_utf8(k.to_vec())
+                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            out.push(Namespace {
+                name,
+                policy: decode(&v)?,
+                configured: true,
+            });
+        }
+        Ok(out)
+    }
+
     /// The replicated counters and cursors as last applied.
     pub fn meta(&self) -> Result<meta::SmMeta> {
         meta::SmMeta::load(&self.db)
@@ -201,7 +246,7 @@ impl Store {
     pub fn digest(&self) -> Result<(u64, u64)> {
         let snap = self.db.snapshot();
         let mut h = Fnv64::new();
-        for name in [CF_TIMERS, CF_WHEEL, CF_META] {
+        for name in SM_CFS {
             h.write(name.as_bytes());
             for item in snap.iterator_cf(cf(&self.db, name), IteratorMode::Start) {
                 let (k, v) = item?;

@@ -1,4 +1,4 @@
-//! Snapshots: the whole state machine (timers, wheel, meta) as one blob.
+//! Snapshots: the whole state machine (every column family in `SM_CFS`) as one blob.
 //!
 //! Deliberately simple for now: a snapshot is built from a consistent RocksDB snapshot but held
 //! in memory and sent whole (in openraft's chunks). That is fine for millions of small timers
@@ -19,12 +19,9 @@ use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
-use super::{cf, codec, CF_META, CF_TIMERS, CF_WHEEL};
+use super::{cf, codec, CF_META, SM_CFS};
 use crate::cluster::TypeConfig;
 use crate::{Error, Result};
-
-/// The state-machine column families a snapshot carries.
-const SM_CFS: [&str; 3] = [CF_TIMERS, CF_WHEEL, CF_META];
 
 /// Distinguishes snapshots built at the same log id.
 static SNAPSHOT_SEQ: AtomicU64 = AtomicU64::new(0);

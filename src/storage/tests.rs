@@ -540,3 +540,64 @@ fn a_data_dir_keeps_its_bucket_width() {
         .expect("reopened with another bucket width");
     assert!(err.to_string().contains("bucket width 1 ms"), "{err}");
 }
+
+#[tokio::test]
+async fn namespaces_are_replicated_state() {
+    use crate::namespace::Policy;
+    let mut s = Sm::new();
+    let unconfigured = s.store.namespace("orders").unwrap();
+    assert!(!unconfigured.configured);
+    assert_eq!(unconfigured.policy, Policy::default());
+    let before = s.store.digest().unwrap().1;
+
+    let policy = Policy {
+        max_attempts: 9,
+        max_payload_bytes: 10,
+        ..Policy::default()
+    };
+    for name in ["orders", "billing", "audit"] {
+        s.apply(Command::PutNamespace {
+            name: name.into(),
+            policy,
+        })
+        .await;
+    }
+    let got = s.store.namespace("orders").unwrap();
+    assert!(got.configured);
+    assert_eq!(got.policy.max_attempts, 9);
+    assert_ne!(
+        s.store.digest().unwrap().1,
+        before,
+        "the digest must cover namespaces"
+    );
+
+    let names =
+        |v: Vec<crate::namespace::Namespace>| v.into_iter().map(|n| n.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(s.store.namespaces(None, 2).unwrap()),
+        ["audit", "billing"]
+    );
+    assert_eq!(
+        names(s.store.namespaces(Some("billing"), 2).unwrap()),
+        ["orders"]
+    );
+
+    // A snapshot carries them to another replica.
+    let snap =
+        s.sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    let mut other = Sm::new();
+    other
+        .sm
+        .install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(
+        other.store.namespace("audit").unwrap().policy.max_attempts,
+        9
+    );
+    assert_eq!(other.store.digest().unwrap(), s.store.digest().unwrap());
+}

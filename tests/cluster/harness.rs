@@ -74,7 +74,8 @@ impl TestCluster {
             self.dir.path().join(format!("n{id}")),
             self.peers.clone(),
         );
-        c.leader_wait = Duration::from_secs(3);
+        // Generous: a busy CI machine can take seconds to settle an election.
+        c.leader_wait = Duration::from_secs(10);
         c.write_timeout = Duration::from_secs(5);
         (self.tune)(&mut c);
         c
@@ -286,5 +287,29 @@ pub fn assert_not_early(fired: &[pb::Timer], seen_at: i64) {
             t.fired_at_ms,
             t.fire_at_ms
         );
+    }
+}
+
+/// Polls one timer until it reaches `state`, checking it is never seen fired early.
+pub async fn wait_state(
+    c: &mut TimersClient<Channel>,
+    id: &str,
+    state: pb::TimerState,
+    within: Duration,
+) -> pb::Timer {
+    let deadline = Instant::now() + within;
+    loop {
+        let t = get(c, id).await.unwrap();
+        if t.state == pb::TimerState::Fired as i32 {
+            assert_not_early(std::slice::from_ref(&t), now_ms());
+        }
+        if t.state == state as i32 {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id} did not reach {state:?} within {within:?}: {t:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
