@@ -400,6 +400,25 @@ fn workload() -> Vec<Command> {
     cmds
 }
 
+/// Builds a snapshot of `sm` and installs it into a fresh replica.
+async fn replica_from_snapshot(
+    sm: &mut StateMachine,
+) -> (Sm, openraft::SnapshotMeta<u64, openraft::BasicNode>) {
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let mut other = Sm::new();
+    other
+        .sm
+        .install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    (other, snap.meta)
+}
+
 #[tokio::test]
 async fn apply_is_deterministic() {
     let cmds = workload();
@@ -441,25 +460,14 @@ async fn restart_and_snapshot_reproduce_state() {
     assert_eq!(sm.meta, meta_before);
     let _ = log.get_log_state().await.unwrap();
 
-    let snap = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-    let mut other = Sm::new();
-    other
-        .sm
-        .install_snapshot(&snap.meta, snap.snapshot)
-        .await
-        .unwrap();
+    let (mut other, snap_meta) = replica_from_snapshot(&mut sm).await;
     assert_eq!(
         other.store.digest().unwrap(),
         before,
         "snapshot install differs"
     );
     let current = other.sm.get_current_snapshot().await.unwrap().unwrap();
-    assert_eq!(current.meta.last_log_id, snap.meta.last_log_id);
+    assert_eq!(current.meta.last_log_id, snap_meta.last_log_id);
 }
 
 #[tokio::test]
@@ -583,18 +591,7 @@ async fn namespaces_are_replicated_state() {
     );
 
     // A snapshot carries them to another replica.
-    let snap =
-        s.sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-    let mut other = Sm::new();
-    other
-        .sm
-        .install_snapshot(&snap.meta, snap.snapshot)
-        .await
-        .unwrap();
+    let (other, _) = replica_from_snapshot(&mut s.sm).await;
     assert_eq!(
         other.store.namespace("audit").unwrap().policy.max_attempts,
         9
