@@ -145,15 +145,27 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
 }
 
 impl RunningNode {
-    /// Stops serving, stops the fire driver and Raft, and waits for them.
+    /// Stops serving, stops the fire driver and Raft, and waits for them: at most about
+    /// `2 × SHUTDOWN_STEP`, whatever peers and clients do (stragglers are aborted).
     pub async fn shutdown(self) {
+        let started = std::time::Instant::now();
         let _ = self.shutdown.send(true);
-        if let Err(e) = self.node.raft.shutdown().await {
-            tracing::warn!(error = %e, "raft shutdown");
+        match tokio::time::timeout(SHUTDOWN_STEP, self.node.raft.shutdown()).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
+            Err(_) => tracing::warn!("raft did not stop within {SHUTDOWN_STEP:?}"),
+            Ok(Ok(())) => {}
         }
-        for task in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        let aborts: Vec<_> = self.tasks.iter().map(|t| t.abort_handle()).collect();
+        if tokio::time::timeout(SHUTDOWN_STEP, futures::future::join_all(self.tasks))
+            .await
+            .is_err()
+        {
+            tracing::warn!("server tasks did not stop within {SHUTDOWN_STEP:?}; aborting them");
+            aborts.iter().for_each(|a| a.abort());
         }
-        tracing::info!(id = self.node.id, "node stopped");
+        tracing::info!(id = self.node.id, elapsed = ?started.elapsed(), "node stopped");
     }
 }
+
+/// Bound on each shutdown step (Raft, then the server and driver tasks).
+const SHUTDOWN_STEP: Duration = Duration::from_secs(5);

@@ -152,12 +152,20 @@ async fn sigkill_the_leader_process_and_restart_it() {
         assert!(Instant::now() < deadline, "nodes did not converge: {st:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for p in &mut procs {
+    for (i, p) in procs.iter_mut().enumerate() {
         let mut child = p.child.take().unwrap();
-        // SIGTERM: a clean shutdown.
+        // SIGTERM: a clean shutdown, exit status 0.
         send_sigterm(&child);
-        let exited = wait_exit(&mut child, Duration::from_secs(10));
-        assert!(exited, "timerd did not exit on SIGTERM");
+        let outcome = wait_exit(&mut child, Duration::from_secs(15));
+        let log = std::fs::read_to_string(p.dir.join(format!("timerd-{}.log", i + 1)))
+            .unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        assert!(
+            matches!(outcome, Some(s) if s.success()),
+            "timerd {} on SIGTERM: {outcome:?} (None: still running after 15 s); log tail, newest first:\n{}",
+            i + 1,
+            tail.join("\n")
+        );
     }
 }
 
@@ -167,14 +175,15 @@ fn send_sigterm(child: &Child) {
         .status();
 }
 
-fn wait_exit(child: &mut Child, within: Duration) -> bool {
+/// The exit status, or `None` if the process was still running after `within` (then killed).
+fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
-            return status.success();
+            return Some(status);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
-    false
+    None
 }
