@@ -43,6 +43,8 @@ pub struct RunningNode {
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// One reference to the database, so shutdown can close it itself (see `shutdown`).
+    db: Arc<rocksdb::DB>,
 }
 
 /// Opens storage, starts Raft, serves gRPC on `listener` and starts the fire driver.
@@ -54,6 +56,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let store = Store::new(db.clone(), Wheel::new(config.bucket_ms));
     let signal = Arc::new(FireSignal::default());
     let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
+    let db_owner = db.clone();
     let log = LogStore::new(db);
     let raft = Raft::new(config.id, Arc::new(config.openraft()?), Network, log, sm)
         .await
@@ -83,6 +86,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         addr,
         shutdown,
         tasks,
+        db: db_owner,
     })
 }
 
@@ -145,26 +149,62 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
 }
 
 impl RunningNode {
-    /// Stops serving, stops the fire driver and Raft, and waits for them: at most about
-    /// `2 × SHUTDOWN_STEP`, whatever peers and clients do (stragglers are aborted).
+    /// Stops serving, stops the fire driver and Raft, waits for them, and waits until the
+    /// database is closed: at most about `3 × SHUTDOWN_STEP`, whatever peers and clients do
+    /// (stragglers are aborted).
+    ///
+    /// Closing the database before returning matters: a process that exits while RocksDB is
+    /// still open runs RocksDB's static destructors under its live threads and aborts
+    /// ("pthread lock: Invalid argument", SIGABRT) instead of exiting 0.
     pub async fn shutdown(self) {
         let started = std::time::Instant::now();
-        let _ = self.shutdown.send(true);
-        match tokio::time::timeout(SHUTDOWN_STEP, self.node.raft.shutdown()).await {
+        let RunningNode {
+            node,
+            shutdown,
+            tasks,
+            db,
+            ..
+        } = self;
+        let id = node.id;
+        let _ = shutdown.send(true);
+        match tokio::time::timeout(SHUTDOWN_STEP, node.raft.shutdown()).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
             Err(_) => tracing::warn!("raft did not stop within {SHUTDOWN_STEP:?}"),
             Ok(Ok(())) => {}
         }
-        let aborts: Vec<_> = self.tasks.iter().map(|t| t.abort_handle()).collect();
-        if tokio::time::timeout(SHUTDOWN_STEP, futures::future::join_all(self.tasks))
+        let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
+        if tokio::time::timeout(SHUTDOWN_STEP, futures::future::join_all(tasks))
             .await
             .is_err()
         {
             tracing::warn!("server tasks did not stop within {SHUTDOWN_STEP:?}; aborting them");
             aborts.iter().for_each(|a| a.abort());
         }
-        tracing::info!(id = self.node.id, elapsed = ?started.elapsed(), "node stopped");
+        drop(node);
+        if wait_sole_owner(&db, SHUTDOWN_STEP).await {
+            // The last reference: RocksDB closes here, on this thread, before we return.
+            drop(db);
+        } else {
+            tracing::warn!(
+                id,
+                "the database is still referenced after {SHUTDOWN_STEP:?}"
+            );
+        }
+        tracing::info!(id, elapsed = ?started.elapsed(), "node stopped");
     }
+}
+
+/// Waits until `db` is the only reference left (Raft's storage, the syncer thread and the
+/// services have let go).
+async fn wait_sole_owner(db: &Arc<rocksdb::DB>, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while Arc::strong_count(db) > 1 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
