@@ -48,7 +48,25 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
-    syncer: mpsc::Sender<LogFlushed<TypeConfig>>,
+    syncer: Arc<Syncer>,
+}
+
+/// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
+/// closes the queue and joins the thread, so no detached thread outlives the store holding the
+/// database (a process exiting while a thread still closes RocksDB aborts in its destructors).
+struct Syncer {
+    queue: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            // Finishes at most the fsync in progress.
+            let _ = thread.join();
+        }
+    }
 }
 
 impl LogStore {
@@ -56,11 +74,18 @@ impl LogStore {
     pub fn new(db: Arc<DB>) -> Self {
         let (tx, rx) = mpsc::channel();
         let sync_db = db.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("timerdb-log-sync".into())
             .spawn(move || run_syncer(sync_db, rx))
             .expect("spawn log syncer thread");
-        LogStore { db, syncer: tx }
+        let syncer = Syncer {
+            queue: Some(tx),
+            thread: Some(thread),
+        };
+        LogStore {
+            db,
+            syncer: Arc::new(syncer),
+        }
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StResult<Option<T>> {
@@ -194,6 +219,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Readable now; durable when the syncer calls back.
         self.db.write(batch).map_err(write_err)?;
         self.syncer
+            .queue
+            .as_ref()
+            .expect("the queue lives as long as the syncer")
             .send(callback)
             .map_err(|_| write_err(io::Error::other("log syncer stopped")))
     }
