@@ -53,7 +53,9 @@ pub struct Node {
 impl Node {
     /// Who leads now, from openraft's metrics.
     pub fn leader(&self) -> Leader {
-        let m = self.raft.metrics().borrow().clone();
+        // Called on every request: borrow the metrics, copy out only the leader's address.
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
         match m.current_leader {
             Some(id) if id == self.id && m.state == ServerState::Leader => Leader::Me,
             Some(id) if id != self.id => match m.membership_config.membership().get_node(&id) {
@@ -65,12 +67,6 @@ impl Node {
             },
             _ => Leader::Unknown,
         }
-    }
-
-    /// Waits until the metrics change (a leader appears, a term moves) or `timeout` passes.
-    pub async fn wait_for_change(&self, timeout: std::time::Duration) {
-        let mut rx = self.raft.metrics();
-        let _ = tokio::time::timeout(timeout, rx.changed()).await;
     }
 
     /// Proposes `cmd` on this node (which must lead) and waits for it to apply.
