@@ -12,11 +12,11 @@ use std::sync::Arc;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{NodeId, Raft};
+use crate::cluster::{Dispatcher, NodeId, Raft};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy};
-use crate::storage::{ListQuery, Page, Store};
-use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
+use crate::storage::{ListFilter, ListQuery, Page, Store};
+use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::{Error, Result};
 
 /// Who leads, as this node knows it.
@@ -48,7 +48,14 @@ pub struct Node {
     pub raft: Raft,
     pub store: Store,
     pub config: Arc<NodeConfig>,
+    /// This node's subscriptions (served while it leads).
+    pub dispatcher: Arc<Dispatcher>,
+    /// Turns true when the node shuts down; long-lived streams end then.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
+
+/// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
+const REDRIVE_CHUNK: usize = 1000;
 
 impl Node {
     /// Who leads now, from openraft's metrics.
@@ -172,6 +179,86 @@ impl Node {
         }
     }
 
+    /// Acks delivery `attempt` of `key`: FIRED → ACKED (or the ACKED timer, for a retry).
+    pub async fn ack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
+        let cmd = Command::Ack {
+            now_ms: self.now_ms(),
+            key: key.clone(),
+            attempt,
+        };
+        let timer = self.write_timer(cmd).await?;
+        self.dispatcher.settled(&key);
+        Ok(timer)
+    }
+
+    /// Nacks delivery `attempt` of `key`: redelivered after backoff, or DEAD at the limit.
+    pub async fn nack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
+        let cmd = Command::Nack {
+            now_ms: self.now_ms(),
+            key: key.clone(),
+            attempt,
+        };
+        let timer = self.write_timer(cmd).await?;
+        self.dispatcher.settled(&key);
+        Ok(timer)
+    }
+
+    /// Returns one DEAD timer to PENDING.
+    pub async fn redrive(&self, key: TimerKey) -> Result<Timer> {
+        let (mut timers, skipped) = self.redrive_keys(vec![key.clone()]).await?;
+        match (timers.pop(), skipped.into_iter().next()) {
+            (Some(timer), _) => Ok(timer),
+            (None, Some((_, Some(state)))) => Err(Error::FailedPrecondition(format!(
+                "timer {key} is {} (only DEAD timers can be redriven)",
+                state.name()
+            ))),
+            _ => Err(Rejection::NotFound(key).into_error()),
+        }
+    }
+
+    /// Returns every DEAD timer of `namespace` to PENDING, a chunk per entry; how many.
+    pub async fn redrive_all(&self, namespace: &str) -> Result<u64> {
+        let mut query = ListQuery {
+            namespace: namespace.to_string(),
+            filter: ListFilter {
+                state: Some(TimerState::Dead),
+                ..ListFilter::default()
+            },
+            after: None,
+            limit: REDRIVE_CHUNK,
+        };
+        let mut count = 0;
+        loop {
+            let page = self.list(&query).await?;
+            let keys: Vec<TimerKey> = page.timers.into_iter().map(|t| t.key).collect();
+            if !keys.is_empty() {
+                count += self.redrive_keys(keys).await?.0.len() as u64;
+            }
+            match page.next_after {
+                Some(after) => query.after = Some(after),
+                None => return Ok(count),
+            }
+        }
+    }
+
+    async fn redrive_keys(&self, keys: Vec<TimerKey>) -> Result<(Vec<Timer>, RedriveSkips)> {
+        let cmd = Command::Redrive {
+            now_ms: self.now_ms(),
+            keys,
+        };
+        match self.write(cmd).await? {
+            Response::Redriven { timers, skipped } => Ok((timers, skipped)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn write_timer(&self, cmd: Command) -> Result<Timer> {
+        match self.write(cmd).await? {
+            Response::Timer { timer, .. } => Ok(timer),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Replicates a namespace's policy (already validated).
     pub async fn put_namespace(&self, name: String, policy: Policy) -> Result<Namespace> {
         match self.write(Command::PutNamespace { name, policy }).await? {
@@ -229,6 +316,9 @@ impl Node {
         })
     }
 }
+
+/// Keys a Redrive skipped, with their state (`None`: no such timer).
+type RedriveSkips = Vec<(TimerKey, Option<TimerState>)>;
 
 fn role_name(state: ServerState) -> &'static str {
     match state {

@@ -1,4 +1,5 @@
-//! Wires a node together and runs it: storage, Raft, the gRPC server, the fire driver.
+//! Wires a node together and runs it: storage, Raft, the gRPC server, the fire driver and the
+//! delivery dispatcher.
 //!
 //! The listener, the clock (inside `NodeConfig`) and the shutdown signal are injected, so tests
 //! bind `127.0.0.1:0`, run three nodes in one process and stop them cleanly (mini-redis style).
@@ -29,7 +30,7 @@ use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
-use crate::cluster::{FireDriver, FireSignal, Network, Raft};
+use crate::cluster::{DispatchLoop, Dispatcher, FireDriver, FireSignal, Network, Raft};
 use crate::config::NodeConfig;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
@@ -61,16 +62,27 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let raft = Raft::new(config.id, Arc::new(config.openraft()?), Network, log, sm)
         .await
         .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
+    let (shutdown, rx) = watch::channel(false);
     let node = Arc::new(Node {
         id: config.id,
         raft: raft.clone(),
         store: store.clone(),
         config,
+        dispatcher: Arc::new(Dispatcher::default()),
+        shutdown: rx.clone(),
     });
 
-    let (shutdown, rx) = watch::channel(false);
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
     bootstrap(&node).await?;
+    let dispatch = DispatchLoop {
+        id: node.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        clock: node.config.clock,
+        signal: signal.clone(),
+        dispatcher: node.dispatcher.clone(),
+    };
+    tasks.push(tokio::spawn(dispatch.run(rx.clone())));
     let driver = FireDriver {
         id: node.id,
         raft,

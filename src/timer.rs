@@ -5,8 +5,15 @@
 //! function of the log. Every command is idempotent in the sense DESIGN asks for: replaying a
 //! forwarded retry cannot create a second timer or a second transition.
 //!
-//! A timer's life: `Pending` → `Fired` (a Fire entry) → `Acked` (next issue), or `Pending` →
-//! `Cancelled`. Nothing ever returns to `Pending` except through a later Redrive command.
+//! A timer's life: `Pending` → `Fired` (a Fire entry) → `Acked` (an Ack entry) or `Dead` (its
+//! last delivery's ack deadline passed), or `Pending` → `Cancelled`. Only `Redrive` returns a
+//! timer to `Pending`, and only from `Dead`. While `Fired`, a timer cycles through delivery
+//! [`Phase`]s: `Ready` (waiting for a consumer) → `InFlight` (a Deliver entry handed it to a
+//! subscriber) → `Backoff` (its ack deadline passed) → `Ready` again.
+//!
+//! Every timer has at most one wheel entry, at `bucket`, due at `wake_at_ms`: its fire time while
+//! PENDING, its ack deadline while in flight, its redelivery time in backoff, and its purge time
+//! once finished. A `Ready` timer has none: it waits in the ready queue instead.
 
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +64,17 @@ impl TimerState {
     }
 }
 
+/// Where a FIRED timer is in its delivery cycle (meaningless in other states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Phase {
+    /// Waiting in the ready queue for a subscriber with room; no attempt is spent meanwhile.
+    Ready,
+    /// Delivered as attempt `attempts`; the wheel entry is the ack deadline.
+    InFlight,
+    /// The ack deadline passed; the wheel entry is the redelivery time.
+    Backoff,
+}
+
 /// When a timer should fire, as the client said it. Kept so a retried Schedule can be
 /// recognised as identical even when it was relative.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,12 +121,38 @@ pub struct Timer {
     pub finished_at_ms: i64,
     /// The `when` of the Schedule that created it, for recognising retries.
     pub scheduled_when: When,
-    /// The wheel bucket holding it while PENDING (may be later than `fire_at_ms`'s bucket when
-    /// it was scheduled in the past: see `wheel`).
+    /// Delivery phase while FIRED.
+    pub phase: Phase,
+    /// When its wheel entry is due (fire time, ack deadline, redelivery time or purge time).
+    pub wake_at_ms: i64,
+    /// The wheel bucket of its wheel entry (may be later than `wake_at_ms`'s bucket when that
+    /// is already behind the wheel's floor: see `wheel`).
     pub bucket: u64,
+    /// `attempts` when it was last redriven: `max_attempts` counts from here, while `attempts`
+    /// keeps growing so (namespace, id, attempt) never repeats.
+    pub attempt_base: u32,
+    /// Attempt history: the last delivery's time, explicit nacks, ack deadlines that passed,
+    /// and redrives.
+    pub last_delivered_at_ms: i64,
+    pub nacks: u32,
+    pub timeouts: u32,
+    pub redrives: u32,
 }
 
 impl Timer {
+    /// Whether the timer has a wheel entry (every state but FIRED-and-ready has one).
+    pub fn on_wheel(&self) -> bool {
+        !(self.state == TimerState::Fired && self.phase == Phase::Ready)
+    }
+
+    /// Whether the timer is finished (ACKED, CANCELLED or DEAD): it waits only to be purged.
+    pub fn finished(&self) -> bool {
+        matches!(
+            self.state,
+            TimerState::Acked | TimerState::Cancelled | TimerState::Dead
+        )
+    }
+
     /// Whether `spec` repeats the Schedule that created this timer.
     pub fn same_request(&self, spec: &TimerSpec) -> bool {
         self.scheduled_when == spec.when && self.payload == spec.payload
@@ -130,8 +174,26 @@ pub enum Command {
         key: TimerKey,
         when: When,
     },
-    /// Fire every PENDING timer with `fire_at_ms <= now_ms`, at most `max` of them, in key order.
+    /// Process every wheel entry due at `now_ms`, at most `max` of them, in key order: fire
+    /// PENDING timers, expire ack deadlines, make backed-off timers ready, purge finished ones.
     Fire { now_ms: i64, max: u32 },
+    /// Hand READY timers to subscribers: each becomes IN_FLIGHT with attempt + 1 and an ack
+    /// deadline at `now_ms` + the namespace's ack timeout. Keys not READY any more are skipped.
+    Deliver { now_ms: i64, keys: Vec<TimerKey> },
+    /// FIRED → ACKED, if `attempt` is the latest delivery.
+    Ack {
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+    },
+    /// Give up on delivery `attempt` now: redeliver after backoff (or DEAD at max attempts).
+    Nack {
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+    },
+    /// DEAD → PENDING, due at `now_ms`. Keys that are not DEAD are skipped (and reported).
+    Redrive { now_ms: i64, keys: Vec<TimerKey> },
     /// Set a namespace's policy (validated before proposing).
     PutNamespace { name: String, policy: Policy },
 }
@@ -145,6 +207,10 @@ impl Command {
             Command::Cancel { .. } => "cancel",
             Command::Reschedule { .. } => "reschedule",
             Command::Fire { .. } => "fire",
+            Command::Deliver { .. } => "deliver",
+            Command::Ack { .. } => "ack",
+            Command::Nack { .. } => "nack",
+            Command::Redrive { .. } => "redrive",
             Command::PutNamespace { .. } => "put_namespace",
         }
     }
@@ -161,6 +227,11 @@ pub enum Rejection {
         key: TimerKey,
         state: TimerState,
     },
+    /// An ack or nack that does not apply to the timer as it is; `why` completes "timer {key} …".
+    Refused {
+        key: TimerKey,
+        why: String,
+    },
 }
 
 /// What applying a command produced; returned to the proposer.
@@ -175,10 +246,17 @@ pub enum Response {
     },
     /// ScheduleBatch: one (timer, created) per spec, in request order.
     Batch(Vec<(Timer, bool)>),
-    /// Fire: how many fired, and whether due timers remain past `max`.
+    /// Fire: how many wheel entries were processed, and whether due ones remain past `max`.
     Fired {
         count: u32,
         more: bool,
+    },
+    /// Deliver: one entry per requested key, in order; `None` if it was not READY any more.
+    Delivered(Vec<Option<Timer>>),
+    /// Redrive: the timers now PENDING again, and the keys skipped (with their state).
+    Redriven {
+        timers: Vec<Timer>,
+        skipped: Vec<(TimerKey, Option<TimerState>)>,
     },
     /// PutNamespace: the namespace as stored.
     Namespace(Namespace),
@@ -198,6 +276,9 @@ impl Rejection {
                 "timer {key} is {} (only PENDING timers can be changed)",
                 state.name()
             )),
+            Rejection::Refused { key, why } => {
+                Error::FailedPrecondition(format!("timer {key} {why}"))
+            }
         }
     }
 }

@@ -11,6 +11,9 @@
 //! - wheel key: `bucket: u64 | timer key`. Within a bucket, timers are in (namespace, id) order,
 //!   which is the deterministic order a Fire entry fires them in.
 //!
+//! - ready key: `ns_len: u16 | namespace | fire_index: u64 | id`: the FIRED timers waiting for a
+//!   consumer, per namespace in fire order (then id order), so delivery follows firing.
+//!
 //! Invariant kept by the state machine with `placement`: every wheel key's bucket is at or after
 //! the replicated wheel floor, so scans start at the floor and never wade through the tombstones
 //! that fired timers leave behind at the queue's head.
@@ -122,6 +125,30 @@ pub fn decode_wheel_key(bytes: &[u8]) -> Option<(u64, TimerKey)> {
     Some((u64::from_be_bytes(*bucket), decode_timer_key(rest)?))
 }
 
+/// Encodes a ready-queue key.
+pub fn ready_key(fire_index: u64, key: &TimerKey) -> Vec<u8> {
+    let mut out = namespace_prefix(&key.namespace);
+    out.extend_from_slice(&fire_index.to_be_bytes());
+    out.extend_from_slice(key.id.as_bytes());
+    out
+}
+
+/// Decodes a ready-queue key into its fire index and timer key.
+pub fn decode_ready_key(bytes: &[u8]) -> Option<(u64, TimerKey)> {
+    let (len, rest) = bytes.split_first_chunk::<2>()?;
+    let len = u16::from_be_bytes(*len) as usize;
+    if rest.len() < len {
+        return None;
+    }
+    let (ns, rest) = rest.split_at(len);
+    let (index, id) = rest.split_first_chunk::<8>()?;
+    let key = TimerKey {
+        namespace: String::from_utf8(ns.to_vec()).ok()?,
+        id: String::from_utf8(id.to_vec()).ok()?,
+    };
+    Some((u64::from_be_bytes(*index), key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +198,16 @@ mod tests {
         }
         assert_eq!(decode_timer_key(&[0, 5, b'a']), None, "truncated key");
         assert_eq!(decode_wheel_key(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn ready_keys_round_trip_and_sort_by_fire_index() {
+        let a = ready_key(300, &k("ns", "a"));
+        let b = ready_key(7, &k("ns", "z"));
+        assert_eq!(decode_ready_key(&a), Some((300, k("ns", "a"))));
+        assert!(b < a, "fire order, not id order");
+        assert!(a.starts_with(&namespace_prefix("ns")));
+        assert_eq!(decode_ready_key(&[0, 2, b'n', b's', 1]), None, "truncated");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
 use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery};
-use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{Phase, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::Error;
 
 /// The latest absolute fire time accepted: 9999-12-31T23:59:59.999Z.
@@ -246,6 +246,8 @@ pub fn state_from_pb(v: i32) -> Result<Option<TimerState>, Error> {
 
 impl From<Timer> for pb::Timer {
     fn from(t: Timer) -> pb::Timer {
+        let phase = phase_to_pb(&t) as i32;
+        let wake_at_ms = if t.on_wheel() { t.wake_at_ms } else { 0 };
         pb::Timer {
             namespace: t.key.namespace,
             id: t.key.id,
@@ -257,8 +259,55 @@ impl From<Timer> for pb::Timer {
             fired_at_ms: t.fired_at_ms,
             fire_index: t.fire_index,
             finished_at_ms: t.finished_at_ms,
+            phase,
+            wake_at_ms,
+            last_delivered_at_ms: t.last_delivered_at_ms,
+            timeouts: t.timeouts,
+            nacks: t.nacks,
+            redrives: t.redrives,
         }
     }
+}
+
+fn phase_to_pb(t: &Timer) -> pb::DeliveryPhase {
+    match (t.state, t.phase) {
+        (TimerState::Fired, Phase::Ready) => pb::DeliveryPhase::Ready,
+        (TimerState::Fired, Phase::InFlight) => pb::DeliveryPhase::InFlight,
+        (TimerState::Fired, Phase::Backoff) => pb::DeliveryPhase::Backoff,
+        _ => pb::DeliveryPhase::Unspecified,
+    }
+}
+
+/// What a Redrive asks for.
+pub enum RedriveTarget {
+    One(TimerKey),
+    /// Every DEAD timer of the namespace.
+    All(String),
+}
+
+/// Validates a Redrive: a namespace and either an id or `all`, not both.
+pub fn redrive_target(req: &pb::RedriveRequest, limits: &Limits) -> Result<RedriveTarget, Error> {
+    match (req.id.is_empty(), req.all) {
+        (false, false) => Ok(RedriveTarget::One(key(&req.namespace, &req.id, limits)?)),
+        (true, true) => {
+            check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
+            Ok(RedriveTarget::All(req.namespace.clone()))
+        }
+        (false, true) => Err(invalid("give either an id or all = true, not both".into())),
+        (true, false) => Err(invalid(
+            "id must not be empty (or set all = true to redrive every DEAD timer)".into(),
+        )),
+    }
+}
+
+/// Validates the attempt of an Ack or Nack.
+pub fn attempt(attempt: u32) -> Result<u32, Error> {
+    if attempt == 0 {
+        return Err(invalid(
+            "attempt must be at least 1: use the attempt of the Delivery being acknowledged".into(),
+        ));
+    }
+    Ok(attempt)
 }
 
 /// Validates a PutNamespace: the name, then every policy field (a zero field takes the

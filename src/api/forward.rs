@@ -45,6 +45,16 @@ pub fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     r
 }
 
+/// Wraps a Subscribe for the leader: marked forwarded, and without a deadline (it is a stream).
+pub fn stream_request<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    r
+}
+
 /// A Timers client for forwarding over `ch`, with the client message limits.
 pub fn timers(ch: Channel) -> TimersClient<Channel> {
     TimersClient::new(ch)
@@ -80,7 +90,7 @@ impl Router {
         self.node.config.write_timeout + Duration::from_secs(1)
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, Status> {
+    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());

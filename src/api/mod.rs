@@ -4,6 +4,8 @@
 //!   `proto/timerdb/v1/timerdb.proto`). Any node serves every call: [`forward`] proposes locally
 //!   on the leader and forwards the unchanged request to the leader from a follower, waiting a
 //!   bounded time while there is none.
+//! - [`subscribe`]: the Subscribe stream, served from the leader's dispatcher and relayed by
+//!   followers, following the leader across changes.
 //! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies).
 //! - [`cluster`]: the client `Cluster` service (Status).
 //! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
@@ -15,6 +17,7 @@ pub mod convert;
 pub mod forward;
 pub mod namespaces;
 pub mod peer;
+pub mod subscribe;
 pub mod timers;
 
 /// Generated protobuf and gRPC code for `timerdb.v1`.

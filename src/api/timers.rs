@@ -2,30 +2,29 @@
 //!
 //! Every handler has the same shape: validate the request here (a bad request never leaves
 //! this node), then let the router run the domain operation on the leader or forward the
-//! original request to it. Subscribe and Ack belong to the delivery issue and answer
-//! UNIMPLEMENTED until then.
+//! original request to it. Subscribe is a stream that follows the leader: see
+//! [`super::subscribe`].
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, encode_token};
+use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
 use super::pb::{self, timers_server};
+use super::subscribe;
 use crate::config::Limits;
 use crate::node::Node;
 
 /// Serves the Timers API on one node.
 pub struct TimersService {
-    router: Router,
+    router: Arc<Router>,
 }
 
 impl TimersService {
     pub fn new(node: Arc<Node>) -> Self {
         TimersService {
-            router: Router::new(node),
+            router: Arc::new(Router::new(node)),
         }
     }
 
@@ -37,8 +36,6 @@ impl TimersService {
         &self.node().config.limits
     }
 }
-
-type DeliveryStream = Pin<Box<dyn Stream<Item = Result<pb::Delivery, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl timers_server::Timers for TimersService {
@@ -222,21 +219,107 @@ impl timers_server::Timers for TimersService {
         Ok(Response::new(reply))
     }
 
-    type SubscribeStream = DeliveryStream;
+    type SubscribeStream = subscribe::DeliveryStream;
 
     async fn subscribe(
         &self,
-        _request: Request<pb::SubscribeRequest>,
+        request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented(
-            "Subscribe is not available yet: fired timers can be read with List(state=FIRED)",
-        ))
+        let forwarded = forward::is_forwarded(&request);
+        let req = subscribe::validate(request.into_inner(), self.limits())?;
+        let stream = subscribe::start(self.router.clone(), req, forwarded)?;
+        Ok(Response::new(stream))
     }
 
     async fn ack(
         &self,
-        _request: Request<pb::AckRequest>,
+        request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
-        Err(Status::unimplemented("Ack is not available yet"))
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
+        let attempt = convert::attempt(req.attempt)?;
+        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let timer = node.ack(key.clone(), attempt).await?;
+                    Ok(pb::AckResponse {
+                        timer: Some(timer.into()),
+                    })
+                },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .ack(forward::request(req.clone(), timeout))
+                        .await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn nack(
+        &self,
+        request: Request<pb::NackRequest>,
+    ) -> Result<Response<pb::NackResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
+        let attempt = convert::attempt(req.attempt)?;
+        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let timer = node.nack(key.clone(), attempt).await?;
+                    Ok(pb::NackResponse {
+                        timer: Some(timer.into()),
+                    })
+                },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .nack(forward::request(req.clone(), timeout))
+                        .await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<pb::RedriveRequest>,
+    ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let target = &convert::redrive_target(&req, self.limits())?;
+        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    Ok(match target {
+                        RedriveTarget::One(key) => pb::RedriveResponse {
+                            timers: vec![node.redrive(key.clone()).await?.into()],
+                            redriven: 1,
+                        },
+                        RedriveTarget::All(namespace) => pb::RedriveResponse {
+                            timers: Vec::new(),
+                            redriven: node.redrive_all(namespace).await?,
+                        },
+                    })
+                },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .redrive(forward::request(req.clone(), timeout))
+                        .await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
     }
 }

@@ -27,11 +27,13 @@ use crate::clock::Clock;
 use crate::storage::Store;
 use crate::timer::{Command, Response};
 
-/// How the state machine wakes the driver: it compares each newly scheduled due time with the
-/// time the driver sleeps until, and notifies only when the new one is earlier.
+/// How the state machine wakes the leader's workers. The fire driver: apply compares each newly
+/// scheduled due time with the time the driver sleeps until, and notifies only when the new one
+/// is earlier. The delivery dispatcher: notified whenever an entry made a timer READY.
 #[derive(Debug)]
 pub struct FireSignal {
     notify: Notify,
+    ready: Notify,
     /// The due time the driver sleeps until; `i64::MAX` while it looks at the wheel or the
     /// wheel is empty (any schedule must wake it).
     target_ms: AtomicI64,
@@ -41,6 +43,7 @@ impl Default for FireSignal {
     fn default() -> Self {
         FireSignal {
             notify: Notify::new(),
+            ready: Notify::new(),
             target_ms: AtomicI64::new(i64::MAX),
         }
     }
@@ -52,6 +55,16 @@ impl FireSignal {
         if due_ms < self.target_ms.load(Ordering::Acquire) {
             self.notify.notify_one();
         }
+    }
+
+    /// Called by apply: a timer became READY for delivery.
+    pub fn made_ready(&self) {
+        self.ready.notify_one();
+    }
+
+    /// Resolves after the next `made_ready` (or at once if one came since the last wait).
+    pub async fn ready_notified(&self) {
+        self.ready.notified().await
     }
 
     fn set_target(&self, due_ms: i64) {
@@ -69,27 +82,43 @@ pub struct FireDriver {
     pub max_fires_per_entry: u32,
 }
 
+/// Runs `lead()` whenever node `id` leads, dropping it as soon as leadership is lost and calling
+/// it again if it returns; returns when `shutdown` turns true. `what` names the worker in logs.
+pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
+    id: NodeId,
+    raft: &Raft,
+    what: &str,
+    mut shutdown: watch::Receiver<bool>,
+    mut lead: impl FnMut() -> F,
+) {
+    let mut metrics = raft.metrics();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = metrics.wait_for(|m| m.state == ServerState::Leader && m.current_leader == Some(id)) => {}
+        }
+        tracing::info!(id, "became leader: {what} starts");
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = metrics.wait_for(|m| m.state != ServerState::Leader) => {}
+            _ = lead() => {}
+        }
+        tracing::info!(id, "{what} stops leading");
+    }
+}
+
 /// Pause after an unexpected error before the driver tries again.
 const ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
 impl FireDriver {
     /// Runs until `shutdown` turns true.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut metrics = self.raft.metrics();
-        loop {
-            tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => return,
-                _ = metrics.wait_for(|m| m.state == ServerState::Leader && m.current_leader == Some(self.id)) => {}
-            }
-            tracing::info!(id = self.id, "became leader: fire driver starts");
-            tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => return,
-                _ = metrics.wait_for(|m| m.state != ServerState::Leader) => {}
-                _ = self.lead() => {}
-            }
-            tracing::info!(id = self.id, "fire driver stops leading");
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        while_leader(self.id, &self.raft, "fire driver", shutdown, || async {
+            self.lead().await;
+            // Leadership lost or an error: nobody sleeps on the wheel for now.
             self.signal.set_target(i64::MAX);
-        }
+        })
+        .await;
     }
 
     /// The leading loop; returns (to be restarted by `run`) after an error.

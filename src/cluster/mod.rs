@@ -5,16 +5,19 @@
 //! Peers talk over the internal `timerdb.v1.Raft` gRPC service (served in `api::peer`, called
 //! from [`network`]). The fire driver ([`driver`]) is the only writer of Fire entries and runs
 //! only while this node is the leader; the state machine wakes it through a [`FireSignal`] when
-//! an earlier timer is scheduled.
+//! an earlier timer is scheduled. The delivery dispatcher ([`dispatch`]) is the only writer of
+//! Deliver entries, also leader-only, woken through the same signal when a timer becomes READY.
 //!
 //! Left out here, on purpose: membership changes (added in the operations issue; the cluster is
 //! formed statically from `--peers`, like etcd's `--initial-cluster`).
 
+pub mod dispatch;
 pub mod driver;
 pub mod network;
 
 use std::io::Cursor;
 
+pub use dispatch::{Delivery, DispatchLoop, Dispatcher, Subscription};
 pub use driver::{FireDriver, FireSignal};
 pub use network::Network;
 use openraft::BasicNode;

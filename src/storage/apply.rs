@@ -15,9 +15,11 @@ use std::collections::HashMap;
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::meta::Progress;
-use super::{cf, codec, CF_NAMESPACES, CF_TIMERS, CF_WHEEL};
+use super::{cf, codec, CF_NAMESPACES, CF_READY, CF_TIMERS, CF_WHEEL};
 use crate::namespace::{Namespace, Policy};
-use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    Command, Phase, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When,
+};
 use crate::wheel::{self, Wheel};
 use crate::{Error, Result};
 
@@ -31,6 +33,10 @@ pub(super) struct Applier<'a> {
     pub index: u64,
     /// The earliest due time this entry put on the wheel, to wake the fire driver.
     pub earliest_new_due: Option<i64>,
+    /// Whether this entry made a timer READY, to wake the delivery dispatcher.
+    pub made_ready: bool,
+    /// Namespace policies read by this entry (one entry never changes a policy it reads).
+    pub policies: HashMap<String, Policy>,
 }
 
 impl Applier<'_> {
@@ -42,7 +48,35 @@ impl Applier<'_> {
             Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
             Command::Fire { now_ms, max } => self.fire(now_ms, max),
             Command::PutNamespace { name, policy } => Ok(self.put_namespace(name, policy)),
+            Command::Deliver { now_ms, keys } => self.deliver(now_ms, keys),
+            Command::Ack {
+                now_ms,
+                key,
+                attempt,
+            } => self.ack(now_ms, key, attempt),
+            Command::Nack {
+                now_ms,
+                key,
+                attempt,
+            } => self.nack(now_ms, key, attempt),
+            Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
         }
+    }
+
+    /// The policy of `namespace` as replicated (the default if never configured).
+    pub(super) fn policy(&mut self, namespace: &str) -> Result<Policy> {
+        if let Some(p) = self.policies.get(namespace) {
+            return Ok(*p);
+        }
+        let raw = self
+            .db
+            .get_cf(cf(self.db, CF_NAMESPACES), namespace.as_bytes())?;
+        let policy = match raw {
+            Some(v) => codec::decode(&v)?,
+            None => Policy::default(),
+        };
+        self.policies.insert(namespace.to_string(), policy);
+        Ok(policy)
     }
 
     fn put_namespace(&mut self, name: String, policy: Policy) -> Response {
@@ -56,35 +90,68 @@ impl Applier<'_> {
         })
     }
 
-    fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
+    pub(super) fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
         let raw = self
             .db
             .get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
-    fn put(&mut self, timer: &Timer) {
+    pub(super) fn put(&mut self, timer: &Timer) {
         let key = wheel::timer_key(&timer.key);
         self.batch
             .put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
     }
 
-    /// Puts a PENDING timer on the wheel at its placement and counts it.
-    fn enqueue(&mut self, timer: &mut Timer) {
-        timer.bucket = self.wheel.placement(timer.fire_at_ms, self.progress.floor);
+    /// Deletes a timer record (its wheel or ready entry is removed by the caller).
+    pub(super) fn delete(&mut self, key: &TimerKey) {
+        self.batch
+            .delete_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key));
+    }
+
+    /// Gives the timer its wheel entry, due at `at_ms` (its placement may be later: the floor).
+    /// The caller has removed any previous entry with `unwake`.
+    pub(super) fn wake(&mut self, timer: &mut Timer, at_ms: i64) {
+        timer.wake_at_ms = at_ms;
+        timer.bucket = self.wheel.placement(at_ms, self.progress.floor);
         let key = wheel::wheel_key(timer.bucket, &timer.key);
         self.batch.put_cf(cf(self.db, CF_WHEEL), key, []);
-        self.progress.pending += 1;
         let due = self.wheel.due_ms(timer.bucket);
         self.earliest_new_due = Some(self.earliest_new_due.map_or(due, |d| d.min(due)));
     }
 
-    /// Takes a PENDING timer off the wheel and uncounts it.
-    fn dequeue(&mut self, timer: &Timer) {
-        debug_assert_eq!(timer.state, TimerState::Pending, "dequeue of {timer:?}");
-        let key = wheel::wheel_key(timer.bucket, &timer.key);
-        self.batch.delete_cf(cf(self.db, CF_WHEEL), key);
-        self.progress.pending = self.progress.pending.saturating_sub(1);
+    /// Removes the timer's wheel entry, or its ready-queue entry if it is READY.
+    pub(super) fn unwake(&mut self, timer: &Timer) {
+        if timer.on_wheel() {
+            let key = wheel::wheel_key(timer.bucket, &timer.key);
+            self.batch.delete_cf(cf(self.db, CF_WHEEL), key);
+        } else {
+            let key = wheel::ready_key(timer.fire_index, &timer.key);
+            self.batch.delete_cf(cf(self.db, CF_READY), key);
+        }
+    }
+
+    /// Puts a FIRED timer in its namespace's ready queue (it has no wheel entry then).
+    pub(super) fn make_ready(&mut self, timer: &mut Timer) {
+        timer.phase = Phase::Ready;
+        let key = wheel::ready_key(timer.fire_index, &timer.key);
+        self.batch.put_cf(cf(self.db, CF_READY), key, []);
+        self.made_ready = true;
+    }
+
+    /// Ends a timer's life in `state` at `now_ms`; it is purged after the namespace's retention.
+    pub(super) fn finish(
+        &mut self,
+        timer: &mut Timer,
+        state: TimerState,
+        now_ms: i64,
+    ) -> Result<()> {
+        let retention = self.policy(&timer.key.namespace)?.retention_ms;
+        timer.state = state;
+        timer.finished_at_ms = now_ms;
+        let purge_at = now_ms.saturating_add(retention.min(i64::MAX as u64) as i64);
+        self.wake(timer, purge_at);
+        Ok(())
     }
 
     fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
@@ -99,9 +166,18 @@ impl Applier<'_> {
             fire_index: 0,
             finished_at_ms: 0,
             scheduled_when: spec.when,
+            phase: Phase::Ready,
+            wake_at_ms: 0,
             bucket: 0,
+            attempt_base: 0,
+            last_delivered_at_ms: 0,
+            nacks: 0,
+            timeouts: 0,
+            redrives: 0,
         };
-        self.enqueue(&mut timer);
+        self.progress.pending += 1;
+        let at = timer.fire_at_ms;
+        self.wake(&mut timer, at);
         self.put(&timer);
         timer
     }
@@ -162,9 +238,9 @@ impl Applier<'_> {
         };
         match timer.state {
             TimerState::Pending => {
-                self.dequeue(&timer);
-                timer.state = TimerState::Cancelled;
-                timer.finished_at_ms = now_ms;
+                self.unwake(&timer);
+                self.progress.pending = self.progress.pending.saturating_sub(1);
+                self.finish(&mut timer, TimerState::Cancelled, now_ms)?;
                 self.put(&timer);
                 Ok(Response::Timer {
                     timer,
@@ -188,9 +264,10 @@ impl Applier<'_> {
             let state = timer.state;
             return Ok(Response::Rejected(Rejection::WrongState { key, state }));
         }
-        self.dequeue(&timer);
+        self.unwake(&timer);
         timer.fire_at_ms = when.resolve(now_ms);
-        self.enqueue(&mut timer);
+        let at = timer.fire_at_ms;
+        self.wake(&mut timer, at);
         self.put(&timer);
         Ok(Response::Timer {
             timer,
@@ -198,21 +275,23 @@ impl Applier<'_> {
         })
     }
 
-    /// Fires due timers in wheel order, at most `max`. Moves the cursor and floor forward only.
+    /// Processes due wheel entries in wheel order, at most `max` (see `wake_up`). Moves the
+    /// cursor and floor forward only.
     fn fire(&mut self, now_ms: i64, max: u32) -> Result<Response> {
         let now_bucket = self.wheel.bucket_of(now_ms);
         let due = self.due_keys(now_ms, now_bucket, max as usize)?;
         let count = due.len() as u32;
         let more = count >= max;
-        for (_, key) in &due {
-            let mut timer = self
+        for (bucket, key) in &due {
+            let timer = self
                 .load(key)?
                 .ok_or_else(|| Error::Storage(format!("wheel holds {key} with no timer")))?;
-            self.dequeue(&timer);
-            timer.state = TimerState::Fired;
-            timer.fired_at_ms = now_ms;
-            timer.fire_index = self.index;
-            self.put(&timer);
+            if !timer.on_wheel() || timer.bucket != *bucket {
+                return Err(Error::Storage(format!(
+                    "wheel entry {bucket} of {key} disagrees with the timer ({timer:?})"
+                )));
+            }
+            self.wake_up(timer, now_ms)?;
         }
         let p = &mut *self.progress;
         p.cursor_ms = p.cursor_ms.max(now_ms);
@@ -256,6 +335,6 @@ impl Applier<'_> {
     }
 
     fn fire_at_reached(&self, key: &TimerKey, now_ms: i64) -> Result<bool> {
-        Ok(self.load(key)?.is_some_and(|t| t.fire_at_ms <= now_ms))
+        Ok(self.load(key)?.is_some_and(|t| t.wake_at_ms <= now_ms))
     }
 }

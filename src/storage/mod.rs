@@ -5,7 +5,8 @@
 //! | `log` | log index (u64 BE) | bincode `Entry` | [`LogStore`] |
 //! | `raft` | `vote`, `committed`, `last_purged` | bincode | [`LogStore`] |
 //! | `timers` | `wheel::timer_key` | bincode [`Timer`](crate::timer::Timer) | [`StateMachine`] |
-//! | `wheel` | `wheel::wheel_key` | empty: the PENDING index | [`StateMachine`] |
+//! | `wheel` | `wheel::wheel_key` | empty: every timer's next due time | [`StateMachine`] |
+//! | `ready` | `wheel::ready_key` | empty: FIRED timers waiting for a consumer | [`StateMachine`] |
 //! | `meta` | typed keys in [`meta`] | bincode | [`StateMachine`] |
 //! | `namespaces` | namespace name | bincode [`Policy`](crate::namespace::Policy) | [`StateMachine`] |
 //!
@@ -21,6 +22,7 @@
 
 mod apply;
 mod codec;
+mod deliver;
 pub mod log_store;
 pub mod meta;
 mod snapshot;
@@ -46,9 +48,18 @@ pub const CF_TIMERS: &str = "timers";
 pub const CF_WHEEL: &str = "wheel";
 pub const CF_META: &str = "meta";
 pub const CF_NAMESPACES: &str = "namespaces";
-const ALL_CFS: [&str; 6] = [CF_LOG, CF_RAFT, CF_TIMERS, CF_WHEEL, CF_META, CF_NAMESPACES];
+pub const CF_READY: &str = "ready";
+const ALL_CFS: [&str; 7] = [
+    CF_LOG,
+    CF_RAFT,
+    CF_TIMERS,
+    CF_WHEEL,
+    CF_META,
+    CF_NAMESPACES,
+    CF_READY,
+];
 /// The column families that make up the state machine (snapshots and digests cover these).
-pub(crate) const SM_CFS: [&str; 4] = [CF_TIMERS, CF_WHEEL, CF_META, CF_NAMESPACES];
+pub(crate) const SM_CFS: [&str; 5] = [CF_TIMERS, CF_WHEEL, CF_META, CF_NAMESPACES, CF_READY];
 
 /// Opens (or creates) a node's database under `dir`.
 pub fn open_db(dir: &Path) -> Result<Arc<DB>> {
@@ -193,6 +204,37 @@ impl Store {
                 Ok(Some(bucket))
             }
         }
+    }
+
+    /// Up to `limit` READY timers of `namespace`, in fire order, skipping `skip` (keys the
+    /// caller has already claimed but whose Deliver has not applied yet).
+    pub fn ready(
+        &self,
+        namespace: &str,
+        limit: usize,
+        skip: &std::collections::HashSet<TimerKey>,
+    ) -> Result<Vec<TimerKey>> {
+        let prefix = wheel::namespace_prefix(namespace);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(prefix_end(&prefix));
+        let iter = self.db.iterator_cf_opt(
+            cf(&self.db, CF_READY),
+            opts,
+            IteratorMode::From(&prefix, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item?;
+            let (_, key) = wheel::decode_ready_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt ready key".into()))?;
+            if !skip.contains(&key) {
+                out.push(key);
+            }
+        }
+        Ok(out)
     }
 
     /// A namespace's policy: its own if configured, the default otherwise.

@@ -59,6 +59,7 @@ impl StateMachine {
         let mut progress = self.meta.progress;
         let mut membership_changed = false;
         let mut earliest_new_due = None;
+        let mut made_ready = false;
         let response = match entry.payload {
             EntryPayload::Blank => Response::None,
             EntryPayload::Membership(m) => {
@@ -74,9 +75,12 @@ impl StateMachine {
                     progress: &mut progress,
                     index: entry.log_id.index,
                     earliest_new_due: None,
+                    made_ready: false,
+                    policies: Default::default(),
                 };
                 let response = applier.command(cmd)?;
                 earliest_new_due = applier.earliest_new_due;
+                made_ready = applier.made_ready;
                 response
             }
         };
@@ -88,6 +92,9 @@ impl StateMachine {
         self.meta = next;
         if let Some(due) = earliest_new_due {
             self.signal.scheduled(due);
+        }
+        if made_ready {
+            self.signal.made_ready();
         }
         Ok(response)
     }
@@ -161,6 +168,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         tracing::info!(last = ?meta.last_log_id, bytes = data.len(), "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);
+        self.signal.made_ready();
         Ok(())
     }
 

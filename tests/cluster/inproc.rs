@@ -208,7 +208,7 @@ async fn any_node_serves_every_call_and_bad_input_is_refused() {
         .await
         .err()
         .unwrap();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
 
     // Phase 4: a 10,000-timer batch is accepted whole, and paging walks it all.
     let full = pb::ScheduleBatchRequest {

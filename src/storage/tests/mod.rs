@@ -397,6 +397,37 @@ fn workload() -> Vec<Command> {
             .collect(),
     });
     cmds.push(fire(T0 + 30, 1000));
+    // Delivery: one attempt allowed, so expired deliveries go DEAD; then ack, nack, redrive.
+    cmds.push(Command::PutNamespace {
+        name: "ns".into(),
+        policy: crate::namespace::Policy {
+            max_attempts: 1,
+            ..Default::default()
+        },
+    });
+    let b = |i: i64| TimerKey::new("ns", format!("b{i}"));
+    cmds.push(Command::Deliver {
+        now_ms: T0 + 40,
+        keys: (0..20).map(b).collect(),
+    });
+    for i in 0..5 {
+        let (now_ms, key, attempt) = (T0 + 41, b(i), 1);
+        cmds.push(Command::Ack {
+            now_ms,
+            key,
+            attempt,
+        });
+    }
+    cmds.push(Command::Nack {
+        now_ms: T0 + 42,
+        key: b(6),
+        attempt: 1,
+    });
+    cmds.push(fire(T0 + 40 + 31_000, 1000));
+    cmds.push(Command::Redrive {
+        now_ms: T0 + 40 + 31_001,
+        keys: (5..10).map(b).collect(),
+    });
     cmds
 }
 
@@ -598,3 +629,5 @@ async fn namespaces_are_replicated_state() {
     );
     assert_eq!(other.store.digest().unwrap(), s.store.digest().unwrap());
 }
+
+mod deliver;
