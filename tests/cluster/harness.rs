@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use timerdb::api::pb::{self, timers_client::TimersClient};
+use timerdb::api::pb::{self, namespaces_client::NamespacesClient, timers_client::TimersClient};
 use timerdb::config::NodeConfig;
 use timerdb::node::Leader;
 use timerdb::server::{self, RunningNode};
@@ -138,6 +138,16 @@ impl TestCluster {
             .max_encoding_message_size(64 << 20)
     }
 
+    pub async fn namespaces(&self, id: u64) -> NamespacesClient<Channel> {
+        let addr = format!("http://{}", self.peers[&id]);
+        let ch = tonic::transport::Endpoint::from_shared(addr)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        NamespacesClient::new(ch)
+    }
+
     /// Stops a node (its process would be gone: the others see it as dead).
     pub async fn stop(&mut self, id: u64) {
         let node = self
@@ -224,11 +234,20 @@ pub async fn get(c: &mut TimersClient<Channel>, id: &str) -> Result<pb::Timer, t
 
 /// Every timer of the namespace, through List paging.
 pub async fn list_all(c: &mut TimersClient<Channel>, state: pb::TimerState) -> Vec<pb::Timer> {
+    list_in(c, NS, state).await
+}
+
+/// Every timer of `namespace` in `state` (UNSPECIFIED: all), through List paging.
+pub async fn list_in(
+    c: &mut TimersClient<Channel>,
+    namespace: &str,
+    state: pb::TimerState,
+) -> Vec<pb::Timer> {
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
         let req = pb::ListRequest {
-            namespace: NS.into(),
+            namespace: namespace.into(),
             state: state as i32,
             limit: 1000,
             page_token: token,

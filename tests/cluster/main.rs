@@ -1,6 +1,9 @@
 //! Integration tests: real 3-node timerdb clusters on loopback (in-process nodes in `inproc`,
-//! real `timerd` processes in `process`). Each test is a sequence of named phases.
+//! real `timerd` processes in `process`, subscribers and acks in `delivery`). Each test is a
+//! sequence of named phases.
 
+mod consumer;
+mod delivery;
 mod harness;
 mod inproc;
 mod process;
