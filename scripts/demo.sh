@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds timerdb, starts a local 3-node cluster and shows it working: timers scheduled through a
 # follower fire on time, a cancelled one does not, the leader is SIGKILLed while timers are due
-# and every one of them still fires exactly once. Leaves the cluster running (stop it with
+# and every one of them still fires exactly once; then a consumer receives and acks them all.
+# Leaves the cluster running (stop it with
 # `scripts/cluster.sh stop`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,5 +50,10 @@ TIMERDB_BIN="$TARGET/debug" scripts/cluster.sh restart "$leader"
 sleep 3
 TIMERDB_BIN="$TARGET/debug" scripts/cluster.sh status | grep -E "^---|role=|pending"
 echo
+echo "== a consumer subscribes through node $leader and acks every fired timer"
+"$CTL" -e "127.0.0.1:$((7100 + leader))" watch demo --ack --count 502 --max-in-flight 100 | tail -3
+acked=$("$CTL" -e "$EP" list demo --state acked --all --limit 1000 | tail -1)
+echo "ACKED: $acked (expected 502)"
+echo
 echo "The cluster is still running: try '$CTL -e $EP list demo'. Stop it with 'scripts/cluster.sh stop'."
-[[ "$fired" == "502 timer(s)" ]]
+[[ "$fired" == "502 timer(s)" && "$acked" == "502 timer(s)" ]]

@@ -3,14 +3,15 @@
 //! Talks to any node (`--endpoint`, default `127.0.0.1:7101` or `$TIMERDB_ENDPOINT`); the node
 //! forwards to the leader. Output is for people: one line per timer, times in RFC 3339 UTC.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod delivery;
+mod load;
+mod namespace;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use timerdb::api::pb::{
-    self, cluster_client::ClusterClient, namespaces_client::NamespacesClient,
-    timers_client::TimersClient,
-};
+use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
@@ -80,7 +81,42 @@ enum Command {
     /// Read and set namespace policies.
     Namespace {
         #[command(subcommand)]
-        command: NamespaceCommand,
+        command: namespace::NamespaceCommand,
+    },
+    /// Subscribe to a namespace and print each delivery as it arrives (Ctrl-C to stop).
+    Watch {
+        namespace: String,
+        /// Acknowledge each delivery after printing it.
+        #[arg(long)]
+        ack: bool,
+        /// A name for this consumer in the server's logs.
+        #[arg(long, default_value = "timerctl")]
+        consumer: String,
+        /// Unacknowledged deliveries this stream may hold (0: the server default, 100).
+        #[arg(long, default_value_t = 0)]
+        max_in_flight: u32,
+        /// Exit after this many deliveries.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Acknowledge delivery ATTEMPT of a timer: FIRED -> ACKED.
+    Ack {
+        namespace: String,
+        id: String,
+        attempt: u32,
+    },
+    /// Give up delivery ATTEMPT now: redelivered after backoff, or DEAD at the last attempt.
+    Nack {
+        namespace: String,
+        id: String,
+        attempt: u32,
+    },
+    /// Return DEAD timers to PENDING (due at once): one id, or every DEAD timer with --all.
+    Redrive {
+        namespace: String,
+        id: Option<String>,
+        #[arg(long, conflicts_with = "id")]
+        all: bool,
     },
     /// Schedule many timers from concurrent clients and report the rate; with --wait, wait for
     /// them to fire and report lateness (fired_at - fire_at).
@@ -101,42 +137,6 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
-}
-
-#[derive(Subcommand, Debug)]
-enum NamespaceCommand {
-    /// Set a namespace's policy; options left out take the defaults.
-    Put {
-        name: String,
-        /// Redeliver after this long unacknowledged (default 30s).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        ack_timeout: Option<Duration>,
-        /// Deliveries before the timer becomes DEAD (default 5).
-        #[arg(long)]
-        max_attempts: Option<u32>,
-        /// First redelivery backoff (default 1s).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        backoff_min: Option<Duration>,
-        /// Largest redelivery backoff (default 5m).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        backoff_max: Option<Duration>,
-        /// Backoff growth per attempt, e.g. 2 or 1.5 (default 2).
-        #[arg(long)]
-        backoff_multiplier: Option<f64>,
-        /// Random spread of each backoff in percent, 0 for none (default 20).
-        #[arg(long)]
-        jitter_percent: Option<u32>,
-        /// Keep ACKED, CANCELLED and DEAD timers this long (default 7d).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        retention: Option<Duration>,
-        /// Largest payload per timer (default 65536).
-        #[arg(long)]
-        max_payload_bytes: Option<u32>,
-    },
-    /// Show a namespace's policy (the defaults if it was never configured).
-    Get { name: String },
-    /// List the configured namespaces.
-    List,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -177,7 +177,7 @@ async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("cannot reach a timerdb node at {uri} (is it running?)"))
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -204,7 +204,7 @@ fn state_name(v: i32) -> &'static str {
     pb::TimerState::try_from(v).map_or("?", |s| s.as_str_name().trim_start_matches("TIMER_STATE_"))
 }
 
-fn print_timer(t: &pb::Timer) {
+pub(crate) fn print_timer(t: &pb::Timer) {
     let mut line = format!(
         "{}/{}  {}  fire_at={}",
         t.namespace,
@@ -220,8 +220,34 @@ fn print_timer(t: &pb::Timer) {
             t.fire_index
         );
     }
+    if let Ok(phase) = pb::DeliveryPhase::try_from(t.phase) {
+        if phase != pb::DeliveryPhase::Unspecified {
+            line += &format!(
+                "  {}",
+                phase.as_str_name().trim_start_matches("DELIVERY_PHASE_")
+            );
+        }
+    }
+    if t.attempts > 0 || t.redrives > 0 {
+        line += &format!(
+            "  attempts={} (timeouts={} nacks={} redrives={}) last_delivered={}",
+            t.attempts,
+            t.timeouts,
+            t.nacks,
+            t.redrives,
+            fmt_ms(t.last_delivered_at_ms)
+        );
+    }
     if t.finished_at_ms > 0 {
         line += &format!("  finished_at={}", fmt_ms(t.finished_at_ms));
+    }
+    if t.wake_at_ms > 0 && t.state != pb::TimerState::Pending as i32 {
+        let what = if t.finished_at_ms > 0 {
+            "purge_at"
+        } else {
+            "next_at"
+        };
+        line += &format!("  {what}={}", fmt_ms(t.wake_at_ms));
     }
     if !t.payload.is_empty() {
         line += &format!("  payload={:?}", String::from_utf8_lossy(&t.payload));
@@ -229,7 +255,7 @@ fn print_timer(t: &pb::Timer) {
     println!("{line}");
 }
 
-fn status_err(s: tonic::Status) -> anyhow::Error {
+pub(crate) fn status_err(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
@@ -310,7 +336,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             list(&mut timers, namespace, state, limit, all).await?;
         }
         Command::Status => status(ch).await?,
-        Command::Namespace { command } => namespace(ch, command).await?,
+        Command::Namespace { command } => namespace::namespace(ch, command).await?,
+        Command::Watch {
+            namespace,
+            ack,
+            consumer,
+            max_in_flight,
+            count,
+        } => {
+            // With --count, hold no more than will be printed: the rest would sit unacked in
+            // this stream until their ack timeout.
+            let max_in_flight = match count {
+                Some(c) if max_in_flight == 0 => c.clamp(1, 100) as u32,
+                _ => max_in_flight,
+            };
+            let req = pb::SubscribeRequest {
+                namespace,
+                consumer,
+                max_in_flight,
+            };
+            delivery::watch(timers, req, ack, count).await?;
+        }
+        Command::Ack {
+            namespace,
+            id,
+            attempt,
+        } => delivery::ack(timers, namespace, id, attempt).await?,
+        Command::Nack {
+            namespace,
+            id,
+            attempt,
+        } => delivery::nack(timers, namespace, id, attempt).await?,
+        Command::Redrive { namespace, id, all } => {
+            delivery::redrive(timers, namespace, id, all).await?
+        }
         Command::Load {
             namespace,
             count,
@@ -319,7 +378,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             spread,
             wait,
         } => {
-            load(timers, namespace, count, concurrency, delay, spread, wait).await?;
+            load::load(timers, namespace, count, concurrency, delay, spread, wait).await?;
         }
     }
     Ok(())
@@ -386,214 +445,6 @@ async fn status(ch: Channel) -> anyhow::Result<()> {
             m.addr,
             if m.voter { "voter" } else { "learner" }
         );
-    }
-    Ok(())
-}
-
-async fn load(
-    timers: TimersClient<Channel>,
-    namespace: String,
-    count: usize,
-    concurrency: usize,
-    delay: Duration,
-    spread: Duration,
-    wait: bool,
-) -> anyhow::Result<()> {
-    let base = now_ms() + delay.as_millis() as i64;
-    let spread_ms = spread.as_millis() as i64;
-    let run = now_ms();
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency.max(1) {
-        let (mut c, next, ns) = (timers.clone(), next.clone(), namespace.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= count {
-                    return Ok::<_, tonic::Status>(());
-                }
-                let offset = if count > 1 {
-                    spread_ms * i as i64 / (count as i64 - 1)
-                } else {
-                    0
-                };
-                let req = pb::ScheduleRequest {
-                    namespace: ns.clone(),
-                    id: format!("load-{run}-{i}"),
-                    when: Some(pb::schedule_request::When::FireAtMs(base + offset)),
-                    payload: Vec::new(),
-                };
-                c.schedule(req).await?;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await?.map_err(status_err)?;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "scheduled {count} timers in {secs:.2} s: {:.0} schedules/s ({concurrency} in flight)",
-        count as f64 / secs
-    );
-    if wait {
-        report_lateness(
-            timers,
-            &namespace,
-            &format!("load-{run}-"),
-            count,
-            base + spread_ms,
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// Waits until every timer of this load run fired, then prints lateness percentiles.
-async fn report_lateness(
-    mut timers: TimersClient<Channel>,
-    namespace: &str,
-    prefix: &str,
-    count: usize,
-    last_fire_ms: i64,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now()
-        + Duration::from_millis((last_fire_ms - now_ms()).max(0) as u64)
-        + Duration::from_secs(60);
-    loop {
-        let mut lateness = Vec::with_capacity(count);
-        let mut token = String::new();
-        loop {
-            let req = pb::ListRequest {
-                namespace: namespace.into(),
-                state: pb::TimerState::Fired as i32,
-                limit: 10_000,
-                page_token: token,
-                ..Default::default()
-            };
-            let page = timers.list(req).await.map_err(status_err)?.into_inner();
-            lateness.extend(
-                page.timers
-                    .iter()
-                    .filter(|t| t.id.starts_with(prefix))
-                    .map(|t| t.fired_at_ms - t.fire_at_ms),
-            );
-            token = page.next_page_token;
-            if token.is_empty() {
-                break;
-            }
-        }
-        if lateness.len() >= count {
-            lateness.sort_unstable();
-            let p = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
-            println!(
-                "all {count} fired; lateness (fired_at - fire_at, ms): min {} p50 {} p99 {} max {}",
-                lateness[0],
-                p(0.5),
-                p(0.99),
-                lateness[lateness.len() - 1]
-            );
-            if lateness[0] < 0 {
-                bail!("a timer fired early");
-            }
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("only {} of {count} timers fired in time", lateness.len());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn ms(d: Option<Duration>) -> u64 {
-    d.map_or(0, |d| d.as_millis() as u64)
-}
-
-fn print_namespace(ns: &pb::Namespace) {
-    let p = ns.policy.unwrap_or_default();
-    let dur = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
-    println!(
-        "{}{}\n  ack_timeout={}  max_attempts={}  backoff={}..{} x{:.3} ±{}%\n  retention={}  max_payload_bytes={}",
-        ns.name,
-        if ns.configured { "" } else { "  (not configured: defaults)" },
-        dur(p.ack_timeout_ms),
-        p.max_attempts,
-        dur(p.backoff_min_ms),
-        dur(p.backoff_max_ms),
-        p.backoff_multiplier_permille as f64 / 1000.0,
-        p.backoff_jitter_percent.unwrap_or(0),
-        dur(p.retention_ms),
-        p.max_payload_bytes
-    );
-}
-
-async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result<()> {
-    let mut client = NamespacesClient::new(ch);
-    match command {
-        NamespaceCommand::Put {
-            name,
-            ack_timeout,
-            max_attempts,
-            backoff_min,
-            backoff_max,
-            backoff_multiplier,
-            jitter_percent,
-            retention,
-            max_payload_bytes,
-        } => {
-            let policy = pb::NamespacePolicy {
-                ack_timeout_ms: ms(ack_timeout),
-                max_attempts: max_attempts.unwrap_or(0),
-                backoff_min_ms: ms(backoff_min),
-                backoff_max_ms: ms(backoff_max),
-                backoff_multiplier_permille: backoff_multiplier
-                    .map_or(0, |m| (m * 1000.0).round() as u32),
-                backoff_jitter_percent: jitter_percent,
-                retention_ms: ms(retention),
-                max_payload_bytes: max_payload_bytes.unwrap_or(0),
-            };
-            let req = pb::PutNamespaceRequest {
-                name,
-                policy: Some(policy),
-            };
-            let r = client
-                .put_namespace(req)
-                .await
-                .map_err(status_err)?
-                .into_inner();
-            print_namespace(&r.namespace.unwrap_or_default());
-        }
-        NamespaceCommand::Get { name } => {
-            let r = client
-                .get_namespace(pb::GetNamespaceRequest { name })
-                .await
-                .map_err(status_err)?;
-            print_namespace(&r.into_inner().namespace.unwrap_or_default());
-        }
-        NamespaceCommand::List => {
-            let mut token = String::new();
-            let mut n = 0;
-            loop {
-                let req = pb::ListNamespacesRequest {
-                    limit: 0,
-                    page_token: token,
-                };
-                let page = client
-                    .list_namespaces(req)
-                    .await
-                    .map_err(status_err)?
-                    .into_inner();
-                for ns in &page.namespaces {
-                    print_namespace(ns);
-                }
-                n += page.namespaces.len();
-                token = page.next_page_token;
-                if token.is_empty() {
-                    break;
-                }
-            }
-            println!("{n} configured namespace(s)");
-        }
     }
     Ok(())
 }

@@ -1,0 +1,103 @@
+//! `timerctl watch|ack|nack|redrive`: consuming fired timers by hand.
+
+use timerdb::api::pb::{self, timers_client::TimersClient};
+use tonic::transport::Channel;
+
+use crate::{print_timer, status_err};
+
+/// Subscribes and prints each delivery; acks it with `ack`; stops after `count` if given.
+pub async fn watch(
+    mut timers: TimersClient<Channel>,
+    req: pb::SubscribeRequest,
+    ack: bool,
+    count: Option<usize>,
+) -> anyhow::Result<()> {
+    let namespace = req.namespace.clone();
+    let mut stream = timers
+        .subscribe(req)
+        .await
+        .map_err(status_err)?
+        .into_inner();
+    eprintln!("watching {namespace} (Ctrl-C to stop)");
+    let mut n = 0;
+    while count.is_none_or(|c| n < c) {
+        let Some(d) = stream.message().await.map_err(status_err)? else {
+            anyhow::bail!("the server ended the stream");
+        };
+        n += 1;
+        let t = d.timer.unwrap_or_default();
+        print!("delivery attempt={}  ", d.attempt);
+        print_timer(&t);
+        if ack {
+            let req = pb::AckRequest {
+                namespace: t.namespace,
+                id: t.id,
+                attempt: d.attempt,
+            };
+            timers.ack(req).await.map_err(status_err)?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn ack(
+    mut timers: TimersClient<Channel>,
+    namespace: String,
+    id: String,
+    attempt: u32,
+) -> anyhow::Result<()> {
+    let req = pb::AckRequest {
+        namespace,
+        id,
+        attempt,
+    };
+    let r = timers.ack(req).await.map_err(status_err)?.into_inner();
+    print!("acked ");
+    print_timer(&r.timer.unwrap_or_default());
+    Ok(())
+}
+
+pub async fn nack(
+    mut timers: TimersClient<Channel>,
+    namespace: String,
+    id: String,
+    attempt: u32,
+) -> anyhow::Result<()> {
+    let req = pb::NackRequest {
+        namespace,
+        id,
+        attempt,
+    };
+    let r = timers.nack(req).await.map_err(status_err)?.into_inner();
+    print!("nacked ");
+    print_timer(&r.timer.unwrap_or_default());
+    Ok(())
+}
+
+pub async fn redrive(
+    mut timers: TimersClient<Channel>,
+    namespace: String,
+    id: Option<String>,
+    all: bool,
+) -> anyhow::Result<()> {
+    if id.is_none() && !all {
+        anyhow::bail!("give the id of a DEAD timer, or --all");
+    }
+    let req = pb::RedriveRequest {
+        namespace: namespace.clone(),
+        id: id.unwrap_or_default(),
+        all,
+    };
+    let r = timers.redrive(req).await.map_err(status_err)?.into_inner();
+    for t in &r.timers {
+        print!("redriven ");
+        print_timer(t);
+    }
+    if all {
+        println!(
+            "{} DEAD timer(s) of {namespace} are PENDING again",
+            r.redriven
+        );
+    }
+    Ok(())
+}
