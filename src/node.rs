@@ -161,10 +161,7 @@ impl Node {
             now_ms: self.now_ms(),
             key,
         };
-        match self.write(cmd).await? {
-            Response::Timer { timer, .. } => Ok(timer),
-            other => Err(unexpected(other)),
-        }
+        self.write_timer(cmd).await
     }
 
     pub async fn reschedule(&self, key: TimerKey, when: When) -> Result<Timer> {
@@ -173,33 +170,35 @@ impl Node {
             key,
             when,
         };
-        match self.write(cmd).await? {
-            Response::Timer { timer, .. } => Ok(timer),
-            other => Err(unexpected(other)),
-        }
+        self.write_timer(cmd).await
     }
 
     /// Acks delivery `attempt` of `key`: FIRED → ACKED (or the ACKED timer, for a retry).
     pub async fn ack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
+        let now_ms = self.now_ms();
         let cmd = Command::Ack {
-            now_ms: self.now_ms(),
+            now_ms,
             key: key.clone(),
             attempt,
         };
-        let timer = self.write_timer(cmd).await?;
-        self.dispatcher.settled(&key);
-        Ok(timer)
+        self.settle(cmd, &key).await
     }
 
     /// Nacks delivery `attempt` of `key`: redelivered after backoff, or DEAD at the limit.
     pub async fn nack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
+        let now_ms = self.now_ms();
         let cmd = Command::Nack {
-            now_ms: self.now_ms(),
+            now_ms,
             key: key.clone(),
             attempt,
         };
+        self.settle(cmd, &key).await
+    }
+
+    /// Applies an Ack or Nack of `key`, then frees its room in the subscription that holds it.
+    async fn settle(&self, cmd: Command, key: &TimerKey) -> Result<Timer> {
         let timer = self.write_timer(cmd).await?;
-        self.dispatcher.settled(&key);
+        self.dispatcher.settled(key);
         Ok(timer)
     }
 

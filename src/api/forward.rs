@@ -134,7 +134,10 @@ impl Router {
                 }
                 Leader::Other { id, addr } => match remote(self.channel(&addr)?).await {
                     Ok(reply) => return Ok(reply.into_inner()),
-                    Err(s) if s.code() == Code::Unavailable => {
+                    // UNAVAILABLE: the leader refused or could not be reached; CANCELLED: it
+                    // went away mid-call. Either way the outcome is unknown and retrying the
+                    // idempotent request is safe.
+                    Err(s) if matches!(s.code(), Code::Unavailable | Code::Cancelled) => {
                         last = format!("leader {id} at {addr}: {}", s.message())
                     }
                     Err(s) => return Err(s),

@@ -212,11 +212,6 @@ impl DispatchLoop {
     }
 
     async fn lead(&self) {
-        if let Err(e) = self.raft.ensure_linearizable().await {
-            tracing::warn!(error = %e, "dispatcher: not yet able to read; retrying");
-            tokio::time::sleep(ERROR_BACKOFF).await;
-            return;
-        }
         loop {
             match self.round().await {
                 Ok(true) => continue,

@@ -82,8 +82,9 @@ pub struct FireDriver {
     pub max_fires_per_entry: u32,
 }
 
-/// Runs `lead()` whenever node `id` leads, dropping it as soon as leadership is lost and calling
-/// it again if it returns; returns when `shutdown` turns true. `what` names the worker in logs.
+/// Runs `lead()` whenever node `id` leads and has applied everything committed before, dropping
+/// it as soon as leadership is lost and calling it again if it returns; returns when `shutdown`
+/// turns true. `what` names the worker in logs.
 pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
     id: NodeId,
     raft: &Raft,
@@ -101,9 +102,25 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
             _ = metrics.wait_for(|m| m.state != ServerState::Leader) => {}
-            _ = lead() => {}
+            _ = caught_up_then(raft, what, &mut lead) => {}
         }
         tracing::info!(id, "{what} stops leading");
+    }
+}
+
+/// Runs `lead()` once every entry of earlier terms is applied (`ensure_linearizable`), so the
+/// worker reads the whole committed state; after a failure, pauses and returns.
+async fn caught_up_then<F: std::future::Future<Output = ()>>(
+    raft: &Raft,
+    what: &str,
+    lead: &mut impl FnMut() -> F,
+) {
+    match raft.ensure_linearizable().await {
+        Ok(_) => lead().await,
+        Err(e) => {
+            tracing::warn!(error = %e, "{what}: not yet able to read; retrying");
+            tokio::time::sleep(ERROR_BACKOFF).await;
+        }
     }
 }
 
@@ -123,11 +140,6 @@ impl FireDriver {
 
     /// The leading loop; returns (to be restarted by `run`) after an error.
     async fn lead(&self) {
-        if let Err(e) = self.raft.ensure_linearizable().await {
-            tracing::warn!(error = %e, "fire driver: not yet able to read; retrying");
-            tokio::time::sleep(ERROR_BACKOFF).await;
-            return;
-        }
         loop {
             // Look with the target at MAX, so a schedule applied while we read wakes us.
             self.signal.set_target(i64::MAX);

@@ -126,26 +126,23 @@ impl TestCluster {
             .expect("no follower running")
     }
 
-    pub async fn client(&self, id: u64) -> TimersClient<Channel> {
+    async fn channel(&self, id: u64) -> Channel {
         let addr = format!("http://{}", self.peers[&id]);
-        let ch = tonic::transport::Endpoint::from_shared(addr)
+        tonic::transport::Endpoint::from_shared(addr)
             .unwrap()
             .connect()
             .await
-            .unwrap();
-        TimersClient::new(ch)
+            .unwrap()
+    }
+
+    pub async fn client(&self, id: u64) -> TimersClient<Channel> {
+        TimersClient::new(self.channel(id).await)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20)
     }
 
     pub async fn namespaces(&self, id: u64) -> NamespacesClient<Channel> {
-        let addr = format!("http://{}", self.peers[&id]);
-        let ch = tonic::transport::Endpoint::from_shared(addr)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        NamespacesClient::new(ch)
+        NamespacesClient::new(self.channel(id).await)
     }
 
     /// Stops a node (its process would be gone: the others see it as dead).

@@ -40,37 +40,41 @@ pub async fn watch(
     Ok(())
 }
 
-pub async fn ack(
+/// Acks (`ack`) or nacks delivery `attempt` of a timer and prints the timer after it.
+pub async fn settle(
     mut timers: TimersClient<Channel>,
     namespace: String,
     id: String,
     attempt: u32,
+    ack: bool,
 ) -> anyhow::Result<()> {
-    let req = pb::AckRequest {
-        namespace,
-        id,
-        attempt,
+    let timer = if ack {
+        let req = pb::AckRequest {
+            namespace,
+            id,
+            attempt,
+        };
+        timers
+            .ack(req)
+            .await
+            .map_err(status_err)?
+            .into_inner()
+            .timer
+    } else {
+        let req = pb::NackRequest {
+            namespace,
+            id,
+            attempt,
+        };
+        timers
+            .nack(req)
+            .await
+            .map_err(status_err)?
+            .into_inner()
+            .timer
     };
-    let r = timers.ack(req).await.map_err(status_err)?.into_inner();
-    print!("acked ");
-    print_timer(&r.timer.unwrap_or_default());
-    Ok(())
-}
-
-pub async fn nack(
-    mut timers: TimersClient<Channel>,
-    namespace: String,
-    id: String,
-    attempt: u32,
-) -> anyhow::Result<()> {
-    let req = pb::NackRequest {
-        namespace,
-        id,
-        attempt,
-    };
-    let r = timers.nack(req).await.map_err(status_err)?.into_inner();
-    print!("nacked ");
-    print_timer(&r.timer.unwrap_or_default());
+    print!("{} ", if ack { "acked" } else { "nacked" });
+    print_timer(&timer.unwrap_or_default());
     Ok(())
 }
 

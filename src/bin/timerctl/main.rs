@@ -41,6 +41,15 @@ struct WhenArgs {
     at: Option<String>,
 }
 
+/// One delivery of one timer.
+#[derive(clap::Args, Debug)]
+struct AttemptArgs {
+    namespace: String,
+    id: String,
+    /// The `attempt` of the delivery, as `watch` prints it.
+    attempt: u32,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Schedule a timer.
@@ -100,17 +109,9 @@ enum Command {
         count: Option<usize>,
     },
     /// Acknowledge delivery ATTEMPT of a timer: FIRED -> ACKED.
-    Ack {
-        namespace: String,
-        id: String,
-        attempt: u32,
-    },
+    Ack(AttemptArgs),
     /// Give up delivery ATTEMPT now: redelivered after backoff, or DEAD at the last attempt.
-    Nack {
-        namespace: String,
-        id: String,
-        attempt: u32,
-    },
+    Nack(AttemptArgs),
     /// Return DEAD timers to PENDING (due at once): one id, or every DEAD timer with --all.
     Redrive {
         namespace: String,
@@ -357,16 +358,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             delivery::watch(timers, req, ack, count).await?;
         }
-        Command::Ack {
-            namespace,
-            id,
-            attempt,
-        } => delivery::ack(timers, namespace, id, attempt).await?,
-        Command::Nack {
-            namespace,
-            id,
-            attempt,
-        } => delivery::nack(timers, namespace, id, attempt).await?,
+        Command::Ack(a) => delivery::settle(timers, a.namespace, a.id, a.attempt, true).await?,
+        Command::Nack(a) => delivery::settle(timers, a.namespace, a.id, a.attempt, false).await?,
         Command::Redrive { namespace, id, all } => {
             delivery::redrive(timers, namespace, id, all).await?
         }
