@@ -115,6 +115,10 @@ async fn pump(router: Arc<Router>, req: pb::SubscribeRequest, forwarded: bool, t
             Leader::Unknown => End::Moved,
         };
         if let End::Done = end {
+            if *shutdown.borrow() {
+                let msg = format!("node {} is shutting down; subscribe again", node.id);
+                let _ = tx.try_send(Err(Status::unavailable(msg)));
+            }
             return;
         }
         tokio::select! {
