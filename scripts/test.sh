@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: formatting, lints, unit tests and integration tests (real 3-node
-# clusters on loopback, real timerd processes). Installs missing system packages first.
+# Runs the whole test suite: formatting, lints, unit tests, integration tests (real 3-node
+# clusters on loopback, real timerd processes) and the short chaos profile (release timerd
+# processes under faults, checked). Installs missing system packages first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -10,3 +11,5 @@ echo "== cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test"
 cargo test --all-targets -- --test-threads=2 "$@"
+echo "== chaos (short profile)"
+bash scripts/chaos.sh --short

@@ -90,6 +90,41 @@ pub struct NodeConfig {
     pub keep_log_entries: u64,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
+    /// Addresses to dial some peers at instead of their membership address: a proxy in front
+    /// of them (the chaos harness puts a fault-injecting proxy on every peer link).
+    pub dial: BTreeMap<NodeId, String>,
+    /// Deliberate bugs, for proving that the chaos checker catches them. Never set in service.
+    pub faults: Faults,
+}
+
+/// Deliberate bugs, each breaking one guarantee, switched on only by the chaos harness's proof
+/// runs (`TIMERDB_FAULT=ignore-cancel,ack-before-commit,fire-early`). All off by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Answer Cancel OK without proposing it: the timer still fires.
+    pub ignore_cancel: bool,
+    /// Answer Schedule OK as soon as it is proposed, before a quorum has it.
+    pub ack_before_commit: bool,
+    /// Stamp Fire entries this many ms ahead of the clock: timers fire early.
+    pub fire_early_ms: i64,
+}
+
+impl Faults {
+    /// Parses a comma-separated list of fault names; an empty string is no fault.
+    pub fn parse(s: &str) -> Result<Faults> {
+        let mut f = Faults::default();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "ignore-cancel" => f.ignore_cancel = true,
+                "ack-before-commit" => f.ack_before_commit = true,
+                "fire-early" => f.fire_early_ms = 500,
+                other => return Err(Error::InvalidArgument(format!(
+                    "unknown fault {other:?} (known: ignore-cancel, ack-before-commit, fire-early)"
+                ))),
+            }
+        }
+        Ok(f)
+    }
 }
 
 impl NodeConfig {
@@ -108,7 +143,17 @@ impl NodeConfig {
             snapshot_every_entries: 50_000,
             keep_log_entries: 10_000,
             clock: Clock::system(),
+            dial: BTreeMap::new(),
+            faults: Faults::default(),
         }
+    }
+
+    /// The address to reach peer `id` at: its dial override, or `addr` from the membership.
+    pub fn dial_addr(&self, id: NodeId, addr: &str) -> String {
+        self.dial
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| addr.to_string())
     }
 
     /// Checks the configuration is coherent.
@@ -191,6 +236,14 @@ mod tests {
         assert!(parse_peers("0=a").is_err());
         assert!(parse_peers("").is_err());
         assert!(parse_peers("1:a").is_err());
+    }
+
+    #[test]
+    fn parses_faults() {
+        assert_eq!(Faults::parse("").unwrap(), Faults::default());
+        let f = Faults::parse("ignore-cancel, fire-early").unwrap();
+        assert!(f.ignore_cancel && !f.ack_before_commit && f.fire_early_ms > 0);
+        assert!(Faults::parse("skip-everything").is_err());
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl Node {
             Some(id) if id != self.id => match m.membership_config.membership().get_node(&id) {
                 Some(node) => Leader::Other {
                     id,
-                    addr: node.addr.clone(),
+                    addr: self.config.dial_addr(id, &node.addr),
                 },
                 None => Leader::Unknown,
             },
@@ -138,6 +138,9 @@ impl Node {
             now_ms: self.now_ms(),
             spec,
         };
+        if self.config.faults.ack_before_commit {
+            return Ok(faults::ack_before_commit(&self.raft, cmd));
+        }
         match self.write(cmd).await? {
             Response::Timer { timer, created } => Ok((timer, created)),
             other => Err(unexpected(other)),
@@ -157,6 +160,9 @@ impl Node {
     }
 
     pub async fn cancel(&self, key: TimerKey) -> Result<Timer> {
+        if self.config.faults.ignore_cancel {
+            return faults::ignore_cancel(&self.store, key);
+        }
         let cmd = Command::Cancel {
             now_ms: self.now_ms(),
             key,
@@ -313,6 +319,50 @@ impl Node {
             pending_timers: sm.pending,
             time_cursor_ms: sm.cursor_ms,
         })
+    }
+}
+
+/// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
+mod faults {
+    use super::*;
+
+    /// Proposes `cmd` in the background and answers at once, as if it had committed.
+    pub fn ack_before_commit(raft: &Raft, cmd: Command) -> (Timer, bool) {
+        let Command::Schedule { now_ms, spec } = cmd.clone() else {
+            unreachable!("only Schedule is acknowledged early");
+        };
+        let raft = raft.clone();
+        tokio::spawn(async move { raft.client_write(cmd).await });
+        let timer = Timer {
+            fire_at_ms: spec.when.resolve(now_ms),
+            key: spec.key,
+            payload: spec.payload,
+            state: crate::timer::TimerState::Pending,
+            attempts: 0,
+            created_at_ms: now_ms,
+            fired_at_ms: 0,
+            fire_index: 0,
+            finished_at_ms: 0,
+            scheduled_when: spec.when,
+            phase: crate::timer::Phase::Ready,
+            wake_at_ms: 0,
+            bucket: 0,
+            attempt_base: 0,
+            last_delivered_at_ms: 0,
+            nacks: 0,
+            timeouts: 0,
+            redrives: 0,
+        };
+        (timer, true)
+    }
+
+    /// Answers a Cancel with the timer marked CANCELLED, without proposing anything.
+    pub fn ignore_cancel(store: &Store, key: TimerKey) -> Result<Timer> {
+        let mut timer = store
+            .get(&key)?
+            .ok_or_else(|| Rejection::NotFound(key).into_error())?;
+        timer.state = TimerState::Cancelled;
+        Ok(timer)
     }
 }
 

@@ -59,7 +59,10 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
     let db_owner = db.clone();
     let log = LogStore::new(db);
-    let raft = Raft::new(config.id, Arc::new(config.openraft()?), Network, log, sm)
+    let network = Network {
+        config: config.clone(),
+    };
+    let raft = Raft::new(config.id, Arc::new(config.openraft()?), network, log, sm)
         .await
         .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
     let (shutdown, rx) = watch::channel(false);
@@ -90,6 +93,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         clock: node.config.clock,
         signal,
         max_fires_per_entry: node.config.max_fires_per_entry,
+        fire_early_ms: node.config.faults.fire_early_ms,
     };
     tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = node.id, %addr, "node started");

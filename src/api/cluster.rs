@@ -1,4 +1,5 @@
-//! The client `Cluster` service: this node's view of itself and its cluster.
+//! The client `Cluster` service: this node's view of itself and its cluster, and the digest of
+//! its state machine (what the chaos checker compares across replicas).
 
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::pb::{self, cluster_server};
 use crate::node::Node;
 
-/// Serves Cluster.Status.
+/// Serves Cluster.Status and Cluster.Digest.
 pub struct ClusterService {
     node: Arc<Node>,
 }
@@ -43,6 +44,18 @@ impl cluster_server::Cluster for ClusterService {
                 .collect(),
             pending_timers: s.pending_timers,
             time_cursor_ms: s.time_cursor_ms,
+        }))
+    }
+
+    async fn digest(
+        &self,
+        _req: Request<pb::DigestRequest>,
+    ) -> Result<Response<pb::DigestResponse>, Status> {
+        let (applied_index, digest) = self.node.store.digest()?;
+        Ok(Response::new(pb::DigestResponse {
+            node_id: self.node.id,
+            applied_index,
+            digest,
         }))
     }
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use timerdb::clock::Clock;
-use timerdb::config::{parse_peers, NodeConfig};
+use timerdb::config::{parse_peers, Faults, NodeConfig};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -40,6 +40,14 @@ struct Args {
         allow_hyphen_values = true
     )]
     clock_offset_ms: i64,
+    /// Dial these peers at other addresses than --peers gives (e.g. through a proxy), as
+    /// ID=ADDR, comma-separated. Used by the chaos harness to put faults on peer links.
+    #[arg(long, env = "TIMERDB_DIAL", default_value = "")]
+    dial: String,
+    /// Deliberate bugs for proving the chaos checker (never in service): comma-separated
+    /// ignore-cancel, ack-before-commit, fire-early.
+    #[arg(long, env = "TIMERDB_FAULT", default_value = "")]
+    fault: String,
     /// Log filter, e.g. `info` or `timerdb=debug,openraft=warn`.
     #[arg(long, env = "TIMERDB_LOG", default_value = "info,openraft=warn")]
     log: String,
@@ -56,6 +64,13 @@ async fn main() -> anyhow::Result<()> {
     let mut config = NodeConfig::new(args.id, args.data_dir.clone(), peers);
     config.bucket_ms = args.bucket_ms;
     config.clock = Clock::with_offset(args.clock_offset_ms);
+    if !args.dial.is_empty() {
+        config.dial = parse_peers(&args.dial)?;
+    }
+    config.faults = Faults::parse(&args.fault)?;
+    if config.faults != Faults::default() {
+        tracing::warn!(faults = ?config.faults, "DELIBERATE BUGS ARE ON (chaos checker proof)");
+    }
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

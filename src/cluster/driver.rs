@@ -80,6 +80,8 @@ pub struct FireDriver {
     pub clock: Clock,
     pub signal: Arc<FireSignal>,
     pub max_fires_per_entry: u32,
+    /// A deliberate bug for the chaos checker's proof (`Faults::fire_early_ms`); 0 in service.
+    pub fire_early_ms: i64,
 }
 
 /// Runs `lead()` whenever node `id` leads and has applied everything committed before, dropping
@@ -156,11 +158,11 @@ impl FireDriver {
                 continue;
             };
             let due_ms = self.store.wheel().due_ms(bucket);
-            let now_ms = self.clock.now_ms();
+            let now_ms = self.clock.now_ms() + self.fire_early_ms;
             if now_ms < due_ms {
                 self.signal.set_target(due_ms);
                 tokio::select! {
-                    _ = tokio::time::sleep(self.clock.until(due_ms)) => {}
+                    _ = tokio::time::sleep(self.clock.until(due_ms - self.fire_early_ms)) => {}
                     _ = self.signal.notify.notified() => {}
                 }
                 continue;

@@ -28,15 +28,17 @@ use crate::storage::{decode, encode};
 /// Largest peer message accepted or sent: entries batch many timers with their payloads.
 pub const MAX_PEER_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 
-/// Makes a [`PeerClient`] per target node.
-#[derive(Clone, Default)]
-pub struct Network;
+/// Makes a [`PeerClient`] per target node, dialling the configured override if there is one.
+#[derive(Clone)]
+pub struct Network {
+    pub config: std::sync::Arc<crate::config::NodeConfig>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient::new(target, &node.addr)
+        PeerClient::new(target, &self.config.dial_addr(target, &node.addr))
     }
 }
 

@@ -1,0 +1,325 @@
+//! The checker: after the faults healed and the cluster went quiet, compares the history with
+//! the final state and with the replicas' digests, and lists every broken guarantee.
+//!
+//! Each rule names the guarantee it checks (the `kind` of a violation). Unknown outcomes are
+//! allowed to have happened or not, but never both: an unknown cancel may leave the timer
+//! CANCELLED or fired, not CANCELLED *and* delivered.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use timerdb::api::pb;
+
+use crate::workload::{History, Kind, Op, Outcome};
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// A window in which a node's clock was skewed (client-clock ms), for early-by-skew.
+#[derive(Debug, Clone, Copy)]
+pub struct SkewWindow {
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+/// What the checker found besides violations.
+#[derive(Debug, Default)]
+pub struct Findings {
+    pub violations: Vec<Violation>,
+    pub timers_checked: usize,
+    pub early_by_skew: usize,
+    pub unknown_resolved_done: usize,
+    pub unknown_resolved_not_done: usize,
+}
+
+impl Findings {
+    fn violate(&mut self, kind: &'static str, detail: String) {
+        self.violations.push(Violation { kind, detail });
+    }
+}
+
+fn state(t: &pb::Timer) -> pb::TimerState {
+    pb::TimerState::try_from(t.state).unwrap_or(pb::TimerState::Unspecified)
+}
+
+/// Checks the history against the final state (`timers`, by id) and the per-node digests
+/// ((node, applied index, digest)).
+pub fn check(
+    h: &History,
+    timers: &BTreeMap<String, pb::Timer>,
+    digests: &[(u64, u64, u64)],
+    skews: &[SkewWindow],
+) -> Findings {
+    let mut f = Findings {
+        timers_checked: timers.len(),
+        ..Findings::default()
+    };
+    converged(&mut f, digests);
+    let ops_by_id = index_ops(h);
+    no_phantoms(&mut f, timers, &ops_by_id);
+    for op in &h.ops {
+        check_op(&mut f, op, timers);
+    }
+    fires(&mut f, timers, h, skews);
+    acks(&mut f, timers, h);
+    f
+}
+
+fn converged(f: &mut Findings, digests: &[(u64, u64, u64)]) {
+    if digests.len() < 3
+        || digests
+            .windows(2)
+            .any(|w| (w[0].1, w[0].2) != (w[1].1, w[1].2))
+    {
+        f.violate(
+            "replicas diverge",
+            format!("(node, applied index, digest): {digests:?}"),
+        );
+    }
+}
+
+fn index_ops(h: &History) -> HashMap<&str, Vec<&Op>> {
+    let mut by_id: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for op in &h.ops {
+        for id in &op.ids {
+            by_id.entry(id.as_str()).or_default().push(op);
+        }
+    }
+    by_id
+}
+
+/// Every timer in the final state was asked for, with that payload and one of the fire times
+/// a Schedule or Reschedule named.
+fn no_phantoms(
+    f: &mut Findings,
+    timers: &BTreeMap<String, pb::Timer>,
+    by_id: &HashMap<&str, Vec<&Op>>,
+) {
+    for (id, t) in timers {
+        let ops = by_id
+            .get(id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let asked = ops
+            .iter()
+            .any(|op| matches!(op.kind, Kind::Schedule | Kind::Batch));
+        if !asked || t.payload != id.as_bytes() {
+            f.violate(
+                "phantom timer",
+                format!("{t:?} was never scheduled like that"),
+            );
+            continue;
+        }
+        let times: HashSet<i64> = ops
+            .iter()
+            .filter(|op| op.kind != Kind::Cancel && op.kind != Kind::Get)
+            .flat_map(|op| {
+                let i = op.ids.iter().position(|x| x == id).unwrap_or(0);
+                match op.kind {
+                    Kind::Reschedule => op.fire_at.first().copied(),
+                    _ => op.fire_at.get(i).copied(),
+                }
+            })
+            .collect();
+        if !times.contains(&t.fire_at_ms) {
+            f.violate(
+                "phantom fire time",
+                format!(
+                    "{id} has fire_at {} that no request named ({times:?})",
+                    t.fire_at_ms
+                ),
+            );
+        }
+    }
+}
+
+/// The rules for one operation's own outcome.
+fn check_op(f: &mut Findings, op: &Op, timers: &BTreeMap<String, pb::Timer>) {
+    let final_state = |id: &str| timers.get(id).map(state);
+    match (&op.kind, &op.outcome) {
+        (Kind::Schedule | Kind::Batch, Outcome::Ok(_)) => {
+            for id in &op.ids {
+                if !timers.contains_key(id) {
+                    let detail = format!(
+                        "{id}: invoked at {} through node {}, acknowledged at {}, gone",
+                        op.invoke_ms, op.node, op.complete_ms
+                    );
+                    f.violate("lost acknowledged schedule", detail);
+                }
+            }
+        }
+        (Kind::Schedule | Kind::Batch, Outcome::Unknown(..)) => {
+            let done = op.ids.iter().filter(|id| timers.contains_key(*id)).count();
+            if done != 0 && done != op.ids.len() && op.kind == Kind::Batch {
+                f.violate(
+                    "partial batch",
+                    format!(
+                        "{done} of {} timers of an unknown batch exist: {op:?}",
+                        op.ids.len()
+                    ),
+                );
+            }
+            if done == 0 {
+                f.unknown_resolved_not_done += 1;
+            } else {
+                f.unknown_resolved_done += 1;
+            }
+        }
+        (Kind::Cancel, Outcome::Ok(_)) => {
+            let id = &op.ids[0];
+            if final_state(id) != Some(pb::TimerState::Cancelled) {
+                f.violate(
+                    "fire after acknowledged cancel",
+                    format!(
+                        "{id} was cancelled OK at {} but is {:?}",
+                        op.complete_ms,
+                        final_state(id)
+                    ),
+                );
+            }
+        }
+        (Kind::Cancel, Outcome::Failed(tonic::Code::FailedPrecondition, msg)) => {
+            // A cancel that lost the race: the timer had fired (or been cancelled) by the time
+            // the refusal came back. Leader clocks may be skewed by up to 3 s in these runs.
+            let id = &op.ids[0];
+            let t = timers.get(id);
+            let fired_later =
+                t.is_some_and(|t| t.fire_index > 0 && t.fired_at_ms > op.complete_ms + 3_500);
+            if t.is_none() || fired_later {
+                f.violate(
+                    "cancel refused before the timer fired",
+                    format!("{id}: {msg} at {}, final {t:?}", op.complete_ms),
+                );
+            }
+        }
+        (Kind::Reschedule, Outcome::Ok(got)) => {
+            let id = &op.ids[0];
+            let wanted = op.fire_at[0];
+            if got.first().is_none_or(|t| t.fire_at_ms != wanted) {
+                f.violate(
+                    "reschedule answer",
+                    format!("{id}: asked {wanted}, got {got:?}"),
+                );
+            }
+        }
+        (Kind::Get, Outcome::Ok(got)) => {
+            for t in got {
+                let fired = state(t) != pb::TimerState::Pending && t.fire_index > 0;
+                if fired && op.complete_ms < t.fire_at_ms - 5_000 {
+                    f.violate(
+                        "early (get)",
+                        format!("{} seen fired at {}: {t:?}", t.id, op.complete_ms),
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// One fire transition per timer, never early, delivered at least once, never both cancelled
+/// and delivered.
+fn fires(
+    f: &mut Findings,
+    timers: &BTreeMap<String, pb::Timer>,
+    h: &History,
+    skews: &[SkewWindow],
+) {
+    let mut seen: HashMap<&str, Vec<&crate::workload::Seen>> = HashMap::new();
+    for d in &h.deliveries {
+        seen.entry(d.id.as_str()).or_default().push(d);
+    }
+    for (id, t) in timers {
+        let st = state(t);
+        let deliveries = seen.get(id.as_str()).map(Vec::as_slice).unwrap_or_default();
+        if st == pb::TimerState::Cancelled {
+            if !deliveries.is_empty() || t.fire_index != 0 {
+                f.violate(
+                    "cancelled and delivered",
+                    format!("{t:?} delivered {}×", deliveries.len()),
+                );
+            }
+            continue;
+        }
+        if st == pb::TimerState::Pending {
+            f.violate(
+                "never fired",
+                format!("{t:?} is still PENDING after quiescence"),
+            );
+            continue;
+        }
+        if t.fired_at_ms < t.fire_at_ms {
+            f.violate(
+                "early",
+                format!(
+                    "{id}: fired_at {} < fire_at {}",
+                    t.fired_at_ms, t.fire_at_ms
+                ),
+            );
+        }
+        if deliveries.is_empty() {
+            f.violate("never delivered", format!("{t:?}"));
+        }
+        for d in deliveries {
+            if d.fire_at_ms != t.fire_at_ms {
+                f.violate(
+                    "delivered a different timer",
+                    format!(
+                        "{id} delivered with fire_at {}, final {}",
+                        d.fire_at_ms, t.fire_at_ms
+                    ),
+                );
+            }
+            if d.fire_index != t.fire_index {
+                f.violate(
+                    "two fire transitions",
+                    format!(
+                        "{id} delivered with fire_index {} but fired at {}",
+                        d.fire_index, t.fire_index
+                    ),
+                );
+            }
+            if d.received_ms < t.fire_at_ms {
+                let skewed = skews.iter().any(|w| {
+                    d.received_ms >= w.from_ms - 1_000 && d.received_ms <= w.to_ms + 5_000
+                });
+                if skewed {
+                    f.early_by_skew += 1;
+                } else {
+                    f.violate(
+                        "early",
+                        format!(
+                            "{id} delivered at {}, {} ms before fire_at",
+                            d.received_ms,
+                            t.fire_at_ms - d.received_ms
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// ACKED at most once: every successful Ack answer names the timer's one finished_at.
+fn acks(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
+    for (id, attempt, o) in &h.acks {
+        let Outcome::Ok(got) = o else { continue };
+        let Some(t) = timers.get(id) else {
+            f.violate("ack of a missing timer", format!("{id} attempt {attempt}"));
+            continue;
+        };
+        let answered = got.first().map_or(0, |a| a.finished_at_ms);
+        if state(t) != pb::TimerState::Acked || answered != t.finished_at_ms {
+            f.violate(
+                "acked more than once",
+                format!("{id}: ack {attempt} answered finished_at {answered}, final {t:?}"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "checker_tests.rs"]
+mod tests;

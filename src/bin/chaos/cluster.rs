@@ -1,0 +1,331 @@
+//! Three real `timerd` processes on loopback, with a proxy on every peer link, and the levers
+//! the faults pull: SIGKILL, SIGSTOP/SIGCONT, restart (optionally with a skewed clock), link
+//! modes, and a full disk (node 3's data dir is a small tmpfs that can be filled).
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proxy::{Link, Mode};
+
+pub const NODES: [u64; 3] = [1, 2, 3];
+/// The node whose data dir is a tmpfs (the disk-full target).
+pub const DISK_NODE: u64 = 3;
+const TMPFS_SIZE: &str = "768m";
+
+pub struct Node {
+    pub addr: String,
+    child: Option<Child>,
+    pub paused: bool,
+    pub skew_ms: i64,
+}
+
+/// A running 3-node cluster of `timerd` processes.
+pub struct ProcCluster {
+    pub dir: PathBuf,
+    timerd: PathBuf,
+    fault: String,
+    pub nodes: BTreeMap<u64, Node>,
+    /// (from, to) → the proxy `from` dials `to` through.
+    links: BTreeMap<(u64, u64), Link>,
+    tmpfs: bool,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl ProcCluster {
+    /// Starts the proxies and the three nodes; `fault` is passed to every node (proof runs).
+    pub async fn start(
+        dir: &Path,
+        timerd: &Path,
+        fault: &str,
+        tmpfs: bool,
+    ) -> anyhow::Result<Self> {
+        let mut nodes = BTreeMap::new();
+        for id in NODES {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let node = Node {
+                addr,
+                child: None,
+                paused: false,
+                skew_ms: 0,
+            };
+            nodes.insert(id, node);
+        }
+        let mut links = BTreeMap::new();
+        for from in NODES {
+            for to in NODES.into_iter().filter(|t| *t != from) {
+                links.insert((from, to), Link::start(nodes[&to].addr.clone()).await?);
+            }
+        }
+        let mut c = ProcCluster {
+            dir: dir.to_path_buf(),
+            timerd: timerd.to_path_buf(),
+            fault: fault.to_string(),
+            nodes,
+            links,
+            tmpfs: false,
+        };
+        if tmpfs {
+            c.tmpfs = mount_tmpfs(&c.data_dir(DISK_NODE))?;
+        }
+        for id in NODES {
+            c.spawn(id)?;
+        }
+        Ok(c)
+    }
+
+    pub fn has_tmpfs(&self) -> bool {
+        self.tmpfs
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("n{id}"))
+    }
+
+    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+        let peers: Vec<String> = NODES
+            .iter()
+            .map(|n| format!("{n}={}", self.nodes[n].addr))
+            .collect();
+        let dial: Vec<String> = NODES
+            .iter()
+            .filter(|n| **n != id)
+            .map(|n| format!("{n}={}", self.links[&(id, *n)].addr))
+            .collect();
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("n{id}.log")))?;
+        let node = self.nodes.get_mut(&id).expect("known node");
+        let child = Command::new(&self.timerd)
+            .arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(&node.addr)
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("n{id}")))
+            .arg("--peers")
+            .arg(peers.join(","))
+            .arg("--dial")
+            .arg(dial.join(","))
+            .arg(format!("--clock-offset-ms={}", node.skew_ms))
+            .arg("--fault")
+            .arg(&self.fault)
+            .arg("--log")
+            .arg("info,openraft=warn")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.timerd.display()))?;
+        node.child = Some(child);
+        node.paused = false;
+        Ok(())
+    }
+
+    pub fn is_up(&self, id: u64) -> bool {
+        self.nodes[&id].child.is_some()
+    }
+
+    /// SIGKILL: the process is gone at once, with whatever it had not written.
+    pub fn kill(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        node.paused = false;
+    }
+
+    /// Starts a killed node again on its data dir, its clock skewed by `skew_ms`.
+    pub fn restart(&mut self, id: u64, skew_ms: i64) -> anyhow::Result<()> {
+        self.kill(id);
+        self.nodes.get_mut(&id).expect("known node").skew_ms = skew_ms;
+        self.spawn(id)
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT.
+    pub fn signal_pause(&mut self, id: u64, pause: bool) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(child) = &node.child {
+            let sig = if pause { "-STOP" } else { "-CONT" };
+            let _ = Command::new("kill")
+                .arg(sig)
+                .arg(child.id().to_string())
+                .status();
+            node.paused = pause;
+        }
+    }
+
+    /// Sets every link to and from `id` (or every link, for `None`) to `mode`.
+    pub fn set_links(&self, id: Option<u64>, mode: Mode) {
+        for ((from, to), link) in &self.links {
+            if id.is_none_or(|n| n == *from || n == *to) {
+                link.set(mode);
+            }
+        }
+    }
+
+    /// Fills node `DISK_NODE`'s tmpfs (`full`) or frees it again.
+    pub fn fill_disk(&self, full: bool) -> anyhow::Result<()> {
+        let filler = self.data_dir(DISK_NODE).join("FILLER");
+        if !full {
+            let _ = std::fs::remove_file(&filler);
+            return Ok(());
+        }
+        let mut f = std::fs::File::create(&filler)?;
+        let block = vec![0u8; 1 << 20];
+        // Write until the file system says it is full.
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+        Ok(())
+    }
+
+    /// Heals everything: links pass, paused nodes continue, the disk has room, every node runs
+    /// with an unskewed clock.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        self.set_links(None, Mode::Pass);
+        for id in NODES {
+            if self.nodes[&id].paused {
+                self.signal_pause(id, false);
+            }
+        }
+        self.fill_disk(false)?;
+        for id in NODES {
+            let node = &self.nodes[&id];
+            if node.child.is_none() || node.skew_ms != 0 {
+                self.restart(id, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn channel(&self, id: u64) -> anyhow::Result<Channel> {
+        Ok(
+            Endpoint::from_shared(format!("http://{}", self.nodes[&id].addr))?
+                .connect_timeout(Duration::from_millis(500))
+                .tcp_nodelay(true)
+                .connect_lazy(),
+        )
+    }
+
+    pub async fn timers(&self, id: u64) -> anyhow::Result<TimersClient<Channel>> {
+        Ok(TimersClient::new(self.channel(id).await?))
+    }
+
+    /// Node `id`'s Status, if it answers within a short time.
+    pub async fn status(&self, id: u64) -> Option<pb::StatusResponse> {
+        let mut c = ClusterClient::new(self.channel(id).await.ok()?);
+        let mut req = tonic::Request::new(pb::StatusRequest {});
+        req.set_timeout(Duration::from_millis(300));
+        c.status(req).await.ok().map(|r| r.into_inner())
+    }
+
+    /// Node `id`'s state digest.
+    pub async fn digest(&self, id: u64) -> Option<pb::DigestResponse> {
+        let mut c = ClusterClient::new(self.channel(id).await.ok()?);
+        let mut req = tonic::Request::new(pb::DigestRequest {});
+        req.set_timeout(Duration::from_secs(5));
+        c.digest(req).await.ok().map(|r| r.into_inner())
+    }
+
+    /// The node that says it leads and that the other live nodes agree on, if any.
+    pub async fn leader(&self) -> Option<u64> {
+        let mut votes = BTreeMap::new();
+        for id in NODES {
+            if !self.is_up(id) || self.nodes[&id].paused {
+                continue;
+            }
+            if let Some(s) = self.status(id).await {
+                if s.role == "leader" {
+                    *votes.entry(s.node_id).or_insert(0) += 2;
+                } else if s.leader_id != 0 {
+                    *votes.entry(s.leader_id).or_insert(0) += 1;
+                }
+            }
+        }
+        votes.into_iter().find(|(_, v)| *v >= 3).map(|(id, _)| id)
+    }
+
+    /// Waits up to `within` for an agreed leader.
+    pub async fn wait_leader(&self, within: Duration) -> anyhow::Result<u64> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(l) = self.leader().await {
+                return Ok(l);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("no leader within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops every node (SIGCONT first, then SIGTERM, then SIGKILL after a grace period) and
+    /// unmounts the tmpfs.
+    pub fn stop(&mut self) {
+        for id in NODES {
+            if self.nodes[&id].paused {
+                self.signal_pause(id, false);
+            }
+            if let Some(child) = &self.nodes[&id].child {
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(child.id().to_string())
+                    .status();
+            }
+        }
+        for id in NODES {
+            let node = self.nodes.get_mut(&id).expect("known node");
+            if let Some(mut child) = node.child.take() {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while child.try_wait().ok().flatten().is_none()
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if self.tmpfs {
+            let _ = Command::new("umount")
+                .arg(self.data_dir(DISK_NODE))
+                .status();
+            self.tmpfs = false;
+        }
+    }
+}
+
+impl Drop for ProcCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Mounts a small tmpfs at `dir`; false (with a note) where mounting is not allowed.
+fn mount_tmpfs(dir: &Path) -> anyhow::Result<bool> {
+    std::fs::create_dir_all(dir)?;
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("note: cannot mount a tmpfs (not root?): the disk-full fault is skipped");
+    }
+    Ok(ok)
+}

@@ -1,0 +1,305 @@
+//! The clients: workers issuing schedule, batch schedule, cancel, reschedule and get against
+//! random nodes, and consumers subscribing and acking; everything they see goes to the history.
+//!
+//! An operation's outcome is `Ok`, `Failed` (a definite refusal: nothing happened) or `Unknown`
+//! (timeout, UNAVAILABLE, a broken connection: it may or may not have happened). Every timer's
+//! payload is its id, so the checker can tell a timer from a phantom.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use timerdb::api::pb::{self, timers_client::TimersClient};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+pub const NAMESPACE: &str = "chaos";
+/// How long one call may take before its outcome is recorded as unknown.
+const CALL_TIMEOUT: Duration = Duration::from_secs(8);
+
+pub fn now_ms() -> i64 {
+    timerdb::clock::Clock::system().now_ms()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Schedule,
+    Batch,
+    Cancel,
+    Reschedule,
+    Get,
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Ok(Vec<pb::Timer>),
+    Failed(Code, String),
+    Unknown(Code, String),
+}
+
+/// One client operation: what was asked, when, through which node, and what came back.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub kind: Kind,
+    pub ids: Vec<String>,
+    /// Schedule/Batch: each id's fire time; Reschedule: the new fire time.
+    pub fire_at: Vec<i64>,
+    pub node: u64,
+    pub invoke_ms: i64,
+    pub complete_ms: i64,
+    pub outcome: Outcome,
+}
+
+/// One delivery as a consumer received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub id: String,
+    pub attempt: u32,
+    pub fire_index: u64,
+    pub fire_at_ms: i64,
+    pub received_ms: i64,
+}
+
+/// Everything the clients observed.
+#[derive(Debug, Default)]
+pub struct History {
+    pub ops: Vec<Op>,
+    pub deliveries: Vec<Seen>,
+    /// (id, attempt, outcome) of every Ack's final answer.
+    pub acks: Vec<(String, u32, Outcome)>,
+}
+
+pub type Shared = Arc<Mutex<History>>;
+
+fn outcome<T>(r: Result<T, Status>, timers: impl FnOnce(T) -> Vec<pb::Timer>) -> Outcome {
+    match r {
+        Ok(v) => Outcome::Ok(timers(v)),
+        Err(s) => match s.code() {
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted => Outcome::Failed(s.code(), s.message().to_string()),
+            code => Outcome::Unknown(code, s.message().to_string()),
+        },
+    }
+}
+
+fn request<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(CALL_TIMEOUT);
+    r
+}
+
+/// A worker's memory of the timers it scheduled: (id, fire_at).
+struct Mine {
+    ids: Vec<(String, i64)>,
+    next: u64,
+}
+
+/// Runs one worker until `stop`.
+pub async fn worker(
+    w: usize,
+    clients: Vec<(u64, TimersClient<Channel>)>,
+    history: Shared,
+    seed: u64,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9));
+    let mut mine = Mine {
+        ids: Vec::new(),
+        next: 0,
+    };
+    while !*stop.borrow() {
+        let (node, mut client) = clients[rng.random_range(0..clients.len())].clone();
+        let op = one_op(w, &mut rng, &mut mine, node, &mut client).await;
+        history.lock().unwrap().ops.push(op);
+        let pause = Duration::from_millis(rng.random_range(5..25));
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+async fn one_op(
+    w: usize,
+    rng: &mut StdRng,
+    mine: &mut Mine,
+    node: u64,
+    client: &mut TimersClient<Channel>,
+) -> Op {
+    let roll = rng.random_range(0..100);
+    let invoke_ms = now_ms();
+    let pick = |rng: &mut StdRng, mine: &Mine| -> Option<String> {
+        // Mostly timers that are still to fire (the racy, interesting ones).
+        let recent = mine.ids.len().saturating_sub(200);
+        let i = rng.random_range(recent..mine.ids.len().max(recent + 1));
+        mine.ids.get(i).map(|(id, _)| id.clone())
+    };
+    let (kind, ids, fire_at, outcome) = match roll {
+        0..45 => {
+            let (id, at) = fresh(w, rng, mine);
+            let r = client.schedule(request(schedule_req(&id, at))).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Schedule, vec![id], vec![at], o)
+        }
+        45..55 => {
+            let n = rng.random_range(2..10);
+            let batch: Vec<(String, i64)> = (0..n).map(|_| fresh(w, rng, mine)).collect();
+            let timers = batch.iter().map(|(id, at)| schedule_req(id, *at)).collect();
+            let r = client
+                .schedule_batch(request(pb::ScheduleBatchRequest { timers }))
+                .await;
+            let o = outcome(r, |r| {
+                r.into_inner()
+                    .results
+                    .into_iter()
+                    .filter_map(|r| r.timer)
+                    .collect()
+            });
+            let (ids, ats) = batch.into_iter().unzip();
+            (Kind::Batch, ids, ats, o)
+        }
+        55..70 if !mine.ids.is_empty() => {
+            let id = pick(rng, mine).expect("non-empty");
+            let req = pb::CancelRequest {
+                namespace: NAMESPACE.into(),
+                id: id.clone(),
+            };
+            let r = client.cancel(request(req)).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Cancel, vec![id], vec![], o)
+        }
+        70..80 if !mine.ids.is_empty() => {
+            let id = pick(rng, mine).expect("non-empty");
+            let at = now_ms() + rng.random_range(100..3_000);
+            let req = pb::RescheduleRequest {
+                namespace: NAMESPACE.into(),
+                id: id.clone(),
+                when: Some(pb::reschedule_request::When::FireAtMs(at)),
+            };
+            let r = client.reschedule(request(req)).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Reschedule, vec![id], vec![at], o)
+        }
+        _ if !mine.ids.is_empty() => {
+            let id = pick(rng, mine).expect("non-empty");
+            let req = pb::GetRequest {
+                namespace: NAMESPACE.into(),
+                id: id.clone(),
+            };
+            let r = client.get(request(req)).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Get, vec![id], vec![], o)
+        }
+        _ => {
+            let (id, at) = fresh(w, rng, mine);
+            let r = client.schedule(request(schedule_req(&id, at))).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Schedule, vec![id], vec![at], o)
+        }
+    };
+    Op {
+        kind,
+        ids,
+        fire_at,
+        node,
+        invoke_ms,
+        complete_ms: now_ms(),
+        outcome,
+    }
+}
+
+/// A new id and a fire time 100 ms to 4 s ahead.
+fn fresh(w: usize, rng: &mut StdRng, mine: &mut Mine) -> (String, i64) {
+    mine.next += 1;
+    let id = format!("w{w}-{}", mine.next);
+    let at = now_ms() + rng.random_range(100..4_000);
+    mine.ids.push((id.clone(), at));
+    (id, at)
+}
+
+fn schedule_req(id: &str, at: i64) -> pb::ScheduleRequest {
+    pb::ScheduleRequest {
+        namespace: NAMESPACE.into(),
+        id: id.into(),
+        when: Some(pb::schedule_request::When::FireAtMs(at)),
+        payload: id.as_bytes().to_vec(),
+    }
+}
+
+/// Runs one consumer until `stop`: subscribes through the nodes in turn (moving on when a
+/// stream breaks) and acks every delivery.
+pub async fn consumer(
+    c: usize,
+    clients: Vec<(u64, TimersClient<Channel>)>,
+    history: Shared,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut turn = c;
+    while !*stop.borrow() {
+        let (_, mut client) = clients[turn % clients.len()].clone();
+        turn += 1;
+        let req = pb::SubscribeRequest {
+            namespace: NAMESPACE.into(),
+            consumer: format!("chaos-{c}"),
+            max_in_flight: 200,
+        };
+        let opened = tokio::select! {
+            r = client.subscribe(req) => r,
+            _ = stop.changed() => return,
+        };
+        if let Ok(stream) = opened {
+            let mut stream = stream.into_inner();
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    _ = stop.changed() => return,
+                };
+                let Ok(Some(d)) = msg else { break };
+                let t = d.timer.unwrap_or_default();
+                history.lock().unwrap().deliveries.push(Seen {
+                    id: t.id.clone(),
+                    attempt: d.attempt,
+                    fire_index: t.fire_index,
+                    fire_at_ms: t.fire_at_ms,
+                    received_ms: now_ms(),
+                });
+                tokio::spawn(ack(clients.clone(), t.id, d.attempt, history.clone()));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Acks one delivery, through any node, retrying unknown outcomes for a while.
+async fn ack(
+    clients: Vec<(u64, TimersClient<Channel>)>,
+    id: String,
+    attempt: u32,
+    history: Shared,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut turn = attempt as usize;
+    loop {
+        let (_, mut client) = clients[turn % clients.len()].clone();
+        turn += 1;
+        let req = pb::AckRequest {
+            namespace: NAMESPACE.into(),
+            id: id.clone(),
+            attempt,
+        };
+        let o = outcome(client.ack(request(req)).await, |r| {
+            r.into_inner().timer.into_iter().collect()
+        });
+        let retry = matches!(o, Outcome::Unknown(..)) && tokio::time::Instant::now() < deadline;
+        if !retry {
+            history.lock().unwrap().acks.push((id, attempt, o));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
