@@ -118,9 +118,11 @@ impl Faults {
                 "ignore-cancel" => f.ignore_cancel = true,
                 "ack-before-commit" => f.ack_before_commit = true,
                 "fire-early" => f.fire_early_ms = 500,
-                other => return Err(Error::InvalidArgument(format!(
+                other => {
+                    return Err(Error::InvalidArgument(format!(
                     "unknown fault {other:?} (known: ignore-cancel, ack-before-commit, fire-early)"
-                ))),
+                )))
+                }
             }
         }
         Ok(f)

@@ -165,6 +165,17 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
 }
 
 impl RunningNode {
+    /// Resolves when Raft stops by itself on a fatal error (a full disk, a failed apply): the
+    /// node can make no more progress. `timerd` then exits non-zero so a supervisor restarts it.
+    pub async fn failed(&self) -> String {
+        let mut metrics = self.node.raft.metrics();
+        let why = match metrics.wait_for(|m| m.running_state.is_err()).await {
+            Ok(m) => m.running_state.clone().err().map(|e| e.to_string()),
+            Err(_) => None,
+        };
+        why.unwrap_or_else(|| "raft stopped".into())
+    }
+
     /// Stops serving, stops the fire driver and Raft, waits for them, and waits until the
     /// database is closed: at most about `3 × SHUTDOWN_STEP`, whatever peers and clients do
     /// (stragglers are aborted).

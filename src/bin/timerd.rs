@@ -2,7 +2,8 @@
 //!
 //! `timerd --id 1 --listen 127.0.0.1:7101 --data-dir DIR --peers 1=127.0.0.1:7101,2=…,3=…`
 //! One port serves the client services and the peer Raft service. SIGTERM or SIGINT shuts the
-//! node down cleanly.
+//! node down cleanly (exit 0). A fatal storage error (say, a full disk) stops Raft; the node
+//! then shuts down and exits 1, fail-stop, for its supervisor to restart once fixed.
 
 use std::path::PathBuf;
 
@@ -80,10 +81,17 @@ async fn main() -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
+    let failed = tokio::select! {
+        _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); false }
+        _ = int.recv() => { tracing::info!("SIGINT: shutting down"); false }
+        why = node.failed() => {
+            tracing::error!(%why, "Raft stopped on a fatal error: exiting (restart the node once fixed)");
+            true
+        }
+    };
     node.shutdown().await;
+    if failed {
+        std::process::exit(1);
+    }
     Ok(())
 }

@@ -96,18 +96,32 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
 ) {
     let mut metrics = raft.metrics();
     loop {
+        let leads = |m: &RaftMetrics| {
+            stopped(m) || (m.state == ServerState::Leader && m.current_leader == Some(id))
+        };
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            _ = metrics.wait_for(|m| m.state == ServerState::Leader && m.current_leader == Some(id)) => {}
+            r = metrics.wait_for(leads) => if r.is_err() || stopped(&r.unwrap()) { break },
         }
         tracing::info!(id, "became leader: {what} starts");
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            _ = metrics.wait_for(|m| m.state != ServerState::Leader) => {}
+            r = metrics.wait_for(|m| stopped(m) || m.state != ServerState::Leader) => {
+                if r.is_err() || stopped(&r.unwrap()) { break }
+            }
             _ = caught_up_then(raft, what, &mut lead) => {}
         }
         tracing::info!(id, "{what} stops leading");
     }
+    // Raft stopped on a fatal error (e.g. the disk is full): nothing to lead any more.
+    tracing::error!(id, "{what} stops: Raft has stopped");
+}
+
+type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
+
+/// Whether Raft has stopped for good (a fatal error, or shut down).
+pub fn stopped(m: &RaftMetrics) -> bool {
+    m.running_state.is_err() || m.state == ServerState::Shutdown
 }
 
 /// Runs `lead()` once every entry of earlier terms is applied (`ensure_linearizable`), so the

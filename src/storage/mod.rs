@@ -68,6 +68,11 @@ pub fn open_db(dir: &Path) -> Result<Arc<DB>> {
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // No preallocation: RocksDB would otherwise reserve ~70 MB of WAL ahead and keep accepting
+    // writes on a full disk until that runs out. Without it a full disk fails the very next
+    // write, so the node stops at once (a storage error is fatal to Raft) instead of later.
+    // (rust-rocksdb has no setter for it; the options-string parser has.)
+    let opts = opts.get_options_from_string("allow_fallocate=false")?;
     let cfs = ALL_CFS.map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?;
     Ok(Arc::new(db))
