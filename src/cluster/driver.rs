@@ -215,3 +215,43 @@ impl FireDriver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    /// Regression (found by the chaos harness's disk-full fault): when Raft stopped on a fatal
+    /// error, the leader workers restarted `lead()` in a hot loop. They must stop instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn workers_stop_when_raft_stops() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peers = [(1, addr)].into_iter().collect();
+        let config = crate::config::NodeConfig::new(1, dir.path().to_path_buf(), peers);
+        let node = crate::server::start(config, listener).await.unwrap();
+        let raft = node.node.raft.clone();
+        let (_stop, shutdown) = watch::channel(false);
+        let leads = Arc::new(AtomicU32::new(0));
+        let counter = leads.clone();
+        let worker = tokio::spawn(async move {
+            while_leader(1, &raft, "test worker", shutdown, || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>()
+            })
+            .await
+        });
+        while leads.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        node.node.raft.shutdown().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), worker)
+            .await
+            .expect("the worker kept running after Raft stopped")
+            .unwrap();
+        assert_eq!(leads.load(Ordering::SeqCst), 1, "lead() was restarted");
+        node.shutdown().await;
+    }
+}
