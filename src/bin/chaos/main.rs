@@ -140,13 +140,22 @@ async fn soak(
     Ok(totals.violations == 0)
 }
 
-/// Each deliberate bug, the plan that exposes it, and the violation that must be reported.
-const PROOFS: [(&str, Mix, &str); 3] = [
-    ("ignore-cancel", Mix::Calm, "fire after acknowledged cancel"),
-    ("fire-early", Mix::Calm, "early"),
+/// Each deliberate bug, the plan that exposes it, the workers it needs, and the violation that
+/// must be reported. Isolation exposes ack-before-commit; many workers make sure that several
+/// schedules reach the isolated leader (a worker waits out each call it sends there that is not
+/// a Schedule).
+const PROOFS: [(&str, Mix, usize, &str); 3] = [
+    (
+        "ignore-cancel",
+        Mix::Calm,
+        4,
+        "fire after acknowledged cancel",
+    ),
+    ("fire-early", Mix::Calm, 4, "early"),
     (
         "ack-before-commit",
-        Mix::LeaderKills,
+        Mix::IsolateLeader,
+        16,
         "lost acknowledged schedule",
     ),
 ];
@@ -157,7 +166,7 @@ async fn prove(
     base: &std::path::Path,
 ) -> anyhow::Result<bool> {
     let mut all = true;
-    for (i, (fault, mix, expected)) in PROOFS.into_iter().enumerate() {
+    for (i, (fault, mix, workers, expected)) in PROOFS.into_iter().enumerate() {
         let cfg = RunConfig {
             seed: args.seed + i as u64,
             length: args.run_length,
@@ -165,10 +174,11 @@ async fn prove(
             dir: base.join(format!("prove-{fault}")),
             fault: fault.to_string(),
             mix,
-            workers: args.workers,
+            workers: workers.max(args.workers),
             tmpfs: false,
         };
         let report = run::run(&cfg).await?;
+        report::Totals::default().add(&report);
         let v = &report.findings.violations;
         let caught = v.iter().filter(|v| v.kind == expected).count();
         println!(

@@ -76,8 +76,9 @@ pub struct Step {
 pub enum Mix {
     /// Every kind (disk full only with a tmpfs).
     All { disk: bool },
-    /// Only leader kills (the ack-before-commit proof).
-    LeaderKills,
+    /// Only isolating the leader (the ack-before-commit proof: an isolated leader keeps
+    /// acknowledging writes that can never commit, and they vanish when it steps down).
+    IsolateLeader,
     /// No faults at all.
     Calm,
 }
@@ -85,7 +86,7 @@ pub enum Mix {
 fn kinds(rng: &mut StdRng, mix: Mix) -> Vec<Fault> {
     match mix {
         Mix::Calm => Vec::new(),
-        Mix::LeaderKills => vec![Fault::Kill(Target::Leader)],
+        Mix::IsolateLeader => vec![Fault::Partition(Target::Leader)],
         Mix::All { disk } => {
             let skew = if rng.random_bool(0.5) { 1 } else { -1 } * rng.random_range(500..3000);
             let mut all = vec![
