@@ -333,27 +333,7 @@ mod faults {
         };
         let raft = raft.clone();
         tokio::spawn(async move { raft.client_write(cmd).await });
-        let timer = Timer {
-            fire_at_ms: spec.when.resolve(now_ms),
-            key: spec.key,
-            payload: spec.payload,
-            state: crate::timer::TimerState::Pending,
-            attempts: 0,
-            created_at_ms: now_ms,
-            fired_at_ms: 0,
-            fire_index: 0,
-            finished_at_ms: 0,
-            scheduled_when: spec.when,
-            phase: crate::timer::Phase::Ready,
-            wake_at_ms: 0,
-            bucket: 0,
-            attempt_base: 0,
-            last_delivered_at_ms: 0,
-            nacks: 0,
-            timeouts: 0,
-            redrives: 0,
-        };
-        (timer, true)
+        (Timer::pending(spec, now_ms), true)
     }
 
     /// Answers a Cancel with the timer marked CANCELLED, without proposing anything.

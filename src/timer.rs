@@ -140,6 +140,30 @@ pub struct Timer {
 }
 
 impl Timer {
+    /// A new PENDING timer for `spec`, created at `now_ms`; not yet placed on the wheel.
+    pub fn pending(spec: TimerSpec, now_ms: i64) -> Timer {
+        Timer {
+            fire_at_ms: spec.when.resolve(now_ms),
+            key: spec.key,
+            payload: spec.payload,
+            state: TimerState::Pending,
+            attempts: 0,
+            created_at_ms: now_ms,
+            fired_at_ms: 0,
+            fire_index: 0,
+            finished_at_ms: 0,
+            scheduled_when: spec.when,
+            phase: Phase::Ready,
+            wake_at_ms: 0,
+            bucket: 0,
+            attempt_base: 0,
+            last_delivered_at_ms: 0,
+            nacks: 0,
+            timeouts: 0,
+            redrives: 0,
+        }
+    }
+
     /// Whether the timer has a wheel entry (every state but FIRED-and-ready has one).
     pub fn on_wheel(&self) -> bool {
         !(self.state == TimerState::Fired && self.phase == Phase::Ready)

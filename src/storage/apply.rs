@@ -155,26 +155,7 @@ impl Applier<'_> {
     }
 
     fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
-        let mut timer = Timer {
-            fire_at_ms: spec.when.resolve(now_ms),
-            key: spec.key,
-            payload: spec.payload,
-            state: TimerState::Pending,
-            attempts: 0,
-            created_at_ms: now_ms,
-            fired_at_ms: 0,
-            fire_index: 0,
-            finished_at_ms: 0,
-            scheduled_when: spec.when,
-            phase: Phase::Ready,
-            wake_at_ms: 0,
-            bucket: 0,
-            attempt_base: 0,
-            last_delivered_at_ms: 0,
-            nacks: 0,
-            timeouts: 0,
-            redrives: 0,
-        };
+        let mut timer = Timer::pending(spec, now_ms);
         self.progress.pending += 1;
         let at = timer.fire_at_ms;
         self.wake(&mut timer, at);
