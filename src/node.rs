@@ -12,7 +12,7 @@ use std::sync::Arc;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{Dispatcher, NodeId, Raft};
+use crate::cluster::{Dispatcher, NodeId, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
@@ -52,6 +52,8 @@ pub struct Node {
     pub dispatcher: Arc<Dispatcher>,
     /// Turns true when the node shuts down; long-lived streams end then.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Batches concurrent client writes into shared log entries.
+    pub proposer: Proposer,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
@@ -78,7 +80,7 @@ impl Node {
 
     /// Proposes `cmd` on this node (which must lead) and waits for it to apply.
     pub async fn write(&self, cmd: Command) -> Result<Response> {
-        let proposal = self.raft.client_write(cmd);
+        let proposal = self.proposer.propose(cmd);
         let reply = tokio::time::timeout(self.config.write_timeout, proposal)
             .await
             .map_err(|_| {
@@ -87,9 +89,8 @@ impl Node {
                      retrying it is safe"
                         .into(),
                 )
-            })?
-            .map_err(write_error)?;
-        match reply.data {
+            })??;
+        match reply {
             Response::Rejected(r) => Err(r.into_error()),
             other => Ok(other),
         }
@@ -363,7 +364,8 @@ fn unexpected(r: Response) -> Error {
     Error::Internal(format!("unexpected response {r:?}"))
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
+/// A failed proposal as the caller sees it.
+pub fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Error::NotLeader,
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {

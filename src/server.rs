@@ -30,7 +30,7 @@ use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
-use crate::cluster::{DispatchLoop, Dispatcher, FireDriver, FireSignal, Network, Raft};
+use crate::cluster::{DispatchLoop, Dispatcher, FireDriver, FireSignal, Network, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
@@ -73,6 +73,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         config,
         dispatcher: Arc::new(Dispatcher::default()),
         shutdown: rx.clone(),
+        proposer: Proposer::start(raft.clone(), crate::node::write_error),
     });
 
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];

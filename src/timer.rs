@@ -220,6 +220,9 @@ pub enum Command {
     Redrive { now_ms: i64, keys: Vec<TimerKey> },
     /// Set a namespace's policy (validated before proposing).
     PutNamespace { name: String, policy: Policy },
+    /// Several client commands proposed together (one log entry, one fsync, one apply), each
+    /// applied in order as if alone; never nested, never holds Fire or Deliver.
+    Multi(Vec<Command>),
 }
 
 impl Command {
@@ -236,6 +239,7 @@ impl Command {
             Command::Nack { .. } => "nack",
             Command::Redrive { .. } => "redrive",
             Command::PutNamespace { .. } => "put_namespace",
+            Command::Multi(_) => "multi",
         }
     }
 }
@@ -284,6 +288,8 @@ pub enum Response {
     },
     /// PutNamespace: the namespace as stored.
     Namespace(Namespace),
+    /// Multi: one response per command, in order.
+    Multi(Vec<Response>),
     Rejected(Rejection),
 }
 

@@ -14,6 +14,7 @@
 pub mod dispatch;
 pub mod driver;
 pub mod network;
+pub mod propose;
 
 use std::io::Cursor;
 
@@ -21,6 +22,7 @@ pub use dispatch::{Delivery, DispatchLoop, Dispatcher, Subscription};
 pub use driver::{FireDriver, FireSignal};
 pub use network::Network;
 use openraft::BasicNode;
+pub use propose::Proposer;
 
 use crate::timer::{Command, Response};
 

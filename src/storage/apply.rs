@@ -35,8 +35,11 @@ pub(super) struct Applier<'a> {
     pub earliest_new_due: Option<i64>,
     /// Whether this entry made a timer READY, to wake the delivery dispatcher.
     pub made_ready: bool,
-    /// Namespace policies read by this entry (one entry never changes a policy it reads).
+    /// Namespace policies read or written by this entry.
     pub policies: HashMap<String, Policy>,
+    /// Timers this entry has written so far (`None`: deleted). Reads go here first, so the
+    /// commands of a Multi entry see each other's effects, though the batch is not yet written.
+    pub staged: HashMap<TimerKey, Option<Timer>>,
 }
 
 impl Applier<'_> {
@@ -60,6 +63,22 @@ impl Applier<'_> {
                 attempt,
             } => self.nack(now_ms, key, attempt),
             Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
+            Command::Multi(cmds) => {
+                let mut out = Vec::with_capacity(cmds.len());
+                for cmd in cmds {
+                    if matches!(
+                        cmd,
+                        Command::Multi(_) | Command::Fire { .. } | Command::Deliver { .. }
+                    ) {
+                        return Err(Error::Internal(format!(
+                            "{} inside a Multi entry",
+                            cmd.name()
+                        )));
+                    }
+                    out.push(self.command(cmd)?);
+                }
+                Ok(Response::Multi(out))
+            }
         }
     }
 
@@ -80,6 +99,7 @@ impl Applier<'_> {
     }
 
     fn put_namespace(&mut self, name: String, policy: Policy) -> Response {
+        self.policies.insert(name.clone(), policy);
         let key = name.as_bytes().to_vec();
         self.batch
             .put_cf(cf(self.db, CF_NAMESPACES), key, codec::encode(&policy));
@@ -91,6 +111,9 @@ impl Applier<'_> {
     }
 
     pub(super) fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        if let Some(staged) = self.staged.get(key) {
+            return Ok(staged.clone());
+        }
         let raw = self
             .db
             .get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
@@ -101,12 +124,14 @@ impl Applier<'_> {
         let key = wheel::timer_key(&timer.key);
         self.batch
             .put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
+        self.staged.insert(timer.key.clone(), Some(timer.clone()));
     }
 
     /// Deletes a timer record (its wheel or ready entry is removed by the caller).
     pub(super) fn delete(&mut self, key: &TimerKey) {
         self.batch
             .delete_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key));
+        self.staged.insert(key.clone(), None);
     }
 
     /// Gives the timer its wheel entry, due at `at_ms` (its placement may be later: the floor).

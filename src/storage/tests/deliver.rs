@@ -251,3 +251,56 @@ async fn cancelled_timers_are_purged_after_retention() {
     assert!(s.store.get(&k("c")).unwrap().is_none());
     assert_eq!(s.store.next_bucket().unwrap(), None, "the wheel is empty");
 }
+
+/// A Multi entry applies its commands in order, each seeing the ones before it (the batch is
+/// not written yet, so reads go through the staged timers).
+#[tokio::test]
+async fn multi_commands_see_each_other() {
+    let mut s = Sm::new();
+    let multi = Command::Multi(vec![
+        schedule("m1", T0 + 100),
+        Command::Cancel {
+            now_ms: T0,
+            key: k("m1"),
+        },
+        schedule("m2", T0 + 100),
+        Command::Reschedule {
+            now_ms: T0,
+            key: k("m2"),
+            when: When::At(T0 + 500),
+        },
+        Command::Cancel {
+            now_ms: T0,
+            key: k("nope"),
+        },
+    ]);
+    let Response::Multi(rs) = s.apply(multi).await else {
+        panic!("not a Multi response")
+    };
+    assert_eq!(rs.len(), 5);
+    assert!(
+        matches!(&rs[1], Response::Timer { timer, .. } if timer.state == TimerState::Cancelled)
+    );
+    assert!(matches!(&rs[3], Response::Timer { timer, .. } if timer.fire_at_ms == T0 + 500));
+    assert_eq!(rs[4], Response::Rejected(Rejection::NotFound(k("nope"))));
+    assert_eq!(s.timer("m1").state, TimerState::Cancelled);
+    assert_eq!(
+        s.store.meta().unwrap().pending,
+        1,
+        "one timer still pending"
+    );
+    s.apply(fire(T0 + 499, 100)).await;
+    assert_eq!(
+        s.timer("m2").state,
+        TimerState::Pending,
+        "fired at its old time"
+    );
+    s.apply(fire(T0 + 500, 100)).await;
+    assert_eq!(s.timer("m2").state, TimerState::Fired);
+    // Only m1's purge entry is left on the wheel: the old m2 entry was really removed.
+    let next = s.store.next_bucket().unwrap().unwrap();
+    assert_eq!(
+        next as i64,
+        T0 + RETENTION_MS.max(Policy::default().retention_ms as i64)
+    );
+}

@@ -428,6 +428,20 @@ fn workload() -> Vec<Command> {
         now_ms: T0 + 40 + 31_001,
         keys: (5..10).map(b).collect(),
     });
+    // Several client commands in one entry, touching the same timers.
+    cmds.push(Command::Multi(vec![
+        schedule("m", T0 + 60_000),
+        Command::Reschedule {
+            now_ms: T0,
+            key: TimerKey::new("ns", "m"),
+            when: When::At(T0 + 70_000),
+        },
+        Command::Ack {
+            now_ms: T0 + 50,
+            key: b(0),
+            attempt: 1,
+        },
+    ]));
     cmds
 }
 
