@@ -8,7 +8,9 @@
 //! fork this replica from the others.
 //!
 //! Each entry's effects accumulate in one `WriteBatch`, which the state machine writes together
-//! with `last_applied`, so a crash re-applies an entry wholly or not at all.
+//! with `last_applied`, so a crash re-applies an entry wholly or not at all. Timer reads go
+//! through the entry's own staged writes first, so the commands of a `Multi` entry (and repeated
+//! keys within one command) see each other's effects before the batch is written.
 
 use std::collections::HashMap;
 
