@@ -77,7 +77,7 @@ impl StateMachine {
                     earliest_new_due: None,
                     made_ready: false,
                     policies: Default::default(),
-                    staged: Default::default(),
+                    staged: None,
                 };
                 let response = applier.command(cmd)?;
                 earliest_new_due = applier.earliest_new_due;
