@@ -191,6 +191,23 @@ impl Node {
         self.settle(cmd, &key).await
     }
 
+    /// Acks many deliveries. Each is proposed as its own command (the proposer packs them into
+    /// shared entries) and answered alone. A retryable failure (leadership lost) fails the whole
+    /// call, so that the caller retries it where a leader is: acks are idempotent.
+    pub async fn ack_batch(&self, acks: Vec<(TimerKey, u32)>) -> Result<Vec<Result<Timer>>> {
+        let each = acks
+            .into_iter()
+            .map(|(key, attempt)| self.ack(key, attempt));
+        let results = futures::future::join_all(each).await;
+        let retry = results
+            .iter()
+            .find_map(|r| r.as_ref().err().filter(|e| e.is_retryable()));
+        match retry {
+            Some(e) => Err(e.clone()),
+            None => Ok(results),
+        }
+    }
+
     /// Nacks delivery `attempt` of `key`: redelivered after backoff, or DEAD at the limit.
     pub async fn nack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
         let now_ms = self.now_ms();

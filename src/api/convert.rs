@@ -310,6 +310,51 @@ pub fn attempt(attempt: u32) -> Result<u32, Error> {
     Ok(attempt)
 }
 
+/// Validates an AckBatch: size, then each ack's key and attempt (a malformed ack fails the
+/// whole call, so nothing of a broken batch is applied).
+pub fn acks(req: &pb::AckBatchRequest, limits: &Limits) -> Result<Vec<(TimerKey, u32)>, Error> {
+    if req.acks.is_empty() {
+        return Err(invalid("the batch holds no acks".into()));
+    }
+    if req.acks.len() > limits.max_batch {
+        return Err(Error::ResourceExhausted(format!(
+            "the batch holds {} acks; the limit is {}",
+            req.acks.len(),
+            limits.max_batch
+        )));
+    }
+    req.acks
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let at = |e: Error| invalid(format!("ack {i}: {e}"));
+            Ok((
+                key(&a.namespace, &a.id, limits).map_err(at)?,
+                attempt(a.attempt).map_err(at)?,
+            ))
+        })
+        .collect()
+}
+
+/// One ack's outcome in an AckBatch answer.
+pub fn ack_result(r: Result<Timer, Error>) -> pb::AckResult {
+    match r {
+        Ok(timer) => pb::AckResult {
+            timer: Some(timer.into()),
+            code: 0,
+            message: String::new(),
+        },
+        Err(e) => {
+            let status = Status::from(e);
+            pb::AckResult {
+                timer: None,
+                code: status.code() as i32,
+                message: status.message().to_string(),
+            }
+        }
+    }
+}
+
 /// Validates a PutNamespace: the name, then every policy field (a zero field takes the
 /// default; jitter is optional so that 0 can mean "none").
 pub fn namespace_put(

@@ -260,6 +260,34 @@ impl timers_server::Timers for TimersService {
         Ok(Response::new(reply))
     }
 
+    async fn ack_batch(
+        &self,
+        request: Request<pb::AckBatchRequest>,
+    ) -> Result<Response<pb::AckBatchResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let acks = &convert::acks(&req, self.limits())?;
+        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let results = node.ack_batch(acks.clone()).await?;
+                    Ok(pb::AckBatchResponse {
+                        results: results.into_iter().map(convert::ack_result).collect(),
+                    })
+                },
+                move |ch| async move {
+                    forward::timers(ch)
+                        .ack_batch(forward::request(req.clone(), timeout))
+                        .await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
     async fn nack(
         &self,
         request: Request<pb::NackRequest>,

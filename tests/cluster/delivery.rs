@@ -526,3 +526,85 @@ async fn retention_purges_finished_timers_and_never_pending_ones() {
     c.converged().await;
     c.shutdown().await;
 }
+
+/// AckBatch judges each ack alone, exactly as Ack would, answers in order, and refuses a
+/// malformed batch whole (nothing of it applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ack_batch_answers_each_ack_alone_and_refuses_a_bad_batch_whole() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let mut client = c.client(follower).await;
+    let names = ["a".to_string(), "b".into(), "c".into()];
+    schedule_many(&c, follower, NS, &names, now_ms(), 0).await;
+    let lazy = Consumer::start(&c, follower, NS, 10, false).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lazy.seen().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered: {:?}",
+            lazy.seen()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let acks = |list: &[(&str, u32)]| pb::AckBatchRequest {
+        acks: list
+            .iter()
+            .map(|(id, attempt)| pb::AckRequest {
+                namespace: NS.into(),
+                id: id.to_string(),
+                attempt: *attempt,
+            })
+            .collect(),
+    };
+
+    // One good ack, a stale one, an unknown timer, and the good one retried.
+    let batch = acks(&[("a", 1), ("b", 2), ("nope", 1), ("a", 1)]);
+    let r = client.ack_batch(batch).await.unwrap().into_inner().results;
+    let codes: Vec<i32> = r.iter().map(|r| r.code).collect();
+    let want = [Code::Ok, Code::FailedPrecondition, Code::NotFound, Code::Ok];
+    assert_eq!(codes, want.map(|c| c as i32), "{r:?}");
+    let acked = r[0].timer.clone().unwrap();
+    assert_eq!(acked.state, pb::TimerState::Acked as i32);
+    assert_eq!(
+        r[3].timer.as_ref().unwrap().finished_at_ms,
+        acked.finished_at_ms
+    );
+    assert!(
+        r[1].timer.is_none() && r[1].message.contains("b"),
+        "{:?}",
+        r[1]
+    );
+    let b = get(&mut client, "b").await.unwrap();
+    assert_eq!((b.state, b.attempts), (pb::TimerState::Fired as i32, 1));
+
+    // A malformed ack refuses the whole batch: "c" stays unacked.
+    let e = client
+        .ack_batch(acks(&[("c", 1), ("b", 0)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("ack 1"), "{}", e.message());
+    let e = client.ack_batch(acks(&[])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let many: Vec<(&str, u32)> = vec![("c", 1); 10_001];
+    let e = client.ack_batch(acks(&many)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    let still = get(&mut client, "c").await.unwrap();
+    assert_eq!(still.state, pb::TimerState::Fired as i32);
+
+    // And the rest through the batch: everything ends ACKED once.
+    let r = client
+        .ack_batch(acks(&[("b", 1), ("c", 1)]))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert!(r.iter().all(|r| r.code == 0), "{r:?}");
+    for id in &names {
+        let t = get(&mut client, id).await.unwrap();
+        assert_eq!(t.state, pb::TimerState::Acked as i32, "{t:?}");
+    }
+    lazy.stop();
+    c.converged().await;
+    c.shutdown().await;
+}

@@ -45,12 +45,14 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl ProcCluster {
-    /// Starts the proxies and the three nodes; `fault` is passed to every node (proof runs).
+    /// Starts the proxies (when `proxies`) and the three nodes; `fault` is passed to every node
+    /// (proof runs). Without proxies the nodes dial each other directly (benchmarks).
     pub async fn start(
         dir: &Path,
         timerd: &Path,
         fault: &str,
         tmpfs: bool,
+        proxies: bool,
     ) -> anyhow::Result<Self> {
         let mut nodes = BTreeMap::new();
         for id in NODES {
@@ -64,7 +66,7 @@ impl ProcCluster {
             nodes.insert(id, node);
         }
         let mut links = BTreeMap::new();
-        for from in NODES {
+        for from in NODES.into_iter().filter(|_| proxies) {
             for to in NODES.into_iter().filter(|t| *t != from) {
                 links.insert((from, to), Link::start(nodes[&to].addr.clone()).await?);
             }
@@ -101,8 +103,10 @@ impl ProcCluster {
             .collect();
         let dial: Vec<String> = NODES
             .iter()
-            .filter(|n| **n != id)
-            .map(|n| format!("{n}={}", self.links[&(id, *n)].addr))
+            .filter_map(|n| {
+                let link = self.links.get(&(id, *n))?;
+                Some(format!("{n}={}", link.addr))
+            })
             .collect();
         let log = OpenOptions::new()
             .create(true)
@@ -133,6 +137,12 @@ impl ProcCluster {
         node.child = Some(child);
         node.paused = false;
         Ok(())
+    }
+
+    /// The process id of node `id`, while it runs.
+    #[allow(dead_code)] // used by the benchmark, which shares this module
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.nodes[&id].child.as_ref().map(Child::id)
     }
 
     pub fn is_up(&self, id: u64) -> bool {

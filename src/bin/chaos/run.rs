@@ -54,7 +54,8 @@ const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
 
 pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     std::fs::create_dir_all(&cfg.dir)?;
-    let mut cluster = ProcCluster::start(&cfg.dir, &cfg.timerd, &cfg.fault, cfg.tmpfs).await?;
+    let mut cluster =
+        ProcCluster::start(&cfg.dir, &cfg.timerd, &cfg.fault, cfg.tmpfs, true).await?;
     cluster.wait_leader(Duration::from_secs(30)).await?;
     let mut clients = Vec::new();
     for id in NODES {

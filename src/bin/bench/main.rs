@@ -1,0 +1,246 @@
+//! `timerdb-bench`: measures a timerdb cluster. By default it starts three release `timerd`
+//! processes of its own (a fresh cluster for every measurement, peers dialling each other
+//! directly), so the workloads that kill and restart nodes can run; `--connect` points the
+//! others at an existing cluster.
+//!
+//! Every configuration runs `--runs` times, and the runs are taken side by side (run 1 of every
+//! configuration, then run 2 of every one, …) so that a noisy neighbour spreads over all of them
+//! instead of spoiling one. Figures are reported as the median of the runs beside the runs.
+//!
+//! Workloads: `schedule`, `batch`, `fire`, `burst`, `failover`, `pending` (see their modules).
+
+#[allow(dead_code)]
+#[path = "../chaos/cluster.rs"]
+mod cluster;
+mod consume;
+mod fire;
+mod pending;
+mod progress;
+#[allow(dead_code)]
+#[path = "../chaos/proxy.rs"]
+mod proxy;
+mod report;
+mod target;
+mod write;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+
+use report::{Machine, Results};
+use target::Target;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Workload {
+    Schedule,
+    Batch,
+    Fire,
+    Burst,
+    Failover,
+    Pending,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "timerdb-bench", about = "Benchmarks a timerdb cluster")]
+struct Args {
+    /// Workloads to run, in this order (default: all but pending).
+    #[arg(value_enum)]
+    workloads: Vec<Workload>,
+    /// Runs of every configuration; figures are their medians.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Measured window of the schedule and batch workloads, and the fire and failover streams.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    window: Duration,
+    /// Closed-loop warm-up before each measured window.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Concurrent Schedule calls, one configuration each.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,200")]
+    in_flight: Vec<usize>,
+    /// ScheduleBatch sizes, one configuration each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+    batch_sizes: Vec<usize>,
+    /// Concurrent ScheduleBatch calls (also used by loaders).
+    #[arg(long, default_value_t = 4)]
+    batch_in_flight: usize,
+    /// Fire rates (timers due per second), one configuration each.
+    #[arg(long, value_delimiter = ',', default_value = "1000,20000,100000")]
+    fire_rates: Vec<u64>,
+    /// How far ahead of its fire time the fire producer schedules each timer.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    lead: Duration,
+    /// Consumers (Subscribe streams) in the fire and burst workloads.
+    #[arg(long, default_value_t = 2)]
+    consumers: usize,
+    /// Timers due in the same millisecond in the burst workload.
+    #[arg(long, default_value_t = 1_000_000)]
+    burst: u64,
+    /// Timers due per second while the failover workload kills the leader.
+    #[arg(long, default_value_t = 2_000)]
+    failover_rate: u64,
+    /// Timers loaded by the pending workload.
+    #[arg(long, default_value_t = 10_000_000)]
+    pending: u64,
+    /// Payload bytes per timer.
+    #[arg(long, default_value_t = 32)]
+    payload_bytes: usize,
+    /// Timers per ScheduleBatch when loading (burst, failover, pending).
+    #[arg(long, default_value_t = 10_000)]
+    load_batch: usize,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Use an existing cluster (client addresses) instead of starting one; failover and pending
+    /// need the local cluster.
+    #[arg(long, value_delimiter = ',')]
+    connect: Vec<String>,
+    /// The timerd binary (default: next to this binary).
+    #[arg(long)]
+    timerd: Option<PathBuf>,
+    /// Where local clusters keep their data dirs and logs (default: a temporary dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// What every workload reads.
+pub struct Opts {
+    pub window: Duration,
+    pub warmup: Duration,
+    pub batch_in_flight: usize,
+    pub lead: Duration,
+    pub consumers: usize,
+    pub payload_bytes: usize,
+    pub load_batch: usize,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Err(e) = go(args).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn go(mut args: Args) -> anyhow::Result<()> {
+    if args.workloads.is_empty() {
+        args.workloads = vec![
+            Workload::Schedule,
+            Workload::Batch,
+            Workload::Fire,
+            Workload::Burst,
+            Workload::Failover,
+        ];
+    }
+    let opts = Opts {
+        window: args.window,
+        warmup: args.warmup,
+        batch_in_flight: args.batch_in_flight,
+        lead: args.lead,
+        consumers: args.consumers.max(1),
+        payload_bytes: args.payload_bytes,
+        load_batch: args.load_batch,
+    };
+    let timerd = match &args.timerd {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no parent dir")?
+            .join("timerd"),
+    };
+    let base = args.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("timerdb-bench-{}", std::process::id()))
+    });
+    let machine = Machine::probe(args.runs);
+    println!(
+        "timerdb-bench: {} cpus, {} GiB, {}; {} runs of each configuration",
+        machine.cpus, machine.memory_gib, machine.cpu_model, args.runs
+    );
+    let mut results = Results::default();
+    let mut n = 0;
+    for run in 1..=args.runs {
+        println!("run {run} of {}", args.runs);
+        for (w, param) in configurations(&args) {
+            n += 1;
+            let mut target = if args.connect.is_empty() {
+                anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
+                Target::start(&base.join(format!("m{n}")), &timerd).await?
+            } else {
+                Target::connect(&args.connect).await?
+            };
+            measure(&mut target, &opts, w, param, &mut results)
+                .await
+                .with_context(|| format!("{w:?} {param} (run {run})"))?;
+            drop(target);
+            if args.dir.is_none() {
+                let _ = std::fs::remove_dir_all(base.join(format!("m{n}")));
+            }
+        }
+    }
+    println!("\n{}", results.table());
+    if let Some(path) = &args.json {
+        results.write_json(path, &machine)?;
+        println!("results written to {}", path.display());
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    Ok(())
+}
+
+/// Every (workload, parameter) pair the arguments ask for, in order.
+fn configurations(args: &Args) -> Vec<(Workload, u64)> {
+    let mut out = Vec::new();
+    for w in &args.workloads {
+        let params: Vec<u64> = match w {
+            Workload::Schedule => args.in_flight.iter().map(|n| *n as u64).collect(),
+            Workload::Batch => args.batch_sizes.iter().map(|n| *n as u64).collect(),
+            Workload::Fire => args.fire_rates.clone(),
+            Workload::Burst => vec![args.burst],
+            Workload::Failover => vec![args.failover_rate],
+            Workload::Pending => vec![args.pending],
+        };
+        out.extend(params.into_iter().map(|p| (*w, p)));
+    }
+    out
+}
+
+async fn measure(
+    target: &mut Target,
+    opts: &Opts,
+    w: Workload,
+    p: u64,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    match w {
+        Workload::Schedule => {
+            let mut rec = results.recorder("schedule", format!("{p} in flight"));
+            write::schedule(target, opts, p as usize, &mut rec).await
+        }
+        Workload::Batch => {
+            let params = format!("{p} per call, {} in flight", opts.batch_in_flight);
+            let mut rec = results.recorder("batch", params);
+            write::batch(target, opts, p as usize, &mut rec).await
+        }
+        Workload::Fire => {
+            let params = format!("{p}/s for {}s", opts.window.as_secs());
+            let mut rec = results.recorder("fire", params);
+            fire::fire(target, opts, p, &mut rec).await
+        }
+        Workload::Burst => {
+            let mut rec = results.recorder("burst", format!("{p} due at once"));
+            fire::burst(target, opts, p, &mut rec).await
+        }
+        Workload::Failover => {
+            let mut rec = results.recorder("failover", format!("{p}/s, leader SIGKILL"));
+            fire::failover(target, opts, p, &mut rec).await
+        }
+        Workload::Pending => {
+            let mut rec = results.recorder("pending", format!("{p} timers"));
+            pending::pending(target, opts, p, &mut rec).await
+        }
+    }
+}
