@@ -34,7 +34,7 @@ use crate::timer::{Command, Response, Timer, TimerKey};
 use crate::Result;
 
 /// Most timers one Deliver entry hands out.
-const MAX_PER_ENTRY: usize = 1000;
+const MAX_PER_ENTRY: usize = 4000;
 /// How often the loop looks again without a signal: unsettled deliveries whose deadline passed
 /// free their room by time alone.
 const TICK: Duration = Duration::from_millis(100);

@@ -20,8 +20,9 @@ use crate::Result;
 
 /// Outstanding proposals; more would only make batches smaller.
 const MAX_IN_FLIGHT: usize = 2;
-/// Most commands in one entry (keeps each entry, and each apply, bounded).
-const MAX_BATCH: usize = 512;
+/// Most commands in one entry (keeps each entry, and each apply, bounded). An AckBatch of
+/// 2,000 acks fits in one entry.
+const MAX_BATCH: usize = 2048;
 
 type Waiter = oneshot::Sender<Result<Response>>;
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use timerdb::api::pb;
+use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
 use tokio::sync::Semaphore;
 
 use crate::consume::{wait_acked, Consumers, Log};
@@ -35,7 +35,7 @@ pub async fn fire(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (count, late_sends) = produce(target, opts, &ns, leader, rate).await?;
     let bar = crate::progress::counted(&format!("fire {rate}/s: acks"), count);
-    let all = wait_acked(&consumers, count, Duration::from_secs(60), &bar).await;
+    let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     let log = log.lock().expect("log lock");
@@ -132,7 +132,7 @@ pub async fn burst(
         eprintln!("    note: loading ended after the burst was due; it overlaps the firing");
     }
     let bar = crate::progress::counted("burst: acks", count);
-    let all = wait_acked(&consumers, count, Duration::from_secs(900), &bar).await;
+    let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     let log = log.lock().expect("log lock");
@@ -161,6 +161,9 @@ pub async fn failover(
     target.procs("failover")?;
     let leader = target.wait_leader(Duration::from_secs(10)).await?;
     let ns = format!("failover-{}", now_ms());
+    // Deliveries the killed leader committed but never sent come again after the ack timeout;
+    // a short one keeps the wait for them short (the gap is measured on first receipts).
+    short_ack_timeout(target, leader, &ns).await?;
     let consumers = Consumers::start(target, &ns, &target.followers(leader))?;
     let window_ms = opts.window.as_millis() as i64;
     let count = rate * opts.window.as_secs();
@@ -173,7 +176,7 @@ pub async fn failover(
     let kill_us = now_us();
     target.procs("failover")?.kill(leader);
     let bar = crate::progress::counted("failover: acks", count);
-    let all = wait_acked(&consumers, count, Duration::from_secs(60), &bar).await;
+    let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     target.procs("failover")?.restart(leader, 0)?;
@@ -207,6 +210,20 @@ pub async fn failover(
     checked
 }
 
+async fn short_ack_timeout(target: &Target, via: u64, ns: &str) -> anyhow::Result<()> {
+    let mut client = NamespacesClient::new(target.channel(via)?);
+    let policy = pb::NamespacePolicy {
+        ack_timeout_ms: 3_000,
+        ..Default::default()
+    };
+    let req = pb::PutNamespaceRequest {
+        name: ns.into(),
+        policy: Some(policy),
+    };
+    client.put_namespace(req).await?;
+    Ok(())
+}
+
 fn put_lateness(rec: &mut Recorder<'_>, h: &hdrhistogram::Histogram<u64>) {
     rec.put("lateness p50", "ms", ms_at(h, 50.0));
     rec.put("lateness p99", "ms", ms_at(h, 99.0));
@@ -214,18 +231,25 @@ fn put_lateness(rec: &mut Recorder<'_>, h: &hdrhistogram::Histogram<u64>) {
     rec.put("lateness max", "ms", h.max() as f64 / 1000.0);
 }
 
-/// Fails the measurement when timers went missing or acks failed: a benchmark of a system that
-/// lost work is not a result.
+/// Fails the measurement when an ack failed: a benchmark of a system that refused work is not
+/// a result. Timers not acked in time are reported (the "not acked" figure) and warned about:
+/// the system was slower than the load, which is itself the finding.
 fn check_log(log: &Log, all: bool, count: u64) -> anyhow::Result<()> {
     if let Some(e) = &log.first_ack_error {
         anyhow::bail!("{} acks failed, the first: {e}", log.ack_errors);
     }
     if !all {
-        anyhow::bail!(
-            "only {} of {count} timers were acked in time ({} delivered)",
+        eprintln!(
+            "    warning: only {} of {count} timers were acked in time ({} delivered)",
             log.acked,
             log.seen.len()
         );
     }
     Ok(())
+}
+
+/// How long to wait for `count` timers to be acked once the last is due: generous (a slow
+/// system is measured, not cut off), yet bounded.
+fn drain_time(count: u64) -> Duration {
+    Duration::from_secs(30 + count / 10_000)
 }

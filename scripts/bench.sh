@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Reproduces every figure of docs/benchmarks.md: builds release timerd and timerdb-bench, runs
+# the schedule, batch, fire, burst and failover workloads (3 runs of each configuration, taken
+# side by side, reported as medians), the 10,000,000-timer pending workload (one run: it takes
+# minutes), and the Redis sorted-set comparison. Results go to bench-results/ as Markdown tables
+# and JSON. Takes about 35 minutes on a 2-core machine.
+#
+#   scripts/bench.sh                  everything
+#   scripts/bench.sh --quick          one run of each, smaller sizes (a few minutes; a smoke test)
+#   scripts/bench.sh --no-pending --no-redis
+#   scripts/bench.sh -- fire --fire-rates 5000      anything after -- goes to timerdb-bench
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0 pending=1 redis=1 extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --no-pending) pending=0 ;;
+    --no-redis) redis=0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "unknown flag $1 (see the head of $0)" >&2; exit 2 ;;
+  esac
+  shift
+done
+bash scripts/deps.sh
+echo "== building release timerd and timerdb-bench (a cold build compiles RocksDB: tens of minutes)"
+cargo build --release --quiet --bin timerd --bin timerdb-bench
+BIN="${CARGO_TARGET_DIR:-target}/release"
+out=bench-results
+mkdir -p "$out"
+
+if [ ${#extra[@]} -gt 0 ]; then
+  exec "$BIN/timerdb-bench" --json "$out/custom.json" "${extra[@]}"
+fi
+if [ "$quick" = 1 ]; then
+  "$BIN/timerdb-bench" --runs 1 --window 5s --fire-rates 1000,20000 --burst 100000 \
+    --json "$out/quick.json" | tee "$out/quick.md"
+  if [ "$pending" = 1 ]; then
+    "$BIN/timerdb-bench" pending --runs 1 --pending 1000000 --json "$out/quick-pending.json" |
+      tee "$out/quick-pending.md"
+  fi
+  if [ "$redis" = 1 ]; then RUNS=1 bash scripts/redis-bench.sh | tee "$out/quick-redis.md"; fi
+  exit 0
+fi
+echo "== timerdb: schedule, batch, fire, burst, failover (3 side-by-side runs)"
+"$BIN/timerdb-bench" --runs 3 --json "$out/main.json" | tee "$out/main.md"
+if [ "$pending" = 1 ]; then
+  echo "== timerdb: 10,000,000 pending timers"
+  "$BIN/timerdb-bench" pending --runs 1 --json "$out/pending.json" | tee "$out/pending.md"
+fi
+if [ "$redis" = 1 ]; then
+  echo "== Redis sorted-set delay queue, appendfsync always"
+  bash scripts/redis-bench.sh | tee "$out/redis.md"
+fi
