@@ -209,7 +209,10 @@ mod tests {
             tonic::Status::unknown("transport error"),
         ];
         for s in gone {
-            assert!(matches!(Transport::from_status(s), Transport::Unreachable(_)));
+            assert!(matches!(
+                Transport::from_status(s),
+                Transport::Unreachable(_)
+            ));
         }
     }
 }

@@ -23,6 +23,10 @@ const MAX_IN_FLIGHT: usize = 2;
 /// Most commands in one entry (keeps each entry, and each apply, bounded). An AckBatch of
 /// 2,000 acks fits in one entry.
 const MAX_BATCH: usize = 2048;
+/// Most timers in one entry, counting a ScheduleBatch as its timers: an entry must stay small
+/// enough for a follower to append within one heartbeat (see `config::NodeConfig::openraft`).
+/// A single larger ScheduleBatch still goes alone.
+const MAX_WEIGHT: usize = 10_000;
 
 type Waiter = oneshot::Sender<Result<Response>>;
 
@@ -65,10 +69,14 @@ async fn run(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
+        let mut weight = weight_of(&first.0);
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < MAX_BATCH && weight < MAX_WEIGHT {
             match rx.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) => {
+                    weight += weight_of(&next.0);
+                    batch.push(next);
+                }
                 Err(_) => break,
             }
         }
@@ -77,6 +85,14 @@ async fn run(
             propose(&raft, batch, map_err).await;
             drop(slot);
         });
+    }
+}
+
+/// How many timers a command writes, roughly what it costs to replicate and apply.
+fn weight_of(cmd: &Command) -> usize {
+    match cmd {
+        Command::ScheduleBatch { specs, .. } => specs.len(),
+        _ => 1,
     }
 }
 
