@@ -135,6 +135,9 @@ pub async fn burst(
     let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
+    if !all {
+        show_missing(target, &ns, &log, count).await;
+    }
     let log = log.lock().expect("log lock");
     let due_us = due_ms * 1000;
     let delivered_s = (log.last_recv_us() - due_us) as f64 / 1e6;
@@ -222,6 +225,35 @@ async fn short_ack_timeout(target: &Target, via: u64, ns: &str) -> anyhow::Resul
     };
     client.put_namespace(req).await?;
     Ok(())
+}
+
+/// Prints the state of a few loaded timers (ids `t0`…) the consumers never received, so that a
+/// straggler can be told from a lost one.
+async fn show_missing(target: &Target, ns: &str, log: &crate::consume::Shared, count: u64) {
+    let missing: Vec<String> = {
+        let log = log.lock().expect("log lock");
+        (0..count)
+            .map(|i| format!("t{i}"))
+            .filter(|id| !log.seen.contains_key(id))
+            .take(5)
+            .collect()
+    };
+    let Some(leader) = target.leader().await else {
+        return;
+    };
+    let Ok(mut client) = target.timers(leader, 1).map(|mut c| c.remove(0)) else {
+        return;
+    };
+    for id in missing {
+        let req = pb::GetRequest {
+            namespace: ns.into(),
+            id: id.clone(),
+        };
+        match client.get(req).await {
+            Ok(r) => eprintln!("    not received: {:?}", r.into_inner().timer),
+            Err(s) => eprintln!("    not received: {id}: {s}"),
+        }
+    }
 }
 
 fn put_lateness(rec: &mut Recorder<'_>, h: &hdrhistogram::Histogram<u64>) {
