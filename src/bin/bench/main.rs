@@ -144,13 +144,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         payload_bytes: args.payload_bytes,
         load_batch: args.load_batch,
     };
-    let timerd = match &args.timerd {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no parent dir")?
-            .join("timerd"),
-    };
+    let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     let base = args.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("timerdb-bench-{}", std::process::id()))
     });

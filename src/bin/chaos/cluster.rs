@@ -38,6 +38,17 @@ pub struct ProcCluster {
     tmpfs: bool,
 }
 
+/// The `timerd` binary to run: `given`, or the one built next to this executable.
+pub fn timerd_path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("no parent dir")?
+            .join("timerd")),
+    }
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

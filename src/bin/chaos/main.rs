@@ -21,7 +21,6 @@ mod workload;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Parser;
 
 use plan::Mix;
@@ -77,13 +76,7 @@ async fn main() {
 }
 
 async fn go(args: Args) -> anyhow::Result<bool> {
-    let timerd = match &args.timerd {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no parent dir")?
-            .join("timerd"),
-    };
+    let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
     let base = args.dir.clone().unwrap_or_else(|| {
         let stamp = workload::now_ms();
