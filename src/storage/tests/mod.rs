@@ -468,18 +468,22 @@ async fn replica_from_snapshot(
 async fn apply_is_deterministic() {
     let cmds = workload();
     let (mut one, mut two) = (Sm::new(), Sm::new());
+    let mut answers = Vec::new();
     for c in cmds.clone() {
-        one.apply(c).await;
+        answers.push(one.apply(c).await);
     }
-    // The same entries, applied in one call instead of one by one.
+    // The same entries, applied in one call instead of one by one: consecutive entries then
+    // share a WriteBatch, and each must still see the ones before it.
     let entries: Vec<_> = cmds
         .into_iter()
         .enumerate()
         .map(|(i, c)| entry(i as u64 + 1, c))
         .collect();
-    two.sm.apply(entries).await.unwrap();
+    let grouped = two.sm.apply(entries).await.unwrap();
+    assert_eq!(answers, grouped, "same log, different answers");
     let (d1, d2) = (one.store.digest().unwrap(), two.store.digest().unwrap());
     assert_eq!(d1, d2, "same log, different state");
+    assert_eq!(one.sm.meta, two.sm.meta);
     assert_ne!(
         d1.1,
         Sm::new().store.digest().unwrap().1,
