@@ -7,12 +7,11 @@
 //! partial write. A storage error is returned and is fatal to the node: skipping an entry would
 //! fork this replica from the others.
 //!
-//! Effects accumulate in a `WriteBatch` that the state machine writes together with
-//! `last_applied`, so a crash re-applies entries wholly or not at all. One batch may hold
-//! several consecutive entries; timer reads go through the batch's staged writes first, so
-//! every command sees exactly the state it would see if each entry were written alone, however
-//! openraft groups entries into apply calls (which differs between replicas). A Fire entry,
-//! the one command that scans a column family, is written alone and skips that copy.
+//! Each entry's effects accumulate in one `WriteBatch`, which the state machine writes together
+//! with `last_applied`, so a crash re-applies an entry wholly or not at all. In a `Multi` entry
+//! timer reads go through the entry's staged writes first, so its commands see each other's
+//! effects before the batch is written. Other entries skip that copy: each of their commands
+//! handles keys it names twice itself.
 
 use std::collections::HashMap;
 
@@ -39,13 +38,12 @@ pub(super) struct Applier<'a> {
     pub earliest_new_due: Option<i64>,
     /// Whether this entry made a timer READY, to wake the delivery dispatcher.
     pub made_ready: bool,
-    /// Namespace policies read or written since the batch was last written.
-    pub policies: &'a mut HashMap<String, Policy>,
-    /// The timers written since the batch was last written (`None`: deleted). Reads go here
-    /// first, so each command sees the effects of those before it, in this entry and in the
-    /// entries sharing its batch. `None` for a Fire entry, which the state machine writes
-    /// alone and which then pays no copy per write (it writes up to 10,000 timers).
-    pub staged: Option<&'a mut HashMap<TimerKey, Option<Timer>>>,
+    /// Namespace policies read or written by this entry.
+    pub policies: HashMap<String, Policy>,
+    /// In a Multi entry, the timers written so far (`None`: deleted). Reads go here first, so
+    /// its commands see each other's effects, though the batch is not yet written. `None` for
+    /// other entries, which then pay no copy per write (a Fire entry writes up to 10,000).
+    pub staged: Option<HashMap<TimerKey, Option<Timer>>>,
 }
 
 impl Applier<'_> {
@@ -70,6 +68,7 @@ impl Applier<'_> {
             } => self.nack(now_ms, key, attempt),
             Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
             Command::Multi(cmds) => {
+                self.staged.get_or_insert_with(HashMap::new);
                 let mut out = Vec::with_capacity(cmds.len());
                 for cmd in cmds {
                     if matches!(
@@ -117,7 +116,7 @@ impl Applier<'_> {
     }
 
     pub(super) fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        if let Some(staged) = self.staged.as_deref().and_then(|s| s.get(key)) {
+        if let Some(staged) = self.staged.as_ref().and_then(|s| s.get(key)) {
             return Ok(staged.clone());
         }
         let raw = self

@@ -74,7 +74,7 @@ impl Applier<'_> {
                 Some(t) if t.state == TimerState::Fired && t.phase == Phase::Ready => Some(t),
                 _ => None,
             };
-            // A key twice in one entry: the first takes it (the second loads it IN_FLIGHT).
+            // A key twice in one entry: the first takes it (loads do not see this batch).
             let delivered = match ready {
                 Some(mut timer) if seen.insert(key) => {
                     self.unwake(&timer);
@@ -134,7 +134,7 @@ impl Applier<'_> {
         let (mut timers, mut skipped) = (Vec::new(), Vec::new());
         for key in keys {
             if seen.contains(&key) {
-                // Named twice: the first redrove it.
+                // Named twice: the first redrove it (loads do not see this batch).
                 skipped.push((key, Some(TimerState::Pending)));
                 continue;
             }

@@ -2,15 +2,13 @@
 //! `meta` column families.
 //!
 //! Invariants:
-//! - Entries are written in WriteBatches holding their effects *and* the new `last_applied`
+//! - Each entry is applied as one WriteBatch holding its effects *and* the new `last_applied`
 //!   (and membership), so restart resumes exactly after the last applied entry: no entry is
-//!   applied twice and no timer fires twice across a crash. One batch holds as many
-//!   consecutive entries of an apply call as it can (see `Group`); a Fire entry has its own.
+//!   applied twice and no timer fires twice across a crash.
 //! - Apply never reads a clock (see `apply`); the in-memory `SmMeta` mirrors what is on disk.
 //! - The bucket width is fixed when the database is created: a node refuses to reopen it with
 //!   a different one, because replicas with different widths would write different keys.
 
-use std::collections::HashMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,8 +25,7 @@ use super::meta::{self, SmMeta};
 use super::snapshot::{self, SnapshotBuilder};
 use super::{cf, codec, Store, CF_META};
 use crate::cluster::{FireSignal, TypeConfig};
-use crate::namespace::Policy;
-use crate::timer::{Command, Response, Timer, TimerKey};
+use crate::timer::Response;
 use crate::{Error, Result};
 
 type StResult<T> = std::result::Result<T, StorageError<u64>>;
@@ -56,101 +53,52 @@ impl StateMachine {
         })
     }
 
-    /// Applies one entry's effects into `group`, advancing `next` (the metadata as of the
-    /// group's last entry). Nothing is written yet: see `flush`.
-    fn apply_entry(
-        &self,
-        entry: Entry<TypeConfig>,
-        group: &mut Group,
-        next: &mut SmMeta,
-    ) -> Result<Response> {
-        group.entries += 1;
-        next.last_applied = Some(entry.log_id);
-        let cmd = match entry.payload {
-            EntryPayload::Blank => return Ok(Response::None),
+    fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {
+        let db = self.store.db().clone();
+        let mut batch = WriteBatch::default();
+        let mut progress = self.meta.progress;
+        let mut membership_changed = false;
+        let mut earliest_new_due = None;
+        let mut made_ready = false;
+        let response = match entry.payload {
+            EntryPayload::Blank => Response::None,
             EntryPayload::Membership(m) => {
-                next.membership = StoredMembership::new(Some(entry.log_id), m);
-                group.membership_changed = true;
-                return Ok(Response::None);
+                self.meta.membership = StoredMembership::new(Some(entry.log_id), m);
+                membership_changed = true;
+                Response::None
             }
-            EntryPayload::Normal(cmd) => cmd,
+            EntryPayload::Normal(cmd) => {
+                let mut applier = Applier {
+                    db: &db,
+                    wheel: self.store.wheel(),
+                    batch: &mut batch,
+                    progress: &mut progress,
+                    index: entry.log_id.index,
+                    earliest_new_due: None,
+                    made_ready: false,
+                    policies: Default::default(),
+                    staged: None,
+                };
+                let response = applier.command(cmd)?;
+                earliest_new_due = applier.earliest_new_due;
+                made_ready = applier.made_ready;
+                response
+            }
         };
-        let staged = (!writes_alone(&cmd)).then_some(&mut group.staged);
-        let mut applier = Applier {
-            db: self.store.db(),
-            wheel: self.store.wheel(),
-            batch: &mut group.batch,
-            progress: &mut next.progress,
-            index: entry.log_id.index,
-            earliest_new_due: None,
-            made_ready: false,
-            policies: &mut group.policies,
-            staged,
-        };
-        let response = applier.command(cmd)?;
-        let (due, ready) = (applier.earliest_new_due, applier.made_ready);
-        group.earliest_new_due = match (group.earliest_new_due, due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        group.made_ready |= ready;
-        Ok(response)
-    }
-
-    /// Writes the group's effects and `next` (its last entry's applied id and progress) in one
-    /// WriteBatch, then wakes the fire driver and dispatcher if the group gave them work.
-    fn flush(&mut self, group: &mut Group, next: &SmMeta) -> Result<()> {
-        if group.entries == 0 {
-            return Ok(());
-        }
-        let Group {
-            mut batch,
-            membership_changed,
-            earliest_new_due,
-            made_ready,
-            ..
-        } = std::mem::take(group);
-        next.stage(self.store.db(), &mut batch, membership_changed);
-        self.store.db().write(batch)?;
-        self.meta = next.clone();
+        let mut next = self.meta.clone();
+        next.progress = progress;
+        next.last_applied = Some(entry.log_id);
+        next.stage(&db, &mut batch, membership_changed);
+        db.write(batch)?;
+        self.meta = next;
         if let Some(due) = earliest_new_due {
             self.signal.scheduled(due);
         }
         if made_ready {
             self.signal.made_ready();
         }
-        Ok(())
+        Ok(response)
     }
-}
-
-/// Consecutive entries' effects, gathered for one WriteBatch: one write per apply call instead
-/// of one per entry when openraft hands over many small entries at once.
-#[derive(Default)]
-struct Group {
-    batch: WriteBatch,
-    /// Timers written by the group so far (`None`: deleted), read before the database.
-    staged: HashMap<TimerKey, Option<Timer>>,
-    policies: HashMap<String, Policy>,
-    entries: usize,
-    membership_changed: bool,
-    earliest_new_due: Option<i64>,
-    made_ready: bool,
-}
-
-impl Group {
-    /// Bounds the memory a group holds: a burst of 10,000-timer batches is written in parts.
-    fn is_full(&self) -> bool {
-        self.batch.size_in_bytes() >= GROUP_MAX_BYTES || self.staged.len() >= GROUP_MAX_TIMERS
-    }
-}
-
-const GROUP_MAX_BYTES: usize = 32 << 20;
-const GROUP_MAX_TIMERS: usize = 100_000;
-
-/// A Fire entry scans the wheel, which sees only written batches, so it starts a batch of its
-/// own; and as it writes up to 10,000 timers it is written at once, without staging copies.
-fn writes_alone(cmd: &Command) -> bool {
-    matches!(cmd, Command::Fire { .. })
 }
 
 /// Records the bucket width on first open; refuses a different one later.
@@ -193,25 +141,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         off_the_runtime(|| {
             let mut responses = Vec::new();
-            let mut group = Group::default();
-            let mut next = self.meta.clone();
             for entry in entries {
                 let log_id = entry.log_id;
-                let fatal = |e: Error| {
+                let response = self.apply_entry(entry).map_err(|e| {
                     tracing::error!(%log_id, error = %e, "apply failed; the node must stop");
                     StorageError::from(StorageIOError::apply(log_id, &e))
-                };
-                let alone = matches!(&entry.payload, EntryPayload::Normal(c) if writes_alone(c));
-                if alone {
-                    self.flush(&mut group, &next).map_err(fatal)?;
-                }
-                let response = self.apply_entry(entry, &mut group, &mut next);
-                responses.push(response.map_err(fatal)?);
-                if alone || group.is_full() {
-                    self.flush(&mut group, &next).map_err(fatal)?;
-                }
+                })?;
+                responses.push(response);
             }
-            self.flush(&mut group, &next).map_err(sm_err)?;
             Ok(responses)
         })
     }

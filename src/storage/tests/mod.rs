@@ -472,8 +472,7 @@ async fn apply_is_deterministic() {
     for c in cmds.clone() {
         answers.push(one.apply(c).await);
     }
-    // The same entries, applied in one call instead of one by one: consecutive entries then
-    // share a WriteBatch, and each must still see the ones before it.
+    // The same entries, applied in one call instead of one by one.
     let entries: Vec<_> = cmds
         .into_iter()
         .enumerate()
