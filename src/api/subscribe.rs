@@ -7,7 +7,8 @@
 //! - on a follower, opens the same Subscribe on the leader (marked forwarded, so at most one
 //!   hop) and relays it, until that stream breaks;
 //! - then looks up the leader again and carries on. The client sees one stream across leader
-//!   changes; deliveries in flight at the change are redelivered when their ack deadline
+//!   changes. Deliveries the old leader committed but had not sent yet are sent before the
+//!   stream moves; those the client never received are redelivered when their ack deadline
 //!   passes (an Ack of the old attempt is still accepted until then).
 //!
 //! A forwarded stream whose node stops leading ends with UNAVAILABLE, so the follower that
@@ -27,7 +28,7 @@ use tonic::Status;
 use super::convert::check_name;
 use super::forward::{self, Router};
 use super::pb;
-use crate::cluster::Delivery;
+use crate::cluster::{Delivery, Subscription};
 use crate::config::Limits;
 use crate::node::{Leader, Node};
 use crate::Error;
@@ -150,11 +151,31 @@ async fn serve_local(
                 }
                 None => return End::Moved,
             },
-            _ = lost_leadership(&mut metrics) => return End::Moved,
+            _ = lost_leadership(&mut metrics) => return hand_over(sub, tx).await,
             _ = tx.closed() => return End::Done,
             _ = stopping(shutdown) => return End::Done,
         }
     }
+}
+
+/// Leadership moved: the deliveries this node's dispatcher already handed to the subscription
+/// were committed, so they go to the client before the stream follows the new leader. Dropped,
+/// they would wait out their ack deadline to be delivered again.
+async fn hand_over(mut sub: Subscription, tx: &Sink) -> End {
+    let mut handed = 0;
+    while let Some(d) = sub.try_recv() {
+        if tx.send(Ok(to_pb(d))).await.is_err() {
+            return End::Done;
+        }
+        handed += 1;
+    }
+    if handed > 0 {
+        tracing::info!(
+            handed,
+            "leadership moved; handed buffered deliveries to the stream"
+        );
+    }
+    End::Moved
 }
 
 /// Relays the leader's stream to the client until it breaks.

@@ -84,6 +84,11 @@ impl Subscription {
     pub async fn recv(&mut self) -> Option<Delivery> {
         self.rx.recv().await
     }
+
+    /// A delivery already handed to this subscription, if any, without waiting.
+    pub fn try_recv(&mut self) -> Option<Delivery> {
+        self.rx.try_recv().ok()
+    }
 }
 
 impl Drop for Subscription {
