@@ -107,6 +107,9 @@ pub struct NodeConfig {
     pub dial: BTreeMap<NodeId, String>,
     /// Deliberate bugs, for proving that the chaos checker catches them. Never set in service.
     pub faults: Faults,
+    /// Join an existing cluster (through Cluster.AddNode) instead of forming one from `peers`:
+    /// the node never initialises a cluster itself and waits to be added.
+    pub join: bool,
 }
 
 /// Deliberate bugs, each breaking one guarantee, switched on only by the chaos harness's proof
@@ -159,6 +162,7 @@ impl NodeConfig {
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),
+            join: false,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod membership;
 pub mod namespace;
 pub mod node;
 pub mod server;

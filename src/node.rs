@@ -12,7 +12,7 @@ use std::sync::Arc;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{Dispatcher, NodeId, Proposer, Raft};
+use crate::cluster::{Dispatcher, Hold, NodeId, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
@@ -54,6 +54,10 @@ pub struct Node {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Batches concurrent client writes into shared log entries.
     pub proposer: Proposer,
+    /// Closed while this node hands its leadership over (see `membership`).
+    pub hold: Hold,
+    /// The commit index as this node knows it (see `LogStore::committed`).
+    pub committed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
@@ -98,6 +102,7 @@ impl Node {
 
     /// Waits until this node (the leader) has applied everything committed before the call.
     pub async fn read_barrier(&self) -> Result<()> {
+        self.hold.pass().await;
         let barrier = self.raft.ensure_linearizable();
         tokio::time::timeout(self.config.write_timeout, barrier)
             .await

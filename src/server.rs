@@ -30,7 +30,9 @@ use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
-use crate::cluster::{DispatchLoop, Dispatcher, FireDriver, FireSignal, Network, Proposer, Raft};
+use crate::cluster::{
+    DispatchLoop, Dispatcher, FireDriver, FireSignal, Hold, Network, Proposer, Raft,
+};
 use crate::config::NodeConfig;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
@@ -59,6 +61,8 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
     let db_owner = db.clone();
     let log = LogStore::new(db);
+    let committed = log.committed();
+    let hold = Hold::default();
     let network = Network {
         config: config.clone(),
     };
@@ -73,7 +77,9 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         config,
         dispatcher: Arc::new(Dispatcher::default()),
         shutdown: rx.clone(),
-        proposer: Proposer::start(raft.clone(), crate::node::write_error),
+        proposer: Proposer::start(raft.clone(), hold.clone(), crate::node::write_error),
+        hold: hold.clone(),
+        committed,
     });
 
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
@@ -85,6 +91,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         clock: node.config.clock,
         signal: signal.clone(),
         dispatcher: node.dispatcher.clone(),
+        hold: node.hold.clone(),
     };
     tasks.push(tokio::spawn(dispatch.run(rx.clone())));
     let driver = FireDriver {
@@ -95,6 +102,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         signal,
         max_fires_per_entry: node.config.max_fires_per_entry,
         fire_early_ms: node.config.faults.fire_early_ms,
+        hold: node.hold.clone(),
     };
     tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = node.id, %addr, "node started");
@@ -123,6 +131,13 @@ async fn open_db_retrying(dir: &std::path::Path) -> Result<Arc<rocksdb::DB>> {
 }
 
 async fn bootstrap(node: &Node) -> Result<()> {
+    if node.config.join {
+        tracing::info!(
+            id = node.id,
+            "joining: waiting to be added (Cluster.AddNode)"
+        );
+        return Ok(());
+    }
     let initialized = node
         .raft
         .is_initialized()
@@ -150,8 +165,26 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
     let peer = RaftServer::new(PeerService::new(node.raft.clone()))
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let health_task = tokio::spawn(crate::api::health::report(node.clone(), reporter));
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1();
+    let reflection = match reflection {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(error = %e, "server reflection unavailable");
+            None
+        }
+    };
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .add_service(health)
+        .add_optional_service(reflection)
         .add_service(timers)
         .add_service(NamespacesServer::new(NamespacesService::new(node.clone())))
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
@@ -160,12 +193,28 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
             let _ = shutdown.wait_for(|stop| *stop).await;
         })
         .await;
+    health_task.abort();
     if let Err(e) = result {
         tracing::error!(error = %e, "gRPC server failed");
     }
 }
 
 impl RunningNode {
+    /// Before a planned stop: if this node leads, hands leadership to another voter, so the
+    /// cluster does not wait out an election timeout for the stop. Bounded; on failure the
+    /// stop goes on (the others elect a leader as after a crash).
+    pub async fn hand_off(&self) {
+        if self.node.leader() != crate::node::Leader::Me || self.node.members().len() < 2 {
+            return;
+        }
+        let transfer = self.node.transfer_leader(None);
+        match tokio::time::timeout(HAND_OFF_LIMIT, transfer).await {
+            Ok(Ok(to)) => tracing::info!(to, "stopping: leadership handed over"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "stopping: leadership not handed over"),
+            Err(_) => tracing::warn!("stopping: leadership hand-off took too long"),
+        }
+    }
+
     /// Resolves when Raft stops by itself on a fatal error (a full disk, a failed apply): the
     /// node can make no more progress. `timerd` then exits non-zero so a supervisor restarts it.
     pub async fn failed(&self) -> String {
@@ -234,6 +283,9 @@ async fn wait_sole_owner(db: &Arc<rocksdb::DB>, within: Duration) -> bool {
     }
     true
 }
+
+/// Bound on the leadership hand-off before a planned stop.
+const HAND_OFF_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);

@@ -1,22 +1,49 @@
-//! The client `Cluster` service: this node's view of itself and its cluster, and the digest of
-//! its state machine (what the chaos checker compares across replicas).
+//! The client `Cluster` service: this node's view of itself and its cluster, the digest of its
+//! state machine (what the chaos checker compares across replicas), and membership and
+//! leadership changes, which run on the leader (forwarded like writes, see [`super::forward`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use super::pb::{self, cluster_server};
+use super::forward::{self, Router};
+use super::pb::{self, cluster_client::ClusterClient, cluster_server};
+use crate::membership::Member;
 use crate::node::Node;
 
-/// Serves Cluster.Status and Cluster.Digest.
+/// How long a forwarded AddNode may take: the new node catches up first (up to a minute).
+const ADD_NODE_TIMEOUT: Duration = Duration::from_secs(70);
+
+/// Serves the Cluster service on one node.
 pub struct ClusterService {
     node: Arc<Node>,
+    router: Router,
 }
 
 impl ClusterService {
     pub fn new(node: Arc<Node>) -> Self {
-        ClusterService { node }
+        ClusterService {
+            router: Router::new(node.clone()),
+            node,
+        }
     }
+}
+
+fn members_pb(members: Vec<Member>) -> Vec<pb::Member> {
+    members
+        .into_iter()
+        .map(|(node_id, addr, voter)| pb::Member {
+            node_id,
+            addr,
+            voter,
+        })
+        .collect()
+}
+
+fn client(ch: Channel) -> ClusterClient<Channel> {
+    ClusterClient::new(ch)
 }
 
 #[tonic::async_trait]
@@ -33,15 +60,7 @@ impl cluster_server::Cluster for ClusterService {
             term: s.term,
             last_log_index: s.last_log_index,
             applied_index: s.applied_index,
-            members: s
-                .members
-                .into_iter()
-                .map(|(node_id, addr, voter)| pb::Member {
-                    node_id,
-                    addr,
-                    voter,
-                })
-                .collect(),
+            members: members_pb(s.members),
             pending_timers: s.pending_timers,
             time_cursor_ms: s.time_cursor_ms,
         }))
@@ -57,5 +76,87 @@ impl cluster_server::Cluster for ClusterService {
             applied_index,
             digest,
         }))
+    }
+
+    async fn add_node(
+        &self,
+        request: Request<pb::AddNodeRequest>,
+    ) -> Result<Response<pb::AddNodeResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let node = self.node.as_ref();
+        let req = &req;
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let members = node
+                        .add_node(req.node_id, req.addr.clone(), !req.learner)
+                        .await?;
+                    Ok(pb::AddNodeResponse {
+                        members: members_pb(members),
+                    })
+                },
+                move |ch| async move {
+                    let r = forward::request(req.clone(), ADD_NODE_TIMEOUT);
+                    client(ch).add_node(r).await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let node = self.node.as_ref();
+        let (req, timeout) = (&req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let members = node.remove_node(req.node_id).await?;
+                    Ok(pb::RemoveNodeResponse {
+                        members: members_pb(members),
+                    })
+                },
+                move |ch| async move {
+                    let r = forward::request(*req, timeout);
+                    client(ch).remove_node(r).await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let node = self.node.as_ref();
+        let (req, timeout) = (&req, self.router.forward_timeout());
+        let to = (req.node_id != 0).then_some(req.node_id);
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let leader_id = node.transfer_leader(to).await?;
+                    Ok(pb::TransferLeaderResponse { leader_id })
+                },
+                move |ch| async move {
+                    let r = forward::request(*req, timeout);
+                    client(ch).transfer_leader(r).await
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
     }
 }

@@ -7,7 +7,9 @@
 //! - [`subscribe`]: the Subscribe stream, served from the leader's dispatcher and relayed by
 //!   followers, following the leader across changes.
 //! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies).
-//! - [`cluster`]: the client `Cluster` service (Status).
+//! - [`cluster`]: the client `Cluster` service (Status, membership, leadership).
+//! - [`health`]: `grpc.health.v1`, serving while the node has a leader and has applied what
+//!   was committed; server reflection is wired in `server`.
 //! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
 //! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
 //!   [`crate::Error`] becomes a `tonic::Status`.
@@ -15,6 +17,7 @@
 pub mod cluster;
 pub mod convert;
 pub mod forward;
+pub mod health;
 pub mod namespaces;
 pub mod peer;
 pub mod subscribe;
@@ -25,6 +28,10 @@ pub mod timers;
 pub mod pb {
     tonic::include_proto!("timerdb.v1");
 }
+
+/// The encoded descriptors of every timerdb service, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/timerdb_descriptor.bin"));
 
 /// Largest client message: a ScheduleBatch of `max_batch` timers with payloads.
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

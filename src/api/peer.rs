@@ -47,6 +47,29 @@ impl raft_server::Raft for PeerService {
         reply(&self.raft.vote(rpc).await)
     }
 
+    async fn timeout_now(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let term: u64 = body(req)?;
+        let current = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.state)
+        };
+        // Only a follower of the leader's term stands: a stale request changes nothing.
+        let stand = current == (term, openraft::ServerState::Follower);
+        if stand {
+            tracing::info!(term, "TimeoutNow: standing for election");
+            self.raft
+                .trigger()
+                .elect()
+                .await
+                .map_err(|e| Status::unavailable(format!("raft stopped: {e}")))?;
+        }
+        reply(&stand)
+    }
+
     async fn install_snapshot(
         &self,
         req: Request<RaftMessage>,

@@ -2,7 +2,7 @@
 //!
 //! `timerd --id 1 --listen 127.0.0.1:7101 --data-dir DIR --peers 1=127.0.0.1:7101,2=…,3=…`
 //! One port serves the client services and the peer Raft service. SIGTERM or SIGINT shuts the
-//! node down cleanly (exit 0). A fatal storage error (say, a full disk) stops Raft; the node
+//! node down cleanly (exit 0); on SIGTERM a leader first hands leadership to another voter. A fatal storage error (say, a full disk) stops Raft; the node
 //! then shuts down and exits 1, fail-stop, for its supervisor to restart once fixed.
 
 use std::path::PathBuf;
@@ -49,6 +49,10 @@ struct Args {
     /// ignore-cancel, ack-before-commit, fire-early.
     #[arg(long, env = "TIMERDB_FAULT", default_value = "")]
     fault: String,
+    /// Join an existing cluster: wait to be added with `timerctl member add` (Cluster.AddNode)
+    /// instead of forming a cluster from --peers (which then only needs this node's entry).
+    #[arg(long, env = "TIMERDB_JOIN")]
+    join: bool,
     /// Log filter, e.g. `info` or `timerdb=debug,openraft=warn`.
     #[arg(long, env = "TIMERDB_LOG", default_value = "info,openraft=warn")]
     log: String,
@@ -69,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
         config.dial = parse_peers(&args.dial)?;
     }
     config.faults = Faults::parse(&args.fault)?;
+    config.join = args.join;
     if config.faults != Faults::default() {
         tracing::warn!(faults = ?config.faults, "DELIBERATE BUGS ARE ON (chaos checker proof)");
     }
@@ -82,7 +87,11 @@ async fn main() -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let failed = tokio::select! {
-        _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); false }
+        _ = term.recv() => {
+            tracing::info!("SIGTERM: shutting down");
+            node.hand_off().await;
+            false
+        }
         _ = int.recv() => { tracing::info!("SIGINT: shutting down"); false }
         why = node.failed() => {
             tracing::error!(%why, "Raft stopped on a fatal error: exiting (restart the node once fixed)");

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::driver::{while_leader, FireSignal};
-use super::{NodeId, Raft};
+use super::{Hold, NodeId, Raft};
 use crate::clock::Clock;
 use crate::storage::Store;
 use crate::timer::{Command, Response, Timer, TimerKey};
@@ -208,6 +208,8 @@ pub struct DispatchLoop {
     pub clock: Clock,
     pub signal: Arc<FireSignal>,
     pub dispatcher: Arc<Dispatcher>,
+    /// Closed while leadership is handed over.
+    pub hold: Hold,
 }
 
 impl DispatchLoop {
@@ -242,6 +244,7 @@ impl DispatchLoop {
             return Ok(false);
         }
         let keys = plan.iter().map(|(_, k)| k.clone()).collect();
+        self.hold.pass().await;
         let reply = self
             .raft
             .client_write(Command::Deliver { now_ms, keys })

@@ -82,6 +82,8 @@ pub struct FireDriver {
     pub max_fires_per_entry: u32,
     /// A deliberate bug for the chaos checker's proof (`Faults::fire_early_ms`); 0 in service.
     pub fire_early_ms: i64,
+    /// Closed while leadership is handed over.
+    pub hold: super::Hold,
 }
 
 /// Runs `lead()` whenever node `id` leads and has applied everything committed before, dropping
@@ -194,6 +196,7 @@ impl FireDriver {
                 now_ms,
                 max: self.max_fires_per_entry,
             };
+            self.hold.pass().await;
             match self.raft.client_write(cmd).await {
                 Ok(reply) => match reply.data {
                     Response::Fired { count, more } => {

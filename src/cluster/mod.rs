@@ -13,6 +13,7 @@
 
 pub mod dispatch;
 pub mod driver;
+pub mod hold;
 pub mod network;
 pub mod propose;
 
@@ -20,6 +21,7 @@ use std::io::Cursor;
 
 pub use dispatch::{Delivery, DispatchLoop, Dispatcher, Subscription};
 pub use driver::{FireDriver, FireSignal};
+pub use hold::Hold;
 pub use network::Network;
 use openraft::BasicNode;
 pub use propose::Proposer;

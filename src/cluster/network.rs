@@ -51,6 +51,27 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
+/// Asks the node at `addr` to stand for election now, if it follows the leader of `term`
+/// (leadership transfer, see `membership`). Whether it did.
+pub async fn timeout_now(addr: &str, term: u64) -> crate::Result<bool> {
+    let unreachable = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| unreachable(e.to_string()))?
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut request = tonic::Request::new(RaftMessage {
+        data: encode(&term),
+    });
+    request.set_timeout(Duration::from_secs(1));
+    let reply = RaftClient::new(channel)
+        .timeout_now(request)
+        .await
+        .map_err(|s| unreachable(s.message().to_string()))?;
+    decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
+}
+
 /// A connection to one peer.
 pub struct PeerClient {
     target: NodeId,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::Raft;
+use super::{Hold, Raft};
 use crate::timer::{Command, Response};
 use crate::Result;
 
@@ -38,9 +38,10 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the proposer task for `raft`; `map_err` turns a Raft error into the caller's.
-    pub fn start(raft: Raft, map_err: fn(RaftWriteError) -> crate::Error) -> Proposer {
+    /// Every batch passes `hold` before it is proposed.
+    pub fn start(raft: Raft, hold: Hold, map_err: fn(RaftWriteError) -> crate::Error) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, rx, map_err));
+        tokio::spawn(run(raft, hold, rx, map_err));
         Proposer { tx }
     }
 
@@ -60,6 +61,7 @@ pub type RaftWriteError = openraft::error::RaftError<
 
 async fn run(
     raft: Raft,
+    hold: Hold,
     mut rx: mpsc::UnboundedReceiver<(Command, Waiter)>,
     map_err: fn(RaftWriteError) -> crate::Error,
 ) {
@@ -80,8 +82,9 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let raft = raft.clone();
+        let (raft, hold) = (raft.clone(), hold.clone());
         tokio::spawn(async move {
+            hold.pass().await;
             propose(&raft, batch, map_err).await;
             drop(slot);
         });

@@ -17,6 +17,7 @@
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -49,6 +50,8 @@ fn write_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
 pub struct LogStore {
     db: Arc<DB>,
     syncer: Arc<Syncer>,
+    /// The latest commit index openraft told this store (0: none yet), for health checks.
+    committed: Arc<AtomicU64>,
 }
 
 /// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
@@ -85,7 +88,14 @@ impl LogStore {
         LogStore {
             db,
             syncer: Arc::new(syncer),
+            committed: Arc::default(),
         }
+    }
+
+    /// The commit index as this node knows it, updated as openraft saves it: a follower has
+    /// caught up when its state machine has applied this far.
+    pub fn committed(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StResult<Option<T>> {
@@ -196,6 +206,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StResult<()> {
+        let index = committed.map_or(0, |c| c.index);
+        self.committed.fetch_max(index, Ordering::Relaxed);
         // Not synced: losing it on a crash only delays apply until the leader says it again.
         self.db
             .put_cf(cf(&self.db, CF_RAFT), COMMITTED, codec::encode(&committed))

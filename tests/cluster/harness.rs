@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use timerdb::api::pb::{self, namespaces_client::NamespacesClient, timers_client::TimersClient};
+use timerdb::api::pb::{
+    self, cluster_client::ClusterClient, namespaces_client::NamespacesClient,
+    timers_client::TimersClient,
+};
 use timerdb::config::NodeConfig;
 use timerdb::node::Leader;
 use timerdb::server::{self, RunningNode};
@@ -161,6 +164,24 @@ impl TestCluster {
         let listener = bind_retrying(&self.peers[&id]).await;
         let node = server::start(self.config(id), listener).await.unwrap();
         self.nodes.insert(id, Some(node));
+    }
+
+    /// Starts node `id` on a fresh address with `--join`: it waits to be added (AddNode).
+    /// Returns its address.
+    pub async fn join(&mut self, id: u64) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        self.peers.insert(id, addr.clone());
+        let mut config = self.config(id);
+        config.peers = BTreeMap::from([(id, addr.clone())]);
+        config.join = true;
+        let node = server::start(config, listener).await.unwrap();
+        self.nodes.insert(id, Some(node));
+        addr
+    }
+
+    pub async fn cluster(&self, id: u64) -> ClusterClient<Channel> {
+        ClusterClient::new(self.channel(id).await)
     }
 
     /// Waits until every running node applied the same index with the same state digest.

@@ -6,4 +6,5 @@ mod consumer;
 mod delivery;
 mod harness;
 mod inproc;
+mod operations;
 mod process;

@@ -5,6 +5,7 @@
 
 mod delivery;
 mod load;
+mod member;
 mod namespace;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -87,6 +88,16 @@ enum Command {
     },
     /// Show this node's view of the cluster.
     Status,
+    /// Add, remove and list cluster members.
+    Member {
+        #[command(subcommand)]
+        command: member::MemberCommand,
+    },
+    /// Move leadership.
+    Leader {
+        #[command(subcommand)]
+        command: member::LeaderCommand,
+    },
     /// Read and set namespace policies.
     Namespace {
         #[command(subcommand)]
@@ -338,6 +349,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status => status(ch).await?,
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
+        Command::Member { command } => member::member(ch, command).await?,
+        Command::Leader { command } => member::leader(ch, command).await?,
         Command::Watch {
             namespace,
             ack,

@@ -1,0 +1,278 @@
+//! Membership and leadership, run on the leader: adding a node (a learner that catches up,
+//! then a voter), removing one, and handing leadership to another voter.
+//!
+//! Membership changes are openraft's joint consensus: each is committed like any entry, so a
+//! change survives failovers, and `change_membership` refuses a second change while one is in
+//! progress. What timerdb adds is the order of the steps and answers an operator can act on.
+//!
+//! Leadership transfer: openraft 0.9 has none, and its voters refuse to vote while they have
+//! heard from their leader within the lease (`election_timeout_max`). So the leader closes its
+//! hold (no proposals, no ReadIndex rounds), stops heartbeats, waits until the target has every
+//! entry, lets the lease run out on the followers, and sends the target `TimeoutNow` (the Raft
+//! thesis' name, §3.10): the target stands at once with a log as long as anyone's and wins.
+//! Whatever happens, the hold reopens and heartbeats resume; if nobody else took over, this
+//! node simply goes on leading. Writes wait at most about one lease plus an election.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::{BasicNode, ChangeMembers, ServerState};
+
+use crate::cluster::{network, NodeId};
+use crate::node::Node;
+use crate::{Error, Result};
+
+/// One member of the cluster: (id, address, voter).
+pub type Member = (NodeId, String, bool);
+
+/// How long AddNode waits for a new learner to catch up before answering.
+const CATCH_UP: Duration = Duration::from_secs(60);
+/// How long a transfer waits for the target to have every entry.
+const TARGET_CATCH_UP: Duration = Duration::from_secs(3);
+
+impl Node {
+    /// The members as this node knows them, in id order.
+    pub fn members(&self) -> Vec<Member> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
+            .collect()
+    }
+
+    /// Adds node `id` at `addr`: as a learner, which catches up from the log or a snapshot,
+    /// then (if `voter`) as a voter. Retrying after any failure is safe.
+    pub async fn add_node(&self, id: NodeId, addr: String, voter: bool) -> Result<Vec<Member>> {
+        check_new_member(id, &addr)?;
+        match self.members().into_iter().find(|m| m.0 == id) {
+            Some((_, known, _)) if known != addr => {
+                return Err(Error::AlreadyExists(format!(
+                    "node {id} is already a member at {known}; remove it first to add it at {addr}"
+                )))
+            }
+            Some((_, _, is_voter)) if is_voter || !voter => return Ok(self.members()),
+            Some(_) => {} // a learner to promote
+            None => self.add_learner(id, &addr).await?,
+        }
+        if voter {
+            let ids = BTreeSet::from([id]);
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds(ids), false)
+                .await
+                .map_err(membership_error)?;
+            tracing::info!(id, addr, "node is now a voter");
+        }
+        Ok(self.members())
+    }
+
+    async fn add_learner(&self, id: NodeId, addr: &str) -> Result<()> {
+        let node = BasicNode {
+            addr: addr.to_string(),
+        };
+        let added = tokio::time::timeout(CATCH_UP, self.raft.add_learner(id, node, true));
+        match added.await {
+            Ok(result) => result.map(drop).map_err(membership_error)?,
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "node {id} joined as a learner but did not catch up within {CATCH_UP:?}: \
+                     check that it runs (with --join) and is reachable at {addr}; AddNode again \
+                     to promote it once it has"
+                )))
+            }
+        }
+        tracing::info!(id, addr, "learner caught up");
+        Ok(())
+    }
+
+    /// Removes node `id` from the cluster (voter or learner). Removing this node, the leader,
+    /// first hands leadership over and then answers NotLeader, so the caller's retry runs on
+    /// the new leader.
+    pub async fn remove_node(&self, id: NodeId) -> Result<Vec<Member>> {
+        let members = self.members();
+        let Some((_, _, voter)) = members.iter().find(|m| m.0 == id).cloned() else {
+            return Err(Error::NotFound(format!(
+                "node {id} is not a member (members: {})",
+                describe(&members)
+            )));
+        };
+        if voter && members.iter().filter(|m| m.2).count() == 1 {
+            return Err(Error::FailedPrecondition(format!(
+                "node {id} is the only voter; add another voter before removing it"
+            )));
+        }
+        if id == self.id {
+            self.transfer_leader(None).await?;
+            return Err(Error::NotLeader);
+        }
+        let ids = BTreeSet::from([id]);
+        let change = if voter {
+            ChangeMembers::RemoveVoters(ids)
+        } else {
+            ChangeMembers::RemoveNodes(ids)
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(membership_error)?;
+        tracing::info!(id, "node removed");
+        Ok(self.members())
+    }
+
+    /// Hands leadership to voter `to` (or to the most up-to-date other voter) and returns the
+    /// leader afterwards. See the module notes for how.
+    pub async fn transfer_leader(&self, to: Option<NodeId>) -> Result<NodeId> {
+        let members = self.members();
+        let target = match to {
+            Some(id) if id == self.id => return Ok(id),
+            Some(id) => match members.iter().find(|m| m.0 == id) {
+                Some((_, _, true)) => id,
+                Some(_) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "node {id} is a learner; only a voter can lead (AddNode promotes it)"
+                    )))
+                }
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "node {id} is not a member (members: {})",
+                        describe(&members)
+                    )))
+                }
+            },
+            None => self.best_successor()?,
+        };
+        let addr = members
+            .iter()
+            .find(|m| m.0 == target)
+            .map(|m| self.config.dial_addr(target, &m.1))
+            .unwrap_or_default();
+        let _closed = self.hold.close();
+        self.raft.runtime_config().heartbeat(false);
+        let result = self.hand_over(target, &addr).await;
+        self.raft.runtime_config().heartbeat(true);
+        result
+    }
+
+    /// The voter other than this node with the most of the log.
+    fn best_successor(&self) -> Result<NodeId> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let voters: Vec<NodeId> = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| *id != self.id)
+            .collect();
+        let matched = |id: &NodeId| {
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map_or(0, |l| l.index)
+        };
+        voters
+            .iter()
+            .max_by_key(|id| (matched(id), std::cmp::Reverse(**id)))
+            .copied()
+            .ok_or_else(|| {
+                Error::FailedPrecondition("there is no other voter to hand leadership to".into())
+            })
+    }
+
+    async fn hand_over(&self, target: NodeId, addr: &str) -> Result<NodeId> {
+        let term = self.raft.metrics().borrow().current_term;
+        self.wait_replicated(target).await?;
+        // No AppendEntries go out now: once the lease has run out, the followers will vote.
+        let lease = Duration::from_millis(self.config.raft.election_timeout_max_ms);
+        let election = lease * 3;
+        for attempt in 1..=2 {
+            tokio::time::sleep(lease + Duration::from_millis(50)).await;
+            if let Err(e) = network::timeout_now(addr, term).await {
+                tracing::warn!(target, attempt, error = %e, "TimeoutNow failed");
+            }
+            if let Some(leader) = self.wait_other_leader(election).await {
+                tracing::info!(from = self.id, to = leader, "leadership handed over");
+                return Ok(leader);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "node {target} did not take over; node {} goes on leading",
+            self.id
+        )))
+    }
+
+    /// Waits until `target` has every entry this leader has.
+    async fn wait_replicated(&self, target: NodeId) -> Result<()> {
+        let mut metrics = self.raft.metrics();
+        let caught_up = async {
+            let m = metrics.wait_for(|m| {
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&target).cloned().flatten())
+                    .map(|l| l.index);
+                m.state != ServerState::Leader || matched >= m.last_log_index
+            });
+            m.await.map(|m| m.state == ServerState::Leader)
+        };
+        match tokio::time::timeout(TARGET_CATCH_UP, caught_up).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(_) => Err(Error::NotLeader),
+            Err(_) => Err(Error::Unavailable(format!(
+                "node {target} is not caught up with the log after {TARGET_CATCH_UP:?}; \
+                 leadership stays with node {}",
+                self.id
+            ))),
+        }
+    }
+
+    /// Waits up to `within` for another node to lead; its id if one does.
+    async fn wait_other_leader(&self, within: Duration) -> Option<NodeId> {
+        let mut metrics = self.raft.metrics();
+        let me = self.id;
+        let moved = async {
+            let m = metrics.wait_for(|m| m.current_leader.is_some_and(|l| l != me));
+            m.await.ok().and_then(|m| m.current_leader)
+        };
+        tokio::time::timeout(within, moved).await.ok().flatten()
+    }
+}
+
+fn check_new_member(id: NodeId, addr: &str) -> Result<()> {
+    if id == 0 {
+        return Err(Error::InvalidArgument("node ids start at 1".into()));
+    }
+    if addr.is_empty() || !addr.contains(':') {
+        return Err(Error::InvalidArgument(format!(
+            "address {addr:?} is not HOST:PORT"
+        )));
+    }
+    Ok(())
+}
+
+fn describe(members: &[Member]) -> String {
+    let parts: Vec<String> = members
+        .iter()
+        .map(|(id, addr, voter)| {
+            let role = if *voter { "voter" } else { "learner" };
+            format!("{id} at {addr} ({role})")
+        })
+        .collect();
+    parts.join(", ")
+}
+
+type WriteError = openraft::error::RaftError<
+    NodeId,
+    openraft::error::ClientWriteError<NodeId, openraft::BasicNode>,
+>;
+
+fn membership_error(e: WriteError) -> Error {
+    use openraft::error::{ClientWriteError, RaftError};
+    match e {
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
+            Error::FailedPrecondition(format!("membership change refused: {c}"))
+        }
+        other => crate::node::write_error(other),
+    }
+}

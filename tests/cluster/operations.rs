@@ -1,0 +1,246 @@
+//! Operations on in-process clusters: membership changes under load, leadership transfer,
+//! health and reflection.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use timerdb::api::pb;
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+use crate::harness::*;
+
+/// Schedules batches of 50 timers due 0.5–1.5 s ahead through `via` until `stop`; counts the
+/// timers acknowledged. Calls that fail (UNAVAILABLE during a change) are retried: the ids are
+/// the same, so a retry is idempotent.
+fn load(
+    client: pb::timers_client::TimersClient<tonic::transport::Channel>,
+    stop: Arc<AtomicBool>,
+) -> (JoinHandle<()>, Arc<AtomicU64>) {
+    let acked = Arc::new(AtomicU64::new(0));
+    let count = acked.clone();
+    let task = tokio::spawn(async move {
+        let mut client = client;
+        let mut batch = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let base = now_ms() + 500;
+            let timers = (0..50)
+                .map(|i| schedule_req(&format!("l{batch}-{i}"), base + i * 20))
+                .collect();
+            if client
+                .schedule_batch(pb::ScheduleBatchRequest { timers })
+                .await
+                .is_ok()
+            {
+                count.fetch_add(50, Ordering::Relaxed);
+                batch += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (task, acked)
+}
+
+fn ids(members: &[pb::Member]) -> Vec<(u64, bool)> {
+    members.iter().map(|m| (m.node_id, m.voter)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn learner_added_under_load_is_promoted_and_a_voter_is_removed() {
+    let mut c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (loader, acked) = load(c.client(follower).await, stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Phase 1: node 4 starts with --join and is added as a learner through a follower; it
+    // catches up while the load goes on.
+    let addr = c.join(4).await;
+    let mut admin = c.cluster(follower).await;
+    let add = |learner| pb::AddNodeRequest {
+        node_id: 4,
+        addr: addr.clone(),
+        learner,
+    };
+    let r = admin.add_node(add(true)).await.unwrap().into_inner();
+    assert!(ids(&r.members).contains(&(4, false)), "{:?}", r.members);
+    // Retrying is harmless; a different address for the same id is refused.
+    admin.add_node(add(true)).await.unwrap();
+    let moved = pb::AddNodeRequest {
+        addr: "127.0.0.1:1".into(),
+        ..add(false)
+    };
+    let e = admin.add_node(moved).await.unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let bad = pb::AddNodeRequest {
+        node_id: 0,
+        ..add(false)
+    };
+    assert_eq!(
+        admin.add_node(bad).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+
+    // Phase 2: promoted to voter, still under load.
+    let r = admin.add_node(add(false)).await.unwrap().into_inner();
+    assert!(ids(&r.members).contains(&(4, true)), "{:?}", r.members);
+
+    // Phase 3: remove voter 3 (through node 4), refuse unknown ids, and stop node 3.
+    let mut admin4 = c.cluster(4).await;
+    let gone = pb::RemoveNodeRequest { node_id: 99 };
+    let e = admin4.remove_node(gone).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let leader = c.leader().await;
+    let victim = (1..=3).find(|id| *id != leader && *id != follower).unwrap();
+    let r = admin4
+        .remove_node(pb::RemoveNodeRequest { node_id: victim })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ids(&r.members).iter().any(|m| m.0 == victim));
+    assert_eq!(r.members.len(), 3);
+    c.stop(victim).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Phase 4: the load ran throughout; every acknowledged timer is on the new voter, and the
+    // three members converge to the same state.
+    stop.store(true, Ordering::Relaxed);
+    loader.await.unwrap();
+    let acked = acked.load(Ordering::Relaxed);
+    assert!(acked >= 500, "load barely ran: {acked} timers");
+    c.converged().await;
+    let batches = acked / 50;
+    for b in 0..batches {
+        assert!(
+            c.local_timer(4, &format!("l{b}-49")).is_some(),
+            "acknowledged batch {b} missing on node 4"
+        );
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leadership_transfers_to_the_named_voter_and_writes_go_on() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let target = c.follower().await;
+    let via = c.running().into_iter().find(|id| *id != leader).unwrap();
+    let mut admin = c.cluster(via).await;
+
+    let e = admin
+        .transfer_leader(pb::TransferLeaderRequest { node_id: 99 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+    let started = std::time::Instant::now();
+    let r = admin
+        .transfer_leader(pb::TransferLeaderRequest { node_id: target })
+        .await
+        .unwrap()
+        .into_inner();
+    let took = started.elapsed();
+    assert_eq!(r.leader_id, target);
+    assert_eq!(c.leader().await, target);
+    eprintln!("leadership {leader} -> {target} in {took:?}");
+
+    // Writes through the old leader reach the new one.
+    let mut client = c.client(leader).await;
+    client
+        .schedule(schedule_req("after-transfer", now_ms() + 200))
+        .await
+        .unwrap();
+    wait_fired(&mut client, 1, Duration::from_secs(10)).await;
+    c.shutdown().await;
+}
+
+async fn health(c: &TestCluster, id: u64) -> ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.peers[&id]))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let req = HealthCheckRequest {
+        service: "timerdb.v1.Timers".into(),
+    };
+    let r = HealthClient::new(channel).check(req).await.unwrap();
+    r.into_inner().status()
+}
+
+async fn wait_health(c: &TestCluster, id: u64, want: ServingStatus) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = health(c, id).await;
+        if now == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {id} health stayed {now:?}, wanted {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_flips_when_cut_off_from_the_leader_and_reflection_lists_services() {
+    let mut c = TestCluster::start(3).await;
+    for id in 1..=3 {
+        wait_health(&c, id, ServingStatus::Serving).await;
+    }
+    // Reflection: a generic tool can discover the services.
+    let services = reflection_services(&c, 1).await;
+    for want in [
+        "timerdb.v1.Timers",
+        "timerdb.v1.Cluster",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            services.iter().any(|s| s == want),
+            "{want} not in {services:?}"
+        );
+    }
+
+    // Cut node `lone` off: the other two stop. It has no leader: NOT_SERVING.
+    let lone = c.follower().await;
+    for id in c.running().into_iter().filter(|id| *id != lone) {
+        c.stop(id).await;
+    }
+    wait_health(&c, lone, ServingStatus::NotServing).await;
+    // A peer comes back: a leader again, and SERVING once it has applied what was committed.
+    let back = if lone == 1 { 2 } else { 1 };
+    c.restart(back).await;
+    wait_health(&c, lone, ServingStatus::Serving).await;
+    c.shutdown().await;
+}
+
+async fn reflection_services(c: &TestCluster, id: u64) -> Vec<String> {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.peers[&id]))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(channel)
+        .server_reflection_info(futures::stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = stream.message().await.unwrap().unwrap();
+    match reply.message_response {
+        Some(MessageResponse::ListServicesResponse(l)) => {
+            l.service.into_iter().map(|s| s.name).collect()
+        }
+        other => panic!("unexpected reflection reply {other:?}"),
+    }
+}
