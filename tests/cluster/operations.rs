@@ -157,12 +157,14 @@ async fn leadership_transfers_to_the_named_voter_and_writes_go_on() {
     c.shutdown().await;
 }
 
+async fn connect(c: &TestCluster, id: u64) -> tonic::transport::Channel {
+    let addr = format!("http://{}", c.peers[&id]);
+    let endpoint = tonic::transport::Endpoint::from_shared(addr).unwrap();
+    endpoint.connect().await.unwrap()
+}
+
 async fn health(c: &TestCluster, id: u64) -> ServingStatus {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.peers[&id]))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = connect(c, id).await;
     let req = HealthCheckRequest {
         service: "timerdb.v1.Timers".into(),
     };
@@ -222,11 +224,7 @@ async fn reflection_services(c: &TestCluster, id: u64) -> Vec<String> {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.peers[&id]))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = connect(c, id).await;
     let req = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

@@ -50,6 +50,31 @@ fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
         .expect("spawn timerd")
 }
 
+/// Starts three `timerd` processes under `tmp`; returns them and their `--peers`.
+fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
+    let mut procs: Vec<Proc> = (1..=3)
+        .map(|id| {
+            let dir = tmp.path().join(format!("n{id}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            Proc {
+                addr: free_addr(),
+                dir,
+                child: None,
+            }
+        })
+        .collect();
+    let peers = procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
+        .collect::<Vec<_>>()
+        .join(",");
+    for (i, p) in procs.iter_mut().enumerate() {
+        p.child = Some(spawn(i as u64 + 1, p, &peers));
+    }
+    (procs, peers)
+}
+
 async fn channel(addr: &str) -> Option<Channel> {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .ok()?
@@ -84,26 +109,7 @@ async fn leader(procs: &[Proc]) -> usize {
 async fn sigkill_the_leader_process_and_restart_it() {
     init_tracing();
     let tmp = TempDir::new().unwrap();
-    let mut procs: Vec<Proc> = (1..=3)
-        .map(|id| {
-            let dir = tmp.path().join(format!("n{id}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            Proc {
-                addr: free_addr(),
-                dir,
-                child: None,
-            }
-        })
-        .collect();
-    let peers = procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
-        .collect::<Vec<_>>()
-        .join(",");
-    for (i, p) in procs.iter_mut().enumerate() {
-        p.child = Some(spawn(i as u64 + 1, p, &peers));
-    }
+    let (mut procs, peers) = start_three(&tmp);
 
     // Phase 1: 1,000 timers due over the next ~2 s, scheduled through a follower.
     let l = leader(&procs).await;
@@ -228,27 +234,7 @@ async fn rolling_load(
 async fn rolling_restart_under_load_loses_nothing_and_fires_nothing_twice() {
     init_tracing();
     let tmp = TempDir::new().unwrap();
-    let mut procs: Vec<Proc> = (1..=3)
-        .map(|id| {
-            let dir = tmp.path().join(format!("n{id}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            let addr = free_addr();
-            Proc {
-                addr,
-                dir,
-                child: None,
-            }
-        })
-        .collect();
-    let peers = procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
-        .collect::<Vec<_>>()
-        .join(",");
-    for (i, p) in procs.iter_mut().enumerate() {
-        p.child = Some(spawn(i as u64 + 1, p, &peers));
-    }
+    let (mut procs, peers) = start_three(&tmp);
     leader(&procs).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let addrs = procs.iter().map(|p| p.addr.clone()).collect();
