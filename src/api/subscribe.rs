@@ -222,7 +222,8 @@ async fn lost_leadership(
     let _ = metrics.wait_for(|m| m.state != ServerState::Leader).await;
 }
 
-async fn stopping(shutdown: &mut watch::Receiver<bool>) {
+/// Resolves once the node is shutting down.
+pub(super) async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
