@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
 
 use crate::cluster::{network, NodeId};
 use crate::node::Node;
@@ -121,6 +121,14 @@ impl Node {
         Ok(self.members())
     }
 
+    /// Voters other than this node.
+    pub fn other_voters(&self) -> usize {
+        self.members()
+            .iter()
+            .filter(|m| m.2 && m.0 != self.id)
+            .count()
+    }
+
     /// Hands leadership to voter `to` (or to the most up-to-date other voter) and returns the
     /// leader afterwards. See the module notes for how.
     pub async fn transfer_leader(&self, to: Option<NodeId>) -> Result<NodeId> {
@@ -165,15 +173,9 @@ impl Node {
             .voter_ids()
             .filter(|id| *id != self.id)
             .collect();
-        let matched = |id: &NodeId| {
-            m.replication
-                .as_ref()
-                .and_then(|r| r.get(id).cloned().flatten())
-                .map_or(0, |l| l.index)
-        };
         voters
             .iter()
-            .max_by_key(|id| (matched(id), std::cmp::Reverse(**id)))
+            .max_by_key(|id| (matched(&m, **id), std::cmp::Reverse(**id)))
             .copied()
             .ok_or_else(|| {
                 Error::FailedPrecondition("there is no other voter to hand leadership to".into())
@@ -207,12 +209,7 @@ impl Node {
         let mut metrics = self.raft.metrics();
         let caught_up = async {
             let m = metrics.wait_for(|m| {
-                let matched = m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(&target).cloned().flatten())
-                    .map(|l| l.index);
-                m.state != ServerState::Leader || matched >= m.last_log_index
+                m.state != ServerState::Leader || matched(m, target) >= m.last_log_index
             });
             m.await.map(|m| m.state == ServerState::Leader)
         };
@@ -237,6 +234,12 @@ impl Node {
         };
         tokio::time::timeout(within, moved).await.ok().flatten()
     }
+}
+
+/// The last log index the leader knows `id` to hold (`None`: nothing yet, or not leading).
+fn matched(m: &RaftMetrics<NodeId, BasicNode>, id: NodeId) -> Option<u64> {
+    let replication = m.replication.as_ref()?;
+    replication.get(&id).cloned().flatten().map(|l| l.index)
 }
 
 fn check_new_member(id: NodeId, addr: &str) -> Result<()> {

@@ -325,12 +325,7 @@ impl Node {
     pub fn status(&self) -> Result<NodeStatus> {
         let m = self.raft.metrics().borrow().clone();
         let sm = self.store.meta()?;
-        let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-        let members = membership
-            .nodes()
-            .map(|(id, node)| (*id, node.addr.clone(), voters.contains(id)))
-            .collect();
+        let members = self.members();
         Ok(NodeStatus {
             id: self.id,
             role: role_name(m.state),

@@ -204,7 +204,7 @@ impl RunningNode {
     /// cluster does not wait out an election timeout for the stop. Bounded; on failure the
     /// stop goes on (the others elect a leader as after a crash).
     pub async fn hand_off(&self) {
-        if self.node.leader() != crate::node::Leader::Me || self.node.members().len() < 2 {
+        if self.node.leader() != crate::node::Leader::Me || self.node.other_voters() == 0 {
             return;
         }
         let transfer = self.node.transfer_leader(None);
