@@ -2,8 +2,9 @@
 //!
 //! `timerd --id 1 --listen 127.0.0.1:7101 --data-dir DIR --peers 1=127.0.0.1:7101,2=…,3=…`
 //! One port serves the client services and the peer Raft service. SIGTERM or SIGINT shuts the
-//! node down cleanly (exit 0); on SIGTERM a leader first hands leadership to another voter. A fatal storage error (say, a full disk) stops Raft; the node
-//! then shuts down and exits 1, fail-stop, for its supervisor to restart once fixed.
+//! node down cleanly (exit 0); on SIGTERM a leader first hands leadership to another voter.
+//! A fatal storage error (say, a full disk) stops Raft; the node then shuts down and exits 1,
+//! fail-stop, for its supervisor to restart once fixed.
 
 use std::path::PathBuf;
 
