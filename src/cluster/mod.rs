@@ -17,8 +17,6 @@ pub mod hold;
 pub mod network;
 pub mod propose;
 
-use std::io::Cursor;
-
 pub use dispatch::{Delivery, DispatchLoop, Dispatcher, Subscription};
 pub use driver::{FireDriver, FireSignal};
 pub use hold::Hold;
@@ -32,14 +30,14 @@ use crate::timer::{Command, Response};
 pub type NodeId = u64;
 
 openraft::declare_raft_types!(
-    /// timerdb's openraft types: commands in, responses out, snapshots as byte blobs.
+    /// timerdb's openraft types: commands in, responses out, snapshots as files.
     pub TypeConfig:
         D = Command,
         R = Response,
         NodeId = NodeId,
         Node = BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::storage::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -3,7 +3,7 @@
 //! | CF | key | value | owner |
 //! |---|---|---|---|
 //! | `log` | log index (u64 BE) | bincode `Entry` | [`LogStore`] |
-//! | `raft` | `vote`, `committed`, `last_purged` | bincode | [`LogStore`] |
+//! | `raft` | `vote`, `committed`, `last_purged`; `installing_snapshot` | bincode | [`LogStore`]; [`Snapshots`] |
 //! | `timers` | `wheel::timer_key` | bincode [`Timer`](crate::timer::Timer) | [`StateMachine`] |
 //! | `wheel` | `wheel::wheel_key` | empty: every timer's next due time | [`StateMachine`] |
 //! | `ready` | `wheel::ready_key` | empty: FIRED timers waiting for a consumer | [`StateMachine`] |
@@ -26,6 +26,7 @@ mod deliver;
 pub mod log_store;
 pub mod meta;
 mod snapshot;
+mod snapshot_file;
 mod state_machine;
 
 use std::path::Path;
@@ -35,6 +36,8 @@ use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOpti
 
 pub use codec::{decode, encode};
 pub use log_store::LogStore;
+pub use snapshot::{SnapshotStats, Snapshots};
+pub use snapshot_file::SnapshotFile;
 pub use state_machine::StateMachine;
 
 use crate::namespace::{Namespace, Policy};

@@ -1,15 +1,30 @@
-//! Snapshots: the whole state machine (every column family in `SM_CFS`) as one blob.
+//! Snapshots: the whole state machine (every column family in `SM_CFS`) as one file, built,
+//! kept, sent and installed without ever holding it in memory.
 //!
-//! Deliberately simple for now: a snapshot is built from a consistent RocksDB snapshot but held
-//! in memory and sent whole (in openraft's chunks). That is fine for millions of small timers
-//! on a 24 GiB machine, not for unbounded data; the operations issue streams it from a
-//! checkpoint instead. The current snapshot is kept on disk (`snapshot/current`, written to a
-//! temporary file, fsynced, renamed) so a restarted node can still serve it.
+//! Files under `data_dir/snapshot/`:
+//! - `snap-<id>.data`: a snapshot's rows ([`snapshot_file`](super::snapshot_file) format).
+//! - `CURRENT`: the current snapshot's metadata and file name, replaced by write, fsync, rename.
+//!   It is the one openraft sends to a follower that is missing purged log entries.
+//! - `building-*.part`, `incoming-*.part`: files being written; removed at open.
+//!
+//! Invariants:
+//! - A snapshot is built from one RocksDB snapshot, a consistent view: every applied entry is
+//!   one WriteBatch, so the view holds whole entries and its `last_applied` says which.
+//! - `CURRENT` only moves forward (by `last_log_id`): a slow build never replaces a newer
+//!   snapshot installed meanwhile.
+//! - Install is atomic across crashes. Before it touches the state machine it records the
+//!   snapshot's id under `installing` in the `raft` family (fsynced) and makes that snapshot
+//!   `CURRENT`; it then replaces the state-machine families in bounded batches, and clears the
+//!   mark in the last, fsynced, batch. A node that opens with the mark set installs `CURRENT`
+//!   again from the start before anything reads the state machine.
+//! - Builds and installs exclude each other (one lock): a build never sees half an install.
+//!   Readers do not take the lock; only a follower installs, and a follower serves no reads
+//!   (reads go through the leader's read barrier), so nothing reads the half-installed state
+//!   but local status and the digest, which tests take only once a node has caught up.
 
-use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::{
     BasicNode, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError,
@@ -19,40 +34,99 @@ use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
-use super::{cf, codec, CF_META, SM_CFS};
+use super::snapshot_file::{RowReader, RowWriter, SnapshotFile};
+use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
 use crate::cluster::TypeConfig;
 use crate::{Error, Result};
 
-/// Distinguishes snapshots built at the same log id.
-static SNAPSHOT_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Key in the `raft` family: the id of a snapshot whose install has begun and not finished.
+pub(super) const INSTALLING: &[u8] = b"installing_snapshot";
+const CURRENT: &str = "CURRENT";
+/// Bytes of rows written per (unsynced) WriteBatch while installing.
+const INSTALL_BATCH_BYTES: usize = 8 << 20;
 
-/// A snapshot's content: every key and value of the state-machine column families.
+/// What `CURRENT` holds.
 #[derive(Serialize, Deserialize)]
-struct Dump {
-    /// (column family index in `SM_CFS`, key, value)
-    rows: Vec<(u8, Vec<u8>, Vec<u8>)>,
+struct Current {
+    meta: SnapshotMeta<u64, BasicNode>,
+    file: String,
 }
 
-/// Builds snapshots from a consistent view of the database.
-pub struct SnapshotBuilder {
+/// Counters for the metrics endpoint.
+#[derive(Default)]
+pub struct SnapshotStats {
+    pub built: AtomicU64,
+    pub installed: AtomicU64,
+    /// Size of the latest snapshot built or installed.
+    pub last_bytes: AtomicU64,
+}
+
+/// A node's snapshot directory and the lock that keeps builds and installs apart.
+pub struct Snapshots {
     db: Arc<DB>,
     dir: PathBuf,
+    lock: Mutex<()>,
+    pub stats: SnapshotStats,
 }
 
-impl SnapshotBuilder {
-    pub fn new(db: Arc<DB>, dir: PathBuf) -> Self {
-        SnapshotBuilder { db, dir }
+impl Snapshots {
+    /// Opens `dir`, finishing an install a crash interrupted and removing partial files.
+    pub fn open(db: Arc<DB>, dir: PathBuf) -> Result<Arc<Snapshots>> {
+        std::fs::create_dir_all(&dir)?;
+        let snaps = Snapshots {
+            db,
+            dir,
+            lock: Mutex::new(()),
+            stats: SnapshotStats::default(),
+        };
+        snaps.recover()?;
+        let keep = snaps.read_current()?.map(|c| c.file);
+        snaps.remove_files_except(keep.as_deref(), true)?;
+        Ok(Arc::new(snaps))
     }
 
-    fn build(&self) -> Result<Snapshot<TypeConfig>> {
+    /// A fresh path to receive a snapshot into.
+    pub fn incoming_path(&self) -> PathBuf {
+        self.dir
+            .join(format!("incoming-{:016x}.part", rand::random::<u64>()))
+    }
+
+    /// The current snapshot, opened for reading.
+    pub async fn current(&self) -> Result<Option<Snapshot<TypeConfig>>> {
+        // Under the lock, so a build finishing meanwhile cannot remove the file between
+        // reading its name and opening it.
+        let (current, file) = {
+            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(current) = self.read_current()? else {
+                return Ok(None);
+            };
+            let path = self.dir.join(&current.file);
+            let file = std::fs::File::open(&path)?;
+            (current, SnapshotFile::from_std(file, path))
+        };
+        Ok(Some(Snapshot {
+            meta: current.meta,
+            snapshot: Box::new(file),
+        }))
+    }
+
+    /// Builds a snapshot of the state machine as it is now; blocking. It becomes `CURRENT`
+    /// unless a newer one got there first.
+    fn build(&self) -> Result<SnapshotMeta<u64, BasicNode>> {
+        let part = self
+            .dir
+            .join(format!("building-{:016x}.part", rand::random::<u64>()));
+        let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let snap = self.db.snapshot();
-        let mut dump = Dump { rows: Vec::new() };
+        drop(guard);
+        let mut writer = RowWriter::create(&part)?;
         for (i, name) in SM_CFS.iter().enumerate() {
             for item in snap.iterator_cf(cf(&self.db, name), IteratorMode::Start) {
                 let (k, v) = item?;
-                dump.rows.push((i as u8, k.to_vec(), v.to_vec()));
+                writer.row(i as u8, &k, &v)?;
             }
         }
+        let (rows, bytes) = writer.finish()?;
         let meta_cf = cf(&self.db, CF_META);
         let last_log_id: Option<LogId<u64>> = match snap.get_cf(meta_cf, LAST_APPLIED)? {
             Some(v) => codec::decode(&v)?,
@@ -63,25 +137,176 @@ impl SnapshotBuilder {
                 Some(v) => codec::decode(&v)?,
                 None => StoredMembership::default(),
             };
-        let seq = SNAPSHOT_SEQ.fetch_add(1, Ordering::Relaxed);
         let index = last_log_id.map_or(0, |l| l.index);
         let meta = SnapshotMeta {
             last_log_id,
             last_membership,
-            snapshot_id: format!("{index}-{seq}"),
+            snapshot_id: format!("{index}-{:08x}", rand::random::<u32>()),
         };
-        let data = codec::encode(&dump);
-        save(&self.dir, &meta, &data)?;
-        tracing::info!(
-            index,
-            rows = dump.rows.len(),
-            bytes = data.len(),
-            "built snapshot"
-        );
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self
+            .read_current()?
+            .is_some_and(|c| c.meta.last_log_id > meta.last_log_id)
+        {
+            std::fs::remove_file(&part)?;
+            tracing::info!(
+                index,
+                "built snapshot is older than the current one; dropped"
+            );
+            return Ok(meta);
+        }
+        let file = data_file_name(&meta.snapshot_id);
+        std::fs::rename(&part, self.dir.join(&file))?;
+        self.write_current(&meta, &file)?;
+        self.stats.built.fetch_add(1, Ordering::Relaxed);
+        self.stats.last_bytes.store(bytes, Ordering::Relaxed);
+        tracing::info!(index, rows, bytes, "built snapshot");
+        Ok(meta)
+    }
+
+    /// Installs the received snapshot file at `received` (already fsynced); blocking.
+    pub fn install(&self, meta: &SnapshotMeta<u64, BasicNode>, received: &Path) -> Result<u64> {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let raft = cf(&self.db, CF_RAFT);
+        self.db.put_cf_opt(
+            raft,
+            INSTALLING,
+            codec::encode(&meta.snapshot_id),
+            &synced(),
+        )?;
+        let file = data_file_name(&meta.snapshot_id);
+        std::fs::rename(received, self.dir.join(&file))?;
+        self.write_current(meta, &file)?;
+        let rows = self.load_rows(&self.dir.join(&file))?;
+        let bytes = std::fs::metadata(self.dir.join(&file))?.len();
+        self.stats.installed.fetch_add(1, Ordering::Relaxed);
+        self.stats.last_bytes.store(bytes, Ordering::Relaxed);
+        Ok(rows)
+    }
+
+    /// Replaces the state-machine families with the rows of `path`, clearing the install mark
+    /// in the last batch. Batches before it are not synced: until the mark is cleared a crash
+    /// means installing again, so only the last one needs to be durable (and, sharing one WAL,
+    /// its sync makes the earlier ones durable too).
+    fn load_rows(&self, path: &Path) -> Result<u64> {
+        let db = &self.db;
+        let mut reader = RowReader::open(path)?;
+        let mut batch = WriteBatch::default();
+        for name in SM_CFS {
+            // No state-machine key is empty or starts with 0xff (length prefixes, bucket times,
+            // ASCII meta names), so this range covers the whole family.
+            batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 16].as_slice());
+        }
+        let mut rows = 0u64;
+        while let Some((i, k, v)) = reader.next_row()? {
+            let name = SM_CFS.get(i as usize).ok_or_else(|| {
+                Error::Storage(format!("snapshot names unknown column family {i}"))
+            })?;
+            batch.put_cf(cf(db, name), k, v);
+            rows += 1;
+            if batch.size_in_bytes() >= INSTALL_BATCH_BYTES {
+                db.write(std::mem::take(&mut batch))?;
+            }
+        }
+        batch.delete_cf(cf(db, CF_RAFT), INSTALLING);
+        db.write_opt(batch, &synced())?;
+        Ok(rows)
+    }
+
+    /// Finishes an install that a crash interrupted (see the module invariants).
+    fn recover(&self) -> Result<()> {
+        let raft = cf(&self.db, CF_RAFT);
+        let Some(v) = self.db.get_cf(raft, INSTALLING)? else {
+            return Ok(());
+        };
+        let id: String = codec::decode(&v)?;
+        match self.read_current()? {
+            Some(c) if c.meta.snapshot_id == id => {
+                tracing::warn!(id, "an interrupted snapshot install: installing it again");
+                let rows = self.load_rows(&self.dir.join(&c.file))?;
+                tracing::info!(id, rows, "snapshot install finished");
+            }
+            // The crash came before the snapshot was kept, so before the state machine was
+            // touched: nothing to finish.
+            _ => self.db.delete_cf_opt(raft, INSTALLING, &synced())?,
+        }
+        Ok(())
+    }
+
+    fn read_current(&self) -> Result<Option<Current>> {
+        match std::fs::read(self.dir.join(CURRENT)) {
+            Ok(bytes) => Ok(Some(codec::decode(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes `file` the current snapshot (write, fsync, rename, fsync the directory), then
+    /// removes older snapshot files. Callers hold the lock.
+    fn write_current(&self, meta: &SnapshotMeta<u64, BasicNode>, file: &str) -> Result<()> {
+        let tmp = self.dir.join("CURRENT.tmp");
+        let current = Current {
+            meta: meta.clone(),
+            file: file.to_string(),
+        };
+        std::fs::write(&tmp, codec::encode(&current))?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(CURRENT))?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        // A sender still reading an old file keeps its open handle; unlinking is safe.
+        self.remove_files_except(Some(file), false)
+    }
+
+    /// Removes snapshot files other than `keep` and `CURRENT`; partial files too if `partial`
+    /// (only at open: later, a build or a receive may be writing one).
+    fn remove_files_except(&self, keep: Option<&str>, partial: bool) -> Result<()> {
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let stale = (name.ends_with(".data") && Some(name.as_str()) != keep)
+                || (partial && name.ends_with(".part"))
+                // The format before streamed snapshots: one blob, no longer read.
+                || name == "current";
+            if stale {
+                std::fs::remove_file(self.dir.join(&name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn data_file_name(snapshot_id: &str) -> String {
+    format!("snap-{snapshot_id}.data")
+}
+
+fn synced() -> WriteOptions {
+    let mut opts = WriteOptions::default();
+    opts.set_sync(true);
+    opts
+}
+
+/// Builds snapshots for openraft, on a blocking thread.
+pub struct SnapshotBuilder {
+    snapshots: Arc<Snapshots>,
+}
+
+impl SnapshotBuilder {
+    pub fn new(snapshots: Arc<Snapshots>) -> Self {
+        SnapshotBuilder { snapshots }
+    }
+
+    async fn build(&self) -> Result<Snapshot<TypeConfig>> {
+        let snaps = self.snapshots.clone();
+        let meta = tokio::task::spawn_blocking(move || snaps.build())
+            .await
+            .map_err(|e| Error::Storage(format!("snapshot build task: {e}")))??;
+        // Usually the one just built; a newer one if an install overtook it.
+        match self.snapshots.current().await? {
+            Some(s) => Ok(s),
+            None => Err(Error::Storage(format!(
+                "snapshot {} vanished after it was built",
+                meta.snapshot_id
+            ))),
+        }
     }
 }
 
@@ -90,51 +315,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         &mut self,
     ) -> std::result::Result<Snapshot<TypeConfig>, StorageError<u64>> {
         self.build()
+            .await
             .map_err(|e| StorageIOError::<u64>::write_snapshot(None, &e).into())
     }
-}
-
-/// Replaces the state machine's column families with the snapshot's content, atomically.
-pub fn install(db: &DB, data: &[u8]) -> Result<()> {
-    let dump: Dump = codec::decode(data)?;
-    let mut batch = WriteBatch::default();
-    for name in SM_CFS {
-        // No state-machine key is empty or starts with 0xff (length prefixes, bucket times,
-        // ASCII meta names), so this range covers the whole family.
-        batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 16].as_slice());
-    }
-    for (i, k, v) in dump.rows {
-        let name = SM_CFS
-            .get(i as usize)
-            .ok_or_else(|| Error::Storage(format!("snapshot names unknown column family {i}")))?;
-        batch.put_cf(cf(db, name), k, v);
-    }
-    let mut opts = WriteOptions::default();
-    opts.set_sync(true);
-    db.write_opt(batch, &opts)?;
-    Ok(())
-}
-
-/// Stores the current snapshot durably.
-pub fn save(dir: &Path, meta: &SnapshotMeta<u64, BasicNode>, data: &[u8]) -> Result<()> {
-    let tmp = dir.join("current.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&codec::encode(&(meta, data)))?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join("current"))?;
-    Ok(())
-}
-
-/// Loads the current snapshot, if one was saved.
-pub fn load(dir: &Path) -> Result<Option<Snapshot<TypeConfig>>> {
-    let bytes = match std::fs::read(dir.join("current")) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let (meta, data): (SnapshotMeta<u64, BasicNode>, Vec<u8>) = codec::decode(&bytes)?;
-    Ok(Some(Snapshot {
-        meta,
-        snapshot: Box::new(Cursor::new(data)),
-    }))
 }

@@ -9,8 +9,7 @@
 //! - The bucket width is fixed when the database is created: a node refuses to reopen it with
 //!   a different one, because replicas with different widths would write different keys.
 
-use std::io::Cursor;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -22,7 +21,8 @@ use rocksdb::WriteBatch;
 
 use super::apply::Applier;
 use super::meta::{self, SmMeta};
-use super::snapshot::{self, SnapshotBuilder};
+use super::snapshot::{SnapshotBuilder, Snapshots};
+use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
 use crate::cluster::{FireSignal, TypeConfig};
 use crate::timer::Response;
@@ -35,22 +35,27 @@ pub struct StateMachine {
     pub(super) store: Store,
     pub(super) meta: SmMeta,
     signal: Arc<FireSignal>,
-    snapshot_dir: PathBuf,
+    snapshots: Arc<Snapshots>,
 }
 
 impl StateMachine {
     /// Opens the state machine on `store`, keeping snapshots under `data_dir/snapshot`.
     pub fn open(store: Store, data_dir: &Path, signal: Arc<FireSignal>) -> Result<Self> {
         check_bucket_width(&store)?;
+        // Before the metadata is read: this may finish an install a crash interrupted.
+        let snapshots = Snapshots::open(store.db().clone(), data_dir.join("snapshot"))?;
         let meta = SmMeta::load(store.db())?;
-        let snapshot_dir = data_dir.join("snapshot");
-        std::fs::create_dir_all(&snapshot_dir)?;
         Ok(StateMachine {
             store,
             meta,
             signal,
-            snapshot_dir,
+            snapshots,
         })
+    }
+
+    /// The snapshot directory, for its counters.
+    pub fn snapshots(&self) -> Arc<Snapshots> {
+        self.snapshots.clone()
     }
 
     fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {
@@ -154,23 +159,27 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder::new(self.store.db().clone(), self.snapshot_dir.clone())
+        SnapshotBuilder::new(self.snapshots.clone())
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StResult<Box<Cursor<Vec<u8>>>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> StResult<Box<SnapshotFile>> {
+        let path = self.snapshots.incoming_path();
+        let file = SnapshotFile::create(path.clone())
+            .await
+            .map_err(|e| sm_err(e.into()))?;
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotFile>,
     ) -> StResult<()> {
-        let data = snapshot.into_inner();
-        snapshot::install(self.store.db(), &data).map_err(sm_err)?;
-        snapshot::save(&self.snapshot_dir, meta, &data).map_err(sm_err)?;
+        let path = snapshot.finish().await.map_err(|e| sm_err(e.into()))?;
+        let snapshots = self.snapshots.clone();
+        let rows = off_the_runtime(|| snapshots.install(meta, &path)).map_err(sm_err)?;
         self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
-        tracing::info!(last = ?meta.last_log_id, bytes = data.len(), "installed snapshot");
+        tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);
         self.signal.made_ready();
@@ -178,7 +187,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> StResult<Option<Snapshot<TypeConfig>>> {
-        snapshot::load(&self.snapshot_dir).map_err(sm_err)
+        self.snapshots.current().await.map_err(sm_err)
     }
 }
 

@@ -648,3 +648,4 @@ async fn namespaces_are_replicated_state() {
 }
 
 mod deliver;
+mod snapshot;
