@@ -11,29 +11,19 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use timerdb::clock::Clock;
-use timerdb::config::{parse_peers, Faults, NodeConfig};
+use timerdb::config::{parse_peers, Faults, LogFormat, Settings};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
-/// A timerdb node.
+/// A timerdb node. Settings come from flags, else TIMERDB_* variables, else --config.
 #[derive(Parser, Debug)]
 #[command(name = "timerd", version, about)]
 struct Args {
-    /// This node's id (a key of --peers).
-    #[arg(long, env = "TIMERDB_ID")]
-    id: u64,
-    /// Address to listen on for clients and peers.
-    #[arg(long, env = "TIMERDB_LISTEN")]
-    listen: String,
-    /// Directory for the node's RocksDB and snapshots (created if missing).
-    #[arg(long, env = "TIMERDB_DATA_DIR")]
-    data_dir: PathBuf,
-    /// Every voter as ID=ADDR, comma-separated, this node included.
-    #[arg(long, env = "TIMERDB_PEERS")]
-    peers: String,
-    /// Wheel bucket width in ms (fixed for the life of a data dir; all nodes must agree).
-    #[arg(long, env = "TIMERDB_BUCKET_MS", default_value_t = timerdb::wheel::DEFAULT_BUCKET_MS)]
-    bucket_ms: u64,
+    /// A TOML settings file (docs/configuration.md); flags and TIMERDB_* variables override it.
+    #[arg(long, env = "TIMERDB_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
     /// Skew this node's clock by this many ms (testing only).
     #[arg(
         long,
@@ -50,37 +40,52 @@ struct Args {
     /// ignore-cancel, ack-before-commit, fire-early.
     #[arg(long, env = "TIMERDB_FAULT", default_value = "")]
     fault: String,
-    /// Join an existing cluster: wait to be added with `timerctl member add` (Cluster.AddNode)
-    /// instead of forming a cluster from --peers (which then only needs this node's entry).
-    #[arg(long, env = "TIMERDB_JOIN")]
-    join: bool,
-    /// Log filter, e.g. `info` or `timerdb=debug,openraft=warn`.
-    #[arg(long, env = "TIMERDB_LOG", default_value = "info,openraft=warn")]
-    log: String,
+}
+
+const DEFAULT_LOG: &str = "info,openraft=warn";
+
+fn init_logging(filter: &str, format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
-        .with_target(false)
-        .init();
-    let peers = parse_peers(&args.peers)?;
-    let mut config = NodeConfig::new(args.id, args.data_dir.clone(), peers);
-    config.bucket_ms = args.bucket_ms;
+    let file = match &args.config {
+        Some(path) => Settings::load(path)?,
+        None => Settings::default(),
+    };
+    let settings = args.settings.clone().or(file);
+    init_logging(
+        settings.log.as_deref().unwrap_or(DEFAULT_LOG),
+        settings.log_format.unwrap_or_default(),
+    );
+    let mut config = settings.node_config()?;
     config.clock = Clock::with_offset(args.clock_offset_ms);
     if !args.dial.is_empty() {
         config.dial = parse_peers(&args.dial)?;
     }
     config.faults = Faults::parse(&args.fault)?;
-    config.join = args.join;
     if config.faults != Faults::default() {
         tracing::warn!(faults = ?config.faults, "DELIBERATE BUGS ARE ON (chaos checker proof)");
     }
-    let listener = TcpListener::bind(&args.listen)
+    tracing::info!(
+        id = config.id,
+        data_dir = %config.data_dir.display(),
+        snapshot_every_entries = config.snapshot_every_entries,
+        keep_log_entries = config.keep_log_entries,
+        "starting"
+    );
+    let listen = settings.listen()?.to_string();
+    let listener = TcpListener::bind(&listen)
         .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let node = timerdb::server::start(config, listener)
         .await
         .context("node failed to start")?;

@@ -1,5 +1,7 @@
 //! A node's configuration, with the defaults in code and every limit documented.
 
+mod file;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,6 +10,8 @@ use crate::clock::Clock;
 use crate::cluster::NodeId;
 use crate::wheel::DEFAULT_BUCKET_MS;
 use crate::{Error, Result};
+
+pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};
 
 /// Limits on client input. Requests beyond them are refused with a clear status.
 #[derive(Debug, Clone)]
@@ -77,6 +81,9 @@ impl Default for RaftTiming {
         }
     }
 }
+
+/// Bytes per snapshot chunk: well under the peer RPC's message limit.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 
 /// Everything one node needs to start.
 #[derive(Debug, Clone)]
@@ -216,6 +223,12 @@ impl NodeConfig {
             // generous tail so a briefly slow follower catches up from the log, not a snapshot.
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
             max_in_snapshot_log_to_keep: self.keep_log_entries,
+            // Snapshots stream from a file in chunks of this size (one peer RPC each).
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            // The timeout of each chunk's RPC. The last chunk's answer waits for the receiver
+            // to install the whole snapshot (about 10 s for 1,000,000 timers on this machine);
+            // a timeout sends the snapshot again from the start, so it must cover that.
+            install_snapshot_timeout: 60_000,
             ..Default::default()
         };
         config

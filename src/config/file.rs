@@ -1,0 +1,269 @@
+//! `timerd`'s settings: one struct read from three places, most specific first.
+//!
+//! A setting comes from the command-line flag, else its `TIMERDB_*` environment variable (clap
+//! reads both into the same field), else the TOML file given with `--config`, else the default
+//! in [`NodeConfig::new`]. [`Settings`] derives both clap's `Args` and serde's `Deserialize`,
+//! so a flag and its file key cannot drift apart: the file key is the flag's name with `_` for
+//! `-`, and sections (`[raft]`, `[snapshot]`) group the tuning knobs. Unknown keys in the file
+//! are an error, so a misspelt setting is never silently ignored. `docs/configuration.md`
+//! lists them all; `docs/timerd.example.toml` is a complete file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{parse_peers, NodeConfig};
+use crate::{Error, Result};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Every setting of a node. Each is optional here: absence means "ask the next source".
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// This node's id (a key of --peers).
+    #[arg(long, env = "TIMERDB_ID")]
+    pub id: Option<u64>,
+    /// Address to listen on for clients and peers.
+    #[arg(long, env = "TIMERDB_LISTEN")]
+    pub listen: Option<String>,
+    /// Directory for the node's RocksDB and snapshots (created if missing).
+    #[arg(long, env = "TIMERDB_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Every voter as ID=ADDR, comma-separated, this node included.
+    #[arg(long, env = "TIMERDB_PEERS")]
+    pub peers: Option<String>,
+    /// Join an existing cluster: wait to be added with `timerctl member add` (Cluster.AddNode)
+    /// instead of forming one from --peers (which then only needs this node's entry).
+    #[arg(long, env = "TIMERDB_JOIN", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub join: Option<bool>,
+    /// Wheel bucket width in ms (fixed for the life of a data dir; all nodes must agree).
+    #[arg(long, env = "TIMERDB_BUCKET_MS")]
+    pub bucket_ms: Option<u64>,
+    /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9101); off if unset.
+    #[arg(long, env = "TIMERDB_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Log filter, e.g. `info` or `timerdb=debug,openraft=warn` (default info,openraft=warn).
+    #[arg(long, env = "TIMERDB_LOG")]
+    pub log: Option<String>,
+    /// Log line format.
+    #[arg(long, env = "TIMERDB_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    #[command(flatten)]
+    #[serde(default)]
+    pub raft: RaftSettings,
+    #[command(flatten)]
+    #[serde(default)]
+    pub snapshot: SnapshotSettings,
+}
+
+/// `[raft]`: timing. All nodes should agree; see `RaftTiming` for why the defaults are what
+/// they are.
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct RaftSettings {
+    /// Leader heartbeat interval in ms (also each AppendEntries' timeout).
+    #[arg(long = "heartbeat-ms", env = "TIMERDB_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Shortest election timeout in ms.
+    #[arg(
+        long = "election-timeout-min-ms",
+        env = "TIMERDB_ELECTION_TIMEOUT_MIN_MS"
+    )]
+    pub election_timeout_min_ms: Option<u64>,
+    /// Longest election timeout in ms.
+    #[arg(
+        long = "election-timeout-max-ms",
+        env = "TIMERDB_ELECTION_TIMEOUT_MAX_MS"
+    )]
+    pub election_timeout_max_ms: Option<u64>,
+    /// How long a write waits to be committed before failing UNAVAILABLE, in ms.
+    #[arg(long = "write-timeout-ms", env = "TIMERDB_WRITE_TIMEOUT_MS")]
+    pub write_timeout_ms: Option<u64>,
+}
+
+/// `[snapshot]`: the log compaction policy.
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSettings {
+    /// Build a snapshot, and purge the log behind it, every this many entries.
+    #[arg(
+        long = "snapshot-every-entries",
+        env = "TIMERDB_SNAPSHOT_EVERY_ENTRIES"
+    )]
+    pub every_entries: Option<u64>,
+    /// Log entries kept behind a snapshot, so a briefly slow follower catches up from the log
+    /// rather than by a snapshot.
+    #[arg(long = "keep-log-entries", env = "TIMERDB_KEEP_LOG_ENTRIES")]
+    pub keep_log_entries: Option<u64>,
+}
+
+impl Settings {
+    /// Reads a TOML settings file.
+    pub fn load(path: &Path) -> Result<Settings> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!("cannot read config {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| Error::InvalidArgument(format!("config {}: {e}", path.display())))
+    }
+
+    /// These settings, with gaps filled from `lower` (the less specific source).
+    pub fn or(self, lower: Settings) -> Settings {
+        Settings {
+            id: self.id.or(lower.id),
+            listen: self.listen.or(lower.listen),
+            data_dir: self.data_dir.or(lower.data_dir),
+            peers: self.peers.or(lower.peers),
+            join: self.join.or(lower.join),
+            bucket_ms: self.bucket_ms.or(lower.bucket_ms),
+            metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            log: self.log.or(lower.log),
+            log_format: self.log_format.or(lower.log_format),
+            raft: RaftSettings {
+                heartbeat_ms: self.raft.heartbeat_ms.or(lower.raft.heartbeat_ms),
+                election_timeout_min_ms: (self.raft.election_timeout_min_ms)
+                    .or(lower.raft.election_timeout_min_ms),
+                election_timeout_max_ms: (self.raft.election_timeout_max_ms)
+                    .or(lower.raft.election_timeout_max_ms),
+                write_timeout_ms: self.raft.write_timeout_ms.or(lower.raft.write_timeout_ms),
+            },
+            snapshot: SnapshotSettings {
+                every_entries: self.snapshot.every_entries.or(lower.snapshot.every_entries),
+                keep_log_entries: (self.snapshot.keep_log_entries)
+                    .or(lower.snapshot.keep_log_entries),
+            },
+        }
+    }
+
+    /// The listen address; required.
+    pub fn listen(&self) -> Result<&str> {
+        self.listen
+            .as_deref()
+            .ok_or_else(|| missing("listen", "TIMERDB_LISTEN"))
+    }
+
+    /// The node configuration these settings describe, defaults filling the rest.
+    pub fn node_config(&self) -> Result<NodeConfig> {
+        let id = self.id.ok_or_else(|| missing("id", "TIMERDB_ID"))?;
+        let data_dir =
+            (self.data_dir.clone()).ok_or_else(|| missing("data-dir", "TIMERDB_DATA_DIR"))?;
+        let peers = self
+            .peers
+            .as_deref()
+            .ok_or_else(|| missing("peers", "TIMERDB_PEERS"))?;
+        let mut c = NodeConfig::new(id, data_dir, parse_peers(peers)?);
+        c.join = self.join.unwrap_or(false);
+        set(&mut c.bucket_ms, self.bucket_ms);
+        set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
+        set(
+            &mut c.raft.election_timeout_min_ms,
+            self.raft.election_timeout_min_ms,
+        );
+        set(
+            &mut c.raft.election_timeout_max_ms,
+            self.raft.election_timeout_max_ms,
+        );
+        if let Some(ms) = self.raft.write_timeout_ms {
+            c.write_timeout = Duration::from_millis(ms);
+        }
+        set(&mut c.snapshot_every_entries, self.snapshot.every_entries);
+        set(&mut c.keep_log_entries, self.snapshot.keep_log_entries);
+        c.validate()?;
+        c.openraft()?;
+        Ok(c)
+    }
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *field = v;
+    }
+}
+
+fn missing(flag: &str, env: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "no {flag}: give --{flag}, set {env}, or put `{}` in the --config file",
+        flag.replace('-', "_")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_the_file_overrides_defaults() {
+        let file: Settings = toml::from_str(
+            r#"
+            id = 2
+            listen = "127.0.0.1:7102"
+            data_dir = "/var/lib/timerdb"
+            peers = "1=a:1,2=b:2,3=c:3"
+            log_format = "json"
+            [raft]
+            heartbeat_ms = 150
+            election_timeout_min_ms = 400
+            election_timeout_max_ms = 600
+            [snapshot]
+            every_entries = 1000
+            "#,
+        )
+        .unwrap();
+        let flags = Settings {
+            listen: Some("0.0.0.0:9000".into()),
+            raft: RaftSettings {
+                heartbeat_ms: Some(120),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let s = flags.or(file);
+        assert_eq!(s.listen().unwrap(), "0.0.0.0:9000");
+        assert_eq!(s.log_format, Some(LogFormat::Json));
+        let c = s.node_config().unwrap();
+        assert_eq!((c.id, c.raft.heartbeat_ms), (2, 120));
+        assert_eq!(c.raft.election_timeout_min_ms, 400);
+        assert_eq!(c.snapshot_every_entries, 1000);
+        assert_eq!(
+            c.keep_log_entries,
+            NodeConfig::new(1, "x".into(), c.peers.clone()).keep_log_entries
+        );
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let typo = toml::from_str::<Settings>("heartbeat_ms = 100").unwrap_err();
+        assert!(
+            typo.to_string().contains("unknown field `heartbeat_ms`"),
+            "{typo}"
+        );
+        let none = Settings::default().node_config().unwrap_err();
+        assert!(none.to_string().contains("--id"), "{none}");
+        let bad = Settings {
+            id: Some(1),
+            data_dir: Some("x".into()),
+            peers: Some("1=a:1".into()),
+            raft: RaftSettings {
+                election_timeout_min_ms: Some(50),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(
+            bad.node_config().is_err(),
+            "heartbeat 100 ≥ election timeout 50 accepted"
+        );
+    }
+}
