@@ -72,19 +72,27 @@ impl Node {
         let node = BasicNode {
             addr: addr.to_string(),
         };
-        let added = tokio::time::timeout(CATCH_UP, self.raft.add_learner(id, node, true));
-        match added.await {
-            Ok(result) => result.map(drop).map_err(membership_error)?,
-            Err(_) => {
-                return Err(Error::Unavailable(format!(
-                    "node {id} joined as a learner but did not catch up within {CATCH_UP:?}: \
-                     check that it runs (with --join) and is reachable at {addr}; AddNode again \
-                     to promote it once it has"
-                )))
+        // Not openraft's blocking add: it calls a learner caught up within
+        // `replication_lag_threshold` entries, and with entries of up to 10,000 timers a
+        // learner that has nothing is "caught up" with a short log. Instead: wait until it holds
+        // every entry the log had once it was added (a snapshot counts).
+        self.raft
+            .add_learner(id, node, false)
+            .await
+            .map_err(membership_error)?;
+        let upto = self.raft.metrics().borrow().last_log_index;
+        match self.wait_matched(id, upto, CATCH_UP).await {
+            Err(Error::Unavailable(_)) => Err(Error::Unavailable(format!(
+                "node {id} joined as a learner but did not catch up within {CATCH_UP:?}: \
+                 check that it runs (with --join) and is reachable at {addr}; AddNode again \
+                 to promote it once it has"
+            ))),
+            Err(e) => Err(e),
+            Ok(()) => {
+                tracing::info!(id, addr, upto, "learner caught up");
+                Ok(())
             }
         }
-        tracing::info!(id, addr, "learner caught up");
-        Ok(())
     }
 
     /// Removes node `id` from the cluster (voter or learner). Removing this node, the leader,
@@ -206,20 +214,37 @@ impl Node {
 
     /// Waits until `target` has every entry this leader has.
     async fn wait_replicated(&self, target: NodeId) -> Result<()> {
+        self.wait_matched(target, None, TARGET_CATCH_UP)
+            .await
+            .map_err(|e| match e {
+                Error::Unavailable(why) => {
+                    Error::Unavailable(format!("{why}; leadership stays with node {}", self.id))
+                }
+                other => other,
+            })
+    }
+
+    /// Waits up to `within` until `target` holds the log up to `upto` (`None`: up to this
+    /// leader's last entry, whenever it is checked). NotLeader if leadership is lost meanwhile,
+    /// Unavailable on timeout.
+    async fn wait_matched(
+        &self,
+        target: NodeId,
+        upto: Option<u64>,
+        within: Duration,
+    ) -> Result<()> {
         let mut metrics = self.raft.metrics();
         let caught_up = async {
             let m = metrics.wait_for(|m| {
-                m.state != ServerState::Leader || matched(m, target) >= m.last_log_index
+                m.state != ServerState::Leader || matched(m, target) >= upto.or(m.last_log_index)
             });
             m.await.map(|m| m.state == ServerState::Leader)
         };
-        match tokio::time::timeout(TARGET_CATCH_UP, caught_up).await {
+        match tokio::time::timeout(within, caught_up).await {
             Ok(Ok(true)) => Ok(()),
             Ok(_) => Err(Error::NotLeader),
             Err(_) => Err(Error::Unavailable(format!(
-                "node {target} is not caught up with the log after {TARGET_CATCH_UP:?}; \
-                 leadership stays with node {}",
-                self.id
+                "node {target} is not caught up with the log after {within:?}"
             ))),
         }
     }
