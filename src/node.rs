@@ -7,6 +7,7 @@
 //! error type. Nothing here knows about protobuf or forwarding.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -40,6 +41,13 @@ pub struct NodeStatus {
     pub members: Vec<(NodeId, String, bool)>,
     pub pending_timers: u64,
     pub time_cursor_ms: i64,
+    pub commit_index: u64,
+    /// Last index the current snapshot covers (0: none).
+    pub snapshot_index: u64,
+    /// Log entries up to here are purged (0: none).
+    pub purged_index: u64,
+    pub snapshots_built: u64,
+    pub snapshots_installed: u64,
 }
 
 /// One timerdb node: its Raft handle, its state machine reader and its configuration.
@@ -58,6 +66,8 @@ pub struct Node {
     pub hold: Hold,
     /// The commit index as this node knows it (see `LogStore::committed`).
     pub committed: Arc<std::sync::atomic::AtomicU64>,
+    /// The snapshot directory (its counters, for status and metrics).
+    pub snapshots: Arc<crate::storage::Snapshots>,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
@@ -336,6 +346,11 @@ impl Node {
             members,
             pending_timers: sm.pending,
             time_cursor_ms: sm.cursor_ms,
+            commit_index: self.committed.load(Ordering::Relaxed),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            purged_index: m.purged.map_or(0, |l| l.index),
+            snapshots_built: self.snapshots.stats.built.load(Ordering::Relaxed),
+            snapshots_installed: self.snapshots.stats.installed.load(Ordering::Relaxed),
         })
     }
 }

@@ -62,6 +62,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     let db_owner = db.clone();
     let log = LogStore::new(db);
     let committed = log.committed();
+    let snapshots = sm.snapshots();
     let hold = Hold::default();
     let network = Network {
         config: config.clone(),
@@ -80,6 +81,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         proposer: Proposer::start(raft.clone(), hold.clone(), crate::node::write_error),
         hold: hold.clone(),
         committed,
+        snapshots,
     });
 
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];

@@ -63,6 +63,11 @@ impl cluster_server::Cluster for ClusterService {
             members: members_pb(s.members),
             pending_timers: s.pending_timers,
             time_cursor_ms: s.time_cursor_ms,
+            commit_index: s.commit_index,
+            snapshot_index: s.snapshot_index,
+            purged_index: s.purged_index,
+            snapshots_built: s.snapshots_built,
+            snapshots_installed: s.snapshots_installed,
         }))
     }
 
