@@ -9,6 +9,9 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+echo "== building release timerd (the million-timer snapshot test runs it)"
+cargo build --release --quiet --bin timerd
+export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"
 echo "== cargo test"
 cargo test --all-targets -- --test-threads=2 "$@"
 echo "== chaos (short profile)"

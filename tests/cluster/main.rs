@@ -8,3 +8,4 @@ mod harness;
 mod inproc;
 mod operations;
 mod process;
+mod rejoin;

@@ -10,10 +10,10 @@ use tonic::transport::Channel;
 
 use crate::harness::*;
 
-struct Proc {
-    addr: String,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
+pub(crate) struct Proc {
+    pub addr: String,
+    pub dir: std::path::PathBuf,
+    pub child: Option<Child>,
 }
 
 /// A failing assertion must not leave timerd processes behind.
@@ -26,14 +26,30 @@ impl Drop for Proc {
     }
 }
 
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
 }
 
-fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
-    let log = std::fs::File::create(p.dir.join(format!("timerd-{id}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_timerd"))
+pub(crate) fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
+    spawn_with(id, p, peers, &[])
+}
+
+/// The `timerd` binary: `TIMERDB_TIMERD` if set (the test script points it at the release
+/// build, which the million-timer test needs to finish in minutes), else this build's.
+pub(crate) fn timerd() -> String {
+    std::env::var("TIMERDB_TIMERD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_timerd").to_string())
+}
+
+/// Starts `timerd` for node `id` with `extra` arguments; its output goes to a log in its dir
+/// (appended, so a restart keeps the earlier lines).
+pub(crate) fn spawn_with(id: u64, p: &Proc, peers: &str, extra: &[&str]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p.dir.join(format!("timerd-{id}.log")))
+        .unwrap();
+    Command::new(timerd())
         .args([
             "--id",
             &id.to_string(),
@@ -44,6 +60,7 @@ fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
         ])
         .arg("--data-dir")
         .arg(p.dir.join("data"))
+        .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
@@ -51,7 +68,12 @@ fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
 }
 
 /// Starts three `timerd` processes under `tmp`; returns them and their `--peers`.
-fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
+pub(crate) fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
+    start_three_with(tmp, &[])
+}
+
+/// Starts three `timerd` processes, each with `extra` arguments.
+pub(crate) fn start_three_with(tmp: &TempDir, extra: &[&str]) -> (Vec<Proc>, String) {
     let mut procs: Vec<Proc> = (1..=3)
         .map(|id| {
             let dir = tmp.path().join(format!("n{id}"));
@@ -70,12 +92,12 @@ fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
         .collect::<Vec<_>>()
         .join(",");
     for (i, p) in procs.iter_mut().enumerate() {
-        p.child = Some(spawn(i as u64 + 1, p, &peers));
+        p.child = Some(spawn_with(i as u64 + 1, p, &peers, extra));
     }
     (procs, peers)
 }
 
-async fn channel(addr: &str) -> Option<Channel> {
+pub(crate) async fn channel(addr: &str) -> Option<Channel> {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .ok()?
         .connect()
@@ -83,13 +105,13 @@ async fn channel(addr: &str) -> Option<Channel> {
         .ok()
 }
 
-async fn status(addr: &str) -> Option<pb::StatusResponse> {
+pub(crate) async fn status(addr: &str) -> Option<pb::StatusResponse> {
     let mut c = ClusterClient::new(channel(addr).await?);
     Some(c.status(pb::StatusRequest {}).await.ok()?.into_inner())
 }
 
 /// Waits until one node reports itself leader; returns its index in `procs`.
-async fn leader(procs: &[Proc]) -> usize {
+pub(crate) async fn leader(procs: &[Proc]) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         for (i, p) in procs.iter().enumerate() {
@@ -175,14 +197,14 @@ async fn sigkill_the_leader_process_and_restart_it() {
     }
 }
 
-fn send_sigterm(child: &Child) {
+pub(crate) fn send_sigterm(child: &Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
 }
 
 /// The exit status, or `None` if the process was still running after `within` (then killed).
-fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
