@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod membership;
+pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod server;

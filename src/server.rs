@@ -106,6 +106,10 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         fire_early_ms: node.config.faults.fire_early_ms,
         hold: node.hold.clone(),
     };
+    tasks.push(tokio::spawn(crate::metrics::sample_loop(
+        node.clone(),
+        rx.clone(),
+    )));
     tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = node.id, %addr, "node started");
     Ok(RunningNode {
@@ -185,6 +189,7 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
     };
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .layer(crate::api::observe::ObserveLayer)
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)

@@ -19,6 +19,7 @@ pub mod convert;
 pub mod forward;
 pub mod health;
 pub mod namespaces;
+pub mod observe;
 pub mod peer;
 pub mod subscribe;
 pub mod timers;

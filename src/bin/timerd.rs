@@ -83,6 +83,13 @@ async fn main() -> anyhow::Result<()> {
         "starting"
     );
     let listen = settings.listen()?.to_string();
+    if let Some(addr) = &settings.metrics_listen {
+        let addr = addr
+            .parse()
+            .with_context(|| format!("--metrics-listen {addr} is not HOST:PORT"))?;
+        timerdb::metrics::serve(addr)?;
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     let listener = TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
 
-use super::meta::Progress;
-use super::{cf, codec, CF_NAMESPACES, CF_READY, CF_TIMERS, CF_WHEEL};
+use super::meta::{pending_key, Progress};
+use super::{cf, codec, CF_META, CF_NAMESPACES, CF_READY, CF_TIMERS, CF_WHEEL};
 use crate::namespace::{Namespace, Policy};
 use crate::timer::{
     Command, Phase, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When,
@@ -44,6 +44,8 @@ pub(super) struct Applier<'a> {
     /// its commands see each other's effects, though the batch is not yet written. `None` for
     /// other entries, which then pay no copy per write (a Fire entry writes up to 10,000).
     pub staged: Option<HashMap<TimerKey, Option<Timer>>>,
+    /// Change in PENDING timers per namespace, written by [`Applier::stage_pending`].
+    pub pending_by_ns: HashMap<String, i64>,
 }
 
 impl Applier<'_> {
@@ -188,9 +190,31 @@ impl Applier<'_> {
         Ok(())
     }
 
+    /// Counts a timer entering (+1) or leaving (-1) PENDING, in total and per namespace.
+    pub(super) fn count_pending(&mut self, namespace: &str, delta: i64) {
+        self.progress.pending = self.progress.pending.saturating_add_signed(delta);
+        *self.pending_by_ns.entry(namespace.to_string()).or_default() += delta;
+    }
+
+    /// Writes this entry's per-namespace PENDING counts (`meta`, `pending/<namespace>`).
+    pub fn stage_pending(&mut self) -> Result<()> {
+        let meta = cf(self.db, CF_META);
+        for (ns, delta) in std::mem::take(&mut self.pending_by_ns) {
+            let key = pending_key(&ns);
+            let now: u64 = match self.db.get_cf(meta, &key)? {
+                Some(v) => codec::decode(&v)?,
+                None => 0,
+            };
+            self.batch
+                .put_cf(meta, key, codec::encode(&now.saturating_add_signed(delta)));
+        }
+        Ok(())
+    }
+
     fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
         let mut timer = Timer::pending(spec, now_ms);
-        self.progress.pending += 1;
+        self.count_pending(&timer.key.namespace, 1);
+        crate::metrics::scheduled();
         let at = timer.fire_at_ms;
         self.wake(&mut timer, at);
         self.put(&timer);
@@ -254,7 +278,7 @@ impl Applier<'_> {
         match timer.state {
             TimerState::Pending => {
                 self.unwake(&timer);
-                self.progress.pending = self.progress.pending.saturating_sub(1);
+                self.count_pending(&timer.key.namespace, -1);
                 self.finish(&mut timer, TimerState::Cancelled, now_ms)?;
                 self.put(&timer);
                 Ok(Response::Timer {

@@ -26,7 +26,8 @@ impl Applier<'_> {
         self.unwake(&timer);
         match (timer.state, timer.phase) {
             (TimerState::Pending, _) => {
-                self.progress.pending = self.progress.pending.saturating_sub(1);
+                self.count_pending(&timer.key.namespace, -1);
+                crate::metrics::fired(now_ms - timer.fire_at_ms);
                 timer.state = TimerState::Fired;
                 timer.fired_at_ms = now_ms;
                 timer.fire_index = self.index;
@@ -79,6 +80,7 @@ impl Applier<'_> {
                 Some(mut timer) if seen.insert(key) => {
                     self.unwake(&timer);
                     let ack_timeout = self.policy(&timer.key.namespace)?.ack_timeout_ms;
+                    crate::metrics::delivered(timer.attempts > timer.attempt_base);
                     timer.attempts += 1;
                     timer.last_delivered_at_ms = now_ms;
                     timer.phase = Phase::InFlight;
@@ -107,6 +109,7 @@ impl Applier<'_> {
         // The latest attempt, in flight, backing off or ready again: the work is done.
         self.unwake(&timer);
         self.finish(&mut timer, TimerState::Acked, now_ms)?;
+        crate::metrics::acked();
         self.put(&timer);
         Ok(unchanged(timer))
     }
@@ -152,7 +155,7 @@ impl Applier<'_> {
             timer.attempt_base = timer.attempts;
             timer.redrives += 1;
             (timer.fired_at_ms, timer.fire_index, timer.finished_at_ms) = (0, 0, 0);
-            self.progress.pending += 1;
+            self.count_pending(&key.namespace, 1);
             // Due now: it fires with the next Fire entry.
             self.wake(&mut timer, now_ms);
             self.put(&timer);

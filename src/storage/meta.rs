@@ -16,6 +16,14 @@ pub const LAST_APPLIED: &[u8] = b"last_applied";
 pub const MEMBERSHIP: &[u8] = b"membership";
 /// Key of the replicated clock and counters ([`Progress`]).
 pub const PROGRESS: &[u8] = b"progress";
+/// Prefix of the PENDING count of one namespace: `pending/<namespace>` → bincode u64.
+pub const PENDING_PREFIX: &[u8] = b"pending/";
+
+/// The key of `namespace`'s PENDING count.
+pub fn pending_key(namespace: &str) -> Vec<u8> {
+    [PENDING_PREFIX, namespace.as_bytes()].concat()
+}
+
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 pub const BUCKET_MS: &[u8] = b"bucket_ms";
 

@@ -315,6 +315,36 @@ impl Store {
         meta::SmMeta::load(&self.db)
     }
 
+    /// PENDING timers per namespace (every namespace that ever had one).
+    pub fn pending_by_namespace(&self) -> Result<Vec<(String, u64)>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(prefix_end(meta::PENDING_PREFIX));
+        let iter = self.db.iterator_cf_opt(
+            cf(&self.db, CF_META),
+            opts,
+            IteratorMode::From(meta::PENDING_PREFIX, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter {
+            let (k, v) = item?;
+            let ns = String::from_utf8_lossy(&k[meta::PENDING_PREFIX.len()..]).into_owned();
+            out.push((ns, decode(&v)?));
+        }
+        Ok(out)
+    }
+
+    /// Bytes the Raft log takes on disk and in memtables (RocksDB's estimate).
+    pub fn log_bytes(&self) -> u64 {
+        let log = cf(&self.db, CF_LOG);
+        [
+            "rocksdb.total-sst-files-size",
+            "rocksdb.size-all-mem-tables",
+        ]
+        .iter()
+        .filter_map(|p| self.db.property_int_value_cf(log, *p).ok().flatten())
+        .sum()
+    }
+
     /// A digest of the whole state machine (timers, wheel, meta) and the applied index it
     /// describes, read from one consistent RocksDB snapshot. Equal applied index ⇒ equal digest
     /// on every correct replica.

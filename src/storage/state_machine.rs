@@ -83,8 +83,10 @@ impl StateMachine {
                     made_ready: false,
                     policies: Default::default(),
                     staged: None,
+                    pending_by_ns: Default::default(),
                 };
                 let response = applier.command(cmd)?;
+                applier.stage_pending()?;
                 earliest_new_due = applier.earliest_new_due;
                 made_ready = applier.made_ready;
                 response

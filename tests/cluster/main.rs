@@ -6,6 +6,7 @@ mod consumer;
 mod delivery;
 mod harness;
 mod inproc;
+mod observe;
 mod operations;
 mod process;
 mod rejoin;

@@ -1,0 +1,66 @@
+//! A tower layer that counts every gRPC call by method and status and times it, for the
+//! metrics endpoint (see [`crate::metrics`]).
+//!
+//! The status is read from the response headers: tonic answers a failed call "trailers only",
+//! with `grpc-status` in the headers; a call whose headers carry none succeeded so far and is
+//! counted OK (a stream that fails later still counts OK: its status travels in trailers this
+//! layer does not wait for). Latency is the time to the response headers, which for a unary
+//! call is the whole call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+/// Wraps a service in [`Observe`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ObserveLayer;
+
+impl<S> tower::Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe { inner }
+    }
+}
+
+/// The service [`ObserveLayer`] makes.
+#[derive(Debug, Clone)]
+pub struct Observe<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Observe<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req.uri().path().to_string();
+        let started = Instant::now();
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let result = call.await;
+            let code = match &result {
+                Ok(resp) => resp
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or(tonic::Code::Ok, tonic::Code::from),
+                Err(_) => tonic::Code::Unknown,
+            };
+            crate::metrics::grpc(&method, code, started.elapsed());
+            result
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! Prometheus metrics: every metric's name, the HTTP exporter, and the sampler of gauges.
+//!
+//! Three sources, each where the fact is known:
+//! - **Events** (timers scheduled, fired, delivered, redelivered, acked; fire lateness) are
+//!   counted by the state machine as it applies them. Every replica applies the same entries,
+//!   so every node reports the same totals and any node's `rate()` is the cluster's. Lateness
+//!   is measured on the replicated clock (the Fire entry's time minus the timer's due time), so
+//!   it is exact and deterministic, not a guess from a wall clock.
+//! - **gRPC** requests, by method and status, with latency: [`crate::api::observe`], a tower
+//!   layer on the server.
+//! - **Gauges** (Raft term, leader, commit/applied index, apply lag, log size, snapshots,
+//!   PENDING timers per namespace) are sampled once a second by [`sample_loop`] from openraft's
+//!   metrics and the store.
+//!
+//! Nothing is recorded until [`serve`] installs the exporter (`timerd --metrics-listen`); the
+//! `metrics` macros are no-ops before that, so in-process test clusters pay nothing.
+//! docs/operations.md lists every metric; docs/grafana-dashboard.json charts them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+use crate::node::Node;
+use crate::{Error, Result};
+
+const LATENESS: &str = "timerdb_fire_lateness_seconds";
+const GRPC_SECONDS: &str = "timerdb_grpc_request_duration_seconds";
+
+/// Serves `/metrics` over HTTP at `addr`; call once per process, inside the runtime.
+pub fn serve(addr: SocketAddr) -> Result<()> {
+    let fail =
+        |e: &dyn std::fmt::Display| Error::InvalidArgument(format!("metrics on {addr}: {e}"));
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full(LATENESS.into()),
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ],
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(GRPC_SECONDS.into()),
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0,
+                ],
+            )
+        })
+        .map_err(|e| fail(&e))?
+        .install()
+        .map_err(|e| fail(&e))
+}
+
+/// A timer was scheduled (a new PENDING timer).
+pub fn scheduled() {
+    counter!("timerdb_timers_scheduled_total").increment(1);
+}
+
+/// A timer fired `late_ms` after its due time (on the replicated clock).
+pub fn fired(late_ms: i64) {
+    counter!("timerdb_timers_fired_total").increment(1);
+    histogram!(LATENESS).record(late_ms.max(0) as f64 / 1000.0);
+}
+
+/// A fired timer was handed to a consumer; `again` if an earlier attempt was not acked.
+pub fn delivered(again: bool) {
+    counter!("timerdb_deliveries_total").increment(1);
+    if again {
+        counter!("timerdb_redeliveries_total").increment(1);
+    }
+}
+
+/// A delivery was acknowledged.
+pub fn acked() {
+    counter!("timerdb_timers_acked_total").increment(1);
+}
+
+/// One gRPC call finished: `method` is the request path (`/timerdb.v1.Timers/Schedule`).
+pub fn grpc(method: &str, code: tonic::Code, elapsed: Duration) {
+    let labels = [
+        ("method", method.to_string()),
+        ("code", format!("{code:?}")),
+    ];
+    counter!("timerdb_grpc_requests_total", &labels).increment(1);
+    histogram!(GRPC_SECONDS, &labels).record(elapsed.as_secs_f64());
+}
+
+/// Sets the gauges from `node` every second until `shutdown`.
+pub async fn sample_loop(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => sample(&node),
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+fn sample(node: &Node) {
+    let m = node.raft.metrics().borrow().clone();
+    let applied = m.last_applied.map_or(0, |l| l.index);
+    let commit = node.committed.load(Ordering::Relaxed).max(applied);
+    let last = m.last_log_index.unwrap_or(0);
+    let purged = m.purged.map_or(0, |l| l.index);
+    gauge!("timerdb_raft_term").set(m.current_term as f64);
+    gauge!("timerdb_raft_leader_id").set(m.current_leader.unwrap_or(0) as f64);
+    let leading = m.current_leader == Some(node.id) && m.state.is_leader();
+    gauge!("timerdb_raft_is_leader").set(if leading { 1.0 } else { 0.0 });
+    gauge!("timerdb_raft_last_log_index").set(last as f64);
+    gauge!("timerdb_raft_commit_index").set(commit as f64);
+    gauge!("timerdb_raft_applied_index").set(applied as f64);
+    gauge!("timerdb_raft_apply_lag_entries").set(commit.saturating_sub(applied) as f64);
+    gauge!("timerdb_raft_log_entries").set(last.saturating_sub(purged) as f64);
+    gauge!("timerdb_raft_log_bytes").set(node.store.log_bytes() as f64);
+    let stats = &node.snapshots.stats;
+    counter!("timerdb_snapshots_built_total").absolute(stats.built.load(Ordering::Relaxed));
+    counter!("timerdb_snapshots_installed_total").absolute(stats.installed.load(Ordering::Relaxed));
+    gauge!("timerdb_snapshot_last_index").set(m.snapshot.map_or(0, |l| l.index) as f64);
+    gauge!("timerdb_snapshot_bytes").set(stats.last_bytes.load(Ordering::Relaxed) as f64);
+    match node.store.pending_by_namespace() {
+        Ok(counts) => {
+            for (ns, n) in counts {
+                gauge!("timerdb_pending_timers", "namespace" => ns).set(n as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read pending counts for metrics"),
+    }
+}
