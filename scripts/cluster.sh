@@ -2,7 +2,7 @@
 # Runs a local 3-node timerdb cluster on loopback.
 #
 #   scripts/cluster.sh start   [--dir DIR] [--base-port 7101]   build, start 3 nodes, wait for a leader
-#   scripts/cluster.sh status  [--dir DIR]                       each node's view of the cluster
+#   scripts/cluster.sh status  [--dir DIR]                       every member: role, term, applied, lag
 #   scripts/cluster.sh stop    [--dir DIR]                       SIGTERM every node (clean shutdown)
 #   scripts/cluster.sh kill N  [--dir DIR]                       SIGKILL node N (a crash)
 #   scripts/cluster.sh restart N [--dir DIR]                     start node N again on its data dir
@@ -55,8 +55,8 @@ leader() {
   for n in 1 2 3; do
     # Capture, then match: `| grep -q` can SIGPIPE timerctl, which pipefail reports as failure.
     if alive "$n" && out=$("$BIN/timerctl" -e "$(addr "$n")" status 2>/dev/null) &&
-      [[ "$out" == *"role=leader"* ]]; then
-      echo "$n"; return 0
+      [[ "$out" =~ leader:\ node\ ([0-9]+) ]]; then
+      echo "${BASH_REMATCH[1]}"; return 0
     fi
   done
   return 1
@@ -78,10 +78,12 @@ case "$cmd" in
     wait_leader
     ;;
   status)
+    # One table of every member, asked through the first node that runs.
     for n in 1 2 3; do
-      echo "--- node $n ($(addr "$n"))"
-      "$BIN/timerctl" -e "$(addr "$n")" status 2>&1 || true
+      if alive "$n"; then "$BIN/timerctl" -e "$(addr "$n")" status; exit 0; fi
     done
+    echo "no node is running" >&2
+    exit 1
     ;;
   stop)
     for n in 1 2 3; do

@@ -3,6 +3,7 @@
 //! sequence of named phases.
 
 mod consumer;
+mod ctl;
 mod delivery;
 mod harness;
 mod inproc;

@@ -3,7 +3,7 @@
 use timerdb::api::pb::{self, timers_client::TimersClient};
 use tonic::transport::Channel;
 
-use crate::{print_timer, status_err};
+use crate::output::{self, status_err};
 
 /// Subscribes and prints each delivery; acks it with `ack`; stops after `count` if given.
 pub async fn watch(
@@ -26,8 +26,11 @@ pub async fn watch(
         };
         n += 1;
         let t = d.timer.unwrap_or_default();
-        print!("delivery attempt={}  ", d.attempt);
-        print_timer(&t);
+        if output::json() {
+            output::doc(serde_json::json!({"attempt": d.attempt, "timer": output::timer_json(&t)}));
+        } else {
+            println!("delivery attempt={}  {}", d.attempt, output::timer_line(&t));
+        }
         if ack {
             let req = pb::AckRequest {
                 namespace: t.namespace,
@@ -73,8 +76,8 @@ pub async fn settle(
             .into_inner()
             .timer
     };
-    print!("{} ", if ack { "acked" } else { "nacked" });
-    print_timer(&timer.unwrap_or_default());
+    let verb = if ack { "acked" } else { "nacked" };
+    output::timer(verb, &timer.unwrap_or_default());
     Ok(())
 }
 
@@ -93,9 +96,13 @@ pub async fn redrive(
         all,
     };
     let r = timers.redrive(req).await.map_err(status_err)?.into_inner();
+    if output::json() {
+        let timers: Vec<_> = r.timers.iter().map(output::timer_json).collect();
+        output::doc(serde_json::json!({"redriven": r.redriven, "timers": timers}));
+        return Ok(());
+    }
     for t in &r.timers {
-        print!("redriven ");
-        print_timer(t);
+        output::timer("redriven", t);
     }
     if all {
         println!(

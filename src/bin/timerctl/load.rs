@@ -51,12 +51,20 @@ pub async fn load(
         t.await?.map_err(status_err)?;
     }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "scheduled {count} timers in {secs:.2} s: {:.0} schedules/s ({concurrency} in flight)",
-        count as f64 / secs
-    );
+    if !crate::output::json() {
+        println!(
+            "scheduled {count} timers in {secs:.2} s: {:.0} schedules/s ({concurrency} in flight)",
+            count as f64 / secs
+        );
+    }
+    let mut summary = serde_json::json!({
+        "scheduled": count,
+        "seconds": secs,
+        "schedules_per_second": count as f64 / secs,
+        "concurrency": concurrency,
+    });
     if wait {
-        report_lateness(
+        let lateness = report_lateness(
             timers,
             &namespace,
             &format!("load-{run}-"),
@@ -64,6 +72,10 @@ pub async fn load(
             base + spread_ms,
         )
         .await?;
+        summary["lateness_ms"] = lateness;
+    }
+    if crate::output::json() {
+        crate::output::doc(summary);
     }
     Ok(())
 }
@@ -75,7 +87,7 @@ async fn report_lateness(
     prefix: &str,
     count: usize,
     last_fire_ms: i64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<serde_json::Value> {
     let deadline = Instant::now()
         + Duration::from_millis((last_fire_ms - now_ms()).max(0) as u64)
         + Duration::from_secs(60);
@@ -105,17 +117,18 @@ async fn report_lateness(
         if lateness.len() >= count {
             lateness.sort_unstable();
             let p = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
-            println!(
-                "all {count} fired; lateness (fired_at - fire_at, ms): min {} p50 {} p99 {} max {}",
-                lateness[0],
-                p(0.5),
-                p(0.99),
-                lateness[lateness.len() - 1]
-            );
-            if lateness[0] < 0 {
+            let (min, max) = (lateness[0], lateness[lateness.len() - 1]);
+            if !crate::output::json() {
+                println!(
+                    "all {count} fired; lateness (fired_at - fire_at, ms): min {min} p50 {} p99 {} max {max}",
+                    p(0.5),
+                    p(0.99),
+                );
+            }
+            if min < 0 {
                 bail!("a timer fired early");
             }
-            return Ok(());
+            return Ok(serde_json::json!({"min": min, "p50": p(0.5), "p99": p(0.99), "max": max}));
         }
         if Instant::now() > deadline {
             bail!("only {} of {count} timers fired in time", lateness.len());

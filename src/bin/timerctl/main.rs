@@ -1,18 +1,21 @@
 //! `timerctl`: the command-line client of a timerdb cluster.
 //!
 //! Talks to any node (`--endpoint`, default `127.0.0.1:7101` or `$TIMERDB_ENDPOINT`); the node
-//! forwards to the leader. Output is for people: one line per timer, times in RFC 3339 UTC.
+//! forwards to the leader. Output is for people (one line per timer, times in RFC 3339 UTC)
+//! or, with `--output json`, for scripts (see `output`).
 
 mod delivery;
 mod load;
 mod member;
 mod namespace;
+mod output;
+mod status;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
+use timerdb::api::pb::{self, timers_client::TimersClient};
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
@@ -27,6 +30,9 @@ struct Cli {
         default_value = "127.0.0.1:7101"
     )]
     endpoint: String,
+    /// text (for people) or json (one document per command, for scripts).
+    #[arg(long, short, global = true, value_enum, default_value = "text")]
+    output: output::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -86,7 +92,7 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
-    /// Show this node's view of the cluster.
+    /// Show every member of the cluster: role, term, applied index, lag, pending timers.
     Status,
     /// Add, remove and list cluster members.
     Member {
@@ -186,21 +192,13 @@ async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .with_context(|| format!("cannot reach a timerdb node at {uri} (is it running?)"))
+        .map_err(|e| output::unreachable(&uri, &e))
 }
 
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn fmt_ms(ms: i64) -> String {
-    if ms <= 0 {
-        return "-".into();
-    }
-    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
-    humantime::format_rfc3339_millis(t).to_string()
 }
 
 fn parse_at(s: &str) -> anyhow::Result<i64> {
@@ -212,70 +210,14 @@ fn parse_at(s: &str) -> anyhow::Result<i64> {
     Ok(t.duration_since(UNIX_EPOCH)?.as_millis() as i64)
 }
 
-fn state_name(v: i32) -> &'static str {
-    pb::TimerState::try_from(v).map_or("?", |s| s.as_str_name().trim_start_matches("TIMER_STATE_"))
-}
-
-pub(crate) fn print_timer(t: &pb::Timer) {
-    let mut line = format!(
-        "{}/{}  {}  fire_at={}",
-        t.namespace,
-        t.id,
-        state_name(t.state),
-        fmt_ms(t.fire_at_ms)
-    );
-    if t.fire_index > 0 {
-        line += &format!(
-            "  fired_at={} (+{} ms) fire_index={}",
-            fmt_ms(t.fired_at_ms),
-            t.fired_at_ms - t.fire_at_ms,
-            t.fire_index
-        );
-    }
-    if let Ok(phase) = pb::DeliveryPhase::try_from(t.phase) {
-        if phase != pb::DeliveryPhase::Unspecified {
-            line += &format!(
-                "  {}",
-                phase.as_str_name().trim_start_matches("DELIVERY_PHASE_")
-            );
-        }
-    }
-    if t.attempts > 0 || t.redrives > 0 {
-        line += &format!(
-            "  attempts={} (timeouts={} nacks={} redrives={}) last_delivered={}",
-            t.attempts,
-            t.timeouts,
-            t.nacks,
-            t.redrives,
-            fmt_ms(t.last_delivered_at_ms)
-        );
-    }
-    if t.finished_at_ms > 0 {
-        line += &format!("  finished_at={}", fmt_ms(t.finished_at_ms));
-    }
-    if t.wake_at_ms > 0 && t.state != pb::TimerState::Pending as i32 {
-        let what = if t.finished_at_ms > 0 {
-            "purge_at"
-        } else {
-            "next_at"
-        };
-        line += &format!("  {what}={}", fmt_ms(t.wake_at_ms));
-    }
-    if !t.payload.is_empty() {
-        line += &format!("  payload={:?}", String::from_utf8_lossy(&t.payload));
-    }
-    println!("{line}");
-}
-
-pub(crate) fn status_err(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", s.code(), s.message())
-}
+pub(crate) use output::status_err;
 
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    output::set(cli.output);
     if let Err(e) = run(cli).await {
-        eprintln!("error: {e:#}");
+        output::error(&e);
         std::process::exit(1);
     }
 }
@@ -302,16 +244,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 payload: payload.into_bytes(),
             };
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
-            print!("{} ", if r.created { "scheduled" } else { "exists" });
-            print_timer(&r.timer.unwrap_or_default());
+            let verb = if r.created { "scheduled" } else { "exists" };
+            output::timer(verb, &r.timer.unwrap_or_default());
         }
         Command::Cancel { namespace, id } => {
             let r = timers
                 .cancel(pb::CancelRequest { namespace, id })
                 .await
                 .map_err(status_err)?;
-            print!("cancelled ");
-            print_timer(&r.into_inner().timer.unwrap_or_default());
+            output::timer("cancelled", &r.into_inner().timer.unwrap_or_default());
         }
         Command::Reschedule {
             namespace,
@@ -329,15 +270,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 when: Some(when),
             };
             let r = timers.reschedule(req).await.map_err(status_err)?;
-            print!("rescheduled ");
-            print_timer(&r.into_inner().timer.unwrap_or_default());
+            output::timer("rescheduled", &r.into_inner().timer.unwrap_or_default());
         }
         Command::Get { namespace, id } => {
             let r = timers
                 .get(pb::GetRequest { namespace, id })
                 .await
                 .map_err(status_err)?;
-            print_timer(&r.into_inner().timer.unwrap_or_default());
+            output::timer("", &r.into_inner().timer.unwrap_or_default());
         }
         Command::List {
             namespace,
@@ -347,7 +287,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             list(&mut timers, namespace, state, limit, all).await?;
         }
-        Command::Status => status(ch).await?,
+        Command::Status => status::status(ch).await?,
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,
         Command::Leader { command } => member::leader(ch, command).await?,
@@ -399,6 +339,7 @@ async fn list(
 ) -> anyhow::Result<()> {
     let mut token = String::new();
     let mut n = 0;
+    let mut docs = Vec::new();
     loop {
         let req = pb::ListRequest {
             namespace: namespace.clone(),
@@ -409,7 +350,11 @@ async fn list(
         };
         let page = timers.list(req).await.map_err(status_err)?.into_inner();
         for t in &page.timers {
-            print_timer(t);
+            if output::json() {
+                docs.push(output::timer_json(t));
+            } else {
+                println!("{}", output::timer_line(t));
+            }
         }
         n += page.timers.len();
         token = page.next_page_token;
@@ -417,40 +362,13 @@ async fn list(
             break;
         }
     }
+    if output::json() {
+        output::doc(serde_json::json!({"timers": docs, "next_page_token": token}));
+        return Ok(());
+    }
     if !token.is_empty() {
         println!("(more: use --all)");
     }
     println!("{n} timer(s)");
-    Ok(())
-}
-
-async fn status(ch: Channel) -> anyhow::Result<()> {
-    let s = ClusterClient::new(ch)
-        .status(pb::StatusRequest {})
-        .await
-        .map_err(status_err)?
-        .into_inner();
-    println!(
-        "node {}  role={}  leader={}  term={}",
-        s.node_id, s.role, s.leader_id, s.term
-    );
-    println!(
-        "last_log_index={}  applied_index={}  pending_timers={}",
-        s.last_log_index, s.applied_index, s.pending_timers
-    );
-    println!("time_cursor={}", fmt_ms(s.time_cursor_ms));
-    for m in s.members {
-        let lead = if m.node_id == s.leader_id {
-            "  (leader)"
-        } else {
-            ""
-        };
-        println!(
-            "  member {}  {}  {}{lead}",
-            m.node_id,
-            m.addr,
-            if m.voter { "voter" } else { "learner" }
-        );
-    }
     Ok(())
 }

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use timerdb::api::pb::{self, cluster_client::ClusterClient};
 use tonic::transport::Channel;
 
-use crate::status_err;
+use crate::output::{self, status_err};
 
 #[derive(Subcommand, Debug)]
 pub enum MemberCommand {
@@ -68,11 +68,18 @@ pub async fn leader(ch: Channel, command: LeaderCommand) -> anyhow::Result<()> {
     };
     let r = ClusterClient::new(ch).transfer_leader(req).await;
     let leader = r.map_err(status_err)?.into_inner().leader_id;
-    println!("leader is now node {leader}");
+    if output::json() {
+        output::doc(serde_json::json!({ "leader": leader }));
+    } else {
+        println!("leader is now node {leader}");
+    }
     Ok(())
 }
 
 fn print_members(members: &[pb::Member]) {
+    if output::json() {
+        return output::doc(output::members_json(members));
+    }
     println!("{:>4}  {:<24}  ROLE", "ID", "ADDRESS");
     for m in members {
         let role = if m.voter { "voter" } else { "learner" };

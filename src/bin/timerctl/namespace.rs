@@ -6,7 +6,7 @@ use clap::Subcommand;
 use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
 use tonic::transport::Channel;
 
-use crate::status_err;
+use crate::output::{self, status_err};
 
 #[derive(Subcommand, Debug)]
 pub enum NamespaceCommand {
@@ -48,7 +48,28 @@ fn ms(d: Option<Duration>) -> u64 {
     d.map_or(0, |d| d.as_millis() as u64)
 }
 
+fn namespace_json(ns: &pb::Namespace) -> serde_json::Value {
+    let p = ns.policy.unwrap_or_default();
+    serde_json::json!({
+        "name": ns.name,
+        "configured": ns.configured,
+        "policy": {
+            "ack_timeout_ms": p.ack_timeout_ms,
+            "max_attempts": p.max_attempts,
+            "backoff_min_ms": p.backoff_min_ms,
+            "backoff_max_ms": p.backoff_max_ms,
+            "backoff_multiplier": p.backoff_multiplier_permille as f64 / 1000.0,
+            "backoff_jitter_percent": p.backoff_jitter_percent.unwrap_or(0),
+            "retention_ms": p.retention_ms,
+            "max_payload_bytes": p.max_payload_bytes,
+        }
+    })
+}
+
 fn print_namespace(ns: &pb::Namespace) {
+    if output::json() {
+        return output::doc(namespace_json(ns));
+    }
     let p = ns.policy.unwrap_or_default();
     let dur = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
     println!(
@@ -112,6 +133,7 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
         NamespaceCommand::List => {
             let mut token = String::new();
             let mut n = 0;
+            let mut docs = Vec::new();
             loop {
                 let req = pb::ListNamespacesRequest {
                     limit: 0,
@@ -123,7 +145,11 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
                     .map_err(status_err)?
                     .into_inner();
                 for ns in &page.namespaces {
-                    print_namespace(ns);
+                    if output::json() {
+                        docs.push(namespace_json(ns));
+                    } else {
+                        print_namespace(ns);
+                    }
                 }
                 n += page.namespaces.len();
                 token = page.next_page_token;
@@ -131,7 +157,11 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
                     break;
                 }
             }
-            println!("{n} configured namespace(s)");
+            if output::json() {
+                output::doc(serde_json::json!({ "namespaces": docs }));
+            } else {
+                println!("{n} configured namespace(s)");
+            }
         }
     }
     Ok(())

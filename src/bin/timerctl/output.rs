@@ -1,0 +1,228 @@
+//! How timerctl prints: lines for people (`--output text`, the default) or JSON for scripts
+//! (`--output json`).
+//!
+//! In JSON every command prints one JSON document on stdout, except `watch`, which prints one
+//! per delivery, a line each. A failure prints `{"error": {"code", "message", "hint"}}` on
+//! stderr instead of a sentence; the exit status is 1 either way. Times are epoch milliseconds
+//! in JSON and RFC 3339 UTC in text; states are names (`PENDING`) in both.
+
+use std::sync::OnceLock;
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::ValueEnum;
+use serde_json::{json, Value};
+use timerdb::api::pb;
+
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+static FORMAT: OnceLock<Format> = OnceLock::new();
+
+pub fn set(format: Format) {
+    let _ = FORMAT.set(format);
+}
+
+pub fn json() -> bool {
+    FORMAT.get() == Some(&Format::Json)
+}
+
+/// Prints one JSON document.
+pub fn doc(v: Value) {
+    println!("{v}");
+}
+
+/// A failed call, kept structured so that JSON output can carry its code.
+#[derive(Debug)]
+pub struct CallError {
+    pub code: String,
+    pub message: String,
+    pub hint: Option<&'static str>,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)?;
+        if let Some(hint) = self.hint {
+            write!(f, "\nhint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CallError {}
+
+const NO_LEADER: &str = "the cluster has no leader that could take the call: a majority of \
+    voters may be down or cut off from each other. `timerctl status` shows which nodes answer; \
+    the call is safe to retry once one leads";
+const UNREACHABLE: &str = "is timerd running there? Point --endpoint (or TIMERDB_ENDPOINT) at \
+    any node of the cluster";
+
+/// A gRPC status as an error with a hint for the codes a person can act on.
+pub fn status_err(s: tonic::Status) -> anyhow::Error {
+    let hint = match s.code() {
+        tonic::Code::Unavailable if s.message().contains("transport") => Some(UNREACHABLE),
+        tonic::Code::Unavailable => Some(NO_LEADER),
+        tonic::Code::DeadlineExceeded => {
+            Some("the node did not answer in time; it may be overloaded")
+        }
+        _ => None,
+    };
+    CallError {
+        code: format!("{:?}", s.code()),
+        message: s.message().to_string(),
+        hint,
+    }
+    .into()
+}
+
+/// An error's causes, most specific last ("tcp connect error: Connection refused"): a
+/// transport error's own text ("transport error") says little.
+pub fn causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(cause) = next {
+        parts.push(cause.to_string());
+        next = cause.source();
+    }
+    parts.dedup();
+    if parts.len() > 1 {
+        parts.remove(0);
+    }
+    parts.join(": ")
+}
+
+/// The endpoint could not be reached at all.
+pub fn unreachable(uri: &str, why: &dyn std::error::Error) -> anyhow::Error {
+    let why = causes(why);
+    CallError {
+        code: "Unreachable".into(),
+        message: format!("cannot reach a timerdb node at {uri}: {why}"),
+        hint: Some(UNREACHABLE),
+    }
+    .into()
+}
+
+/// Prints a failure the way the output format asks.
+pub fn error(e: &anyhow::Error) {
+    if !json() {
+        eprintln!("error: {e:#}");
+        return;
+    }
+    let v = match e.downcast_ref::<CallError>() {
+        Some(c) => json!({"error": {"code": c.code, "message": c.message, "hint": c.hint}}),
+        None => json!({"error": {"code": "Client", "message": format!("{e:#}")}}),
+    };
+    eprintln!("{v}");
+}
+
+pub fn fmt_ms(ms: i64) -> String {
+    if ms <= 0 {
+        return "-".into();
+    }
+    let t = UNIX_EPOCH + Duration::from_millis(ms as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+pub fn state_name(v: i32) -> &'static str {
+    pb::TimerState::try_from(v).map_or("?", |s| s.as_str_name().trim_start_matches("TIMER_STATE_"))
+}
+
+fn phase_name(v: i32) -> Option<&'static str> {
+    match pb::DeliveryPhase::try_from(v) {
+        Ok(pb::DeliveryPhase::Unspecified) | Err(_) => None,
+        Ok(p) => Some(p.as_str_name().trim_start_matches("DELIVERY_PHASE_")),
+    }
+}
+
+pub fn timer_json(t: &pb::Timer) -> Value {
+    json!({
+        "namespace": t.namespace,
+        "id": t.id,
+        "state": state_name(t.state),
+        "phase": phase_name(t.phase),
+        "fire_at_ms": t.fire_at_ms,
+        "fired_at_ms": t.fired_at_ms,
+        "fire_index": t.fire_index,
+        "attempts": t.attempts,
+        "timeouts": t.timeouts,
+        "nacks": t.nacks,
+        "redrives": t.redrives,
+        "last_delivered_at_ms": t.last_delivered_at_ms,
+        "finished_at_ms": t.finished_at_ms,
+        "wake_at_ms": t.wake_at_ms,
+        "payload": String::from_utf8_lossy(&t.payload),
+    })
+}
+
+/// Prints a timer after what happened to it (`verb`, e.g. "scheduled"; empty for none).
+pub fn timer(verb: &str, t: &pb::Timer) {
+    if json() {
+        let mut v = json!({"timer": timer_json(t)});
+        if !verb.is_empty() {
+            v["result"] = verb.into();
+        }
+        doc(v);
+    } else if verb.is_empty() {
+        println!("{}", timer_line(t));
+    } else {
+        println!("{verb} {}", timer_line(t));
+    }
+}
+
+pub fn timer_line(t: &pb::Timer) -> String {
+    let mut line = format!(
+        "{}/{}  {}  fire_at={}",
+        t.namespace,
+        t.id,
+        state_name(t.state),
+        fmt_ms(t.fire_at_ms)
+    );
+    if t.fire_index > 0 {
+        line += &format!(
+            "  fired_at={} (+{} ms) fire_index={}",
+            fmt_ms(t.fired_at_ms),
+            t.fired_at_ms - t.fire_at_ms,
+            t.fire_index
+        );
+    }
+    if let Some(phase) = phase_name(t.phase) {
+        line += &format!("  {phase}");
+    }
+    if t.attempts > 0 || t.redrives > 0 {
+        line += &format!(
+            "  attempts={} (timeouts={} nacks={} redrives={}) last_delivered={}",
+            t.attempts,
+            t.timeouts,
+            t.nacks,
+            t.redrives,
+            fmt_ms(t.last_delivered_at_ms)
+        );
+    }
+    if t.finished_at_ms > 0 {
+        line += &format!("  finished_at={}", fmt_ms(t.finished_at_ms));
+    }
+    if t.wake_at_ms > 0 && t.state != pb::TimerState::Pending as i32 {
+        let what = if t.finished_at_ms > 0 {
+            "purge_at"
+        } else {
+            "next_at"
+        };
+        line += &format!("  {what}={}", fmt_ms(t.wake_at_ms));
+    }
+    if !t.payload.is_empty() {
+        line += &format!("  payload={:?}", String::from_utf8_lossy(&t.payload));
+    }
+    line
+}
+
+pub fn members_json(members: &[pb::Member]) -> Value {
+    let list: Vec<Value> = members
+        .iter()
+        .map(|m| json!({"id": m.node_id, "addr": m.addr, "voter": m.voter}))
+        .collect();
+    json!({ "members": list })
+}
