@@ -243,6 +243,28 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_is_valid_and_holds_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/timerd.example.toml");
+        let s = Settings::load(&path).unwrap();
+        let c = s.node_config().unwrap();
+        let d = NodeConfig::new(1, "x".into(), c.peers.clone());
+        assert_eq!(s.listen().unwrap(), "127.0.0.1:7101");
+        assert_eq!(c.bucket_ms, d.bucket_ms);
+        assert_eq!(c.raft.heartbeat_ms, d.raft.heartbeat_ms);
+        assert_eq!(
+            c.raft.election_timeout_min_ms,
+            d.raft.election_timeout_min_ms
+        );
+        assert_eq!(
+            c.raft.election_timeout_max_ms,
+            d.raft.election_timeout_max_ms
+        );
+        assert_eq!(c.write_timeout, d.write_timeout);
+        assert_eq!(c.snapshot_every_entries, d.snapshot_every_entries);
+        assert_eq!(c.keep_log_entries, d.keep_log_entries);
+    }
+
+    #[test]
     fn mistakes_are_named() {
         let typo = toml::from_str::<Settings>("heartbeat_ms = 100").unwrap_err();
         assert!(

@@ -170,6 +170,7 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
         assert!(get(&s, "timerdb_raft_log_entries", "") >= 5.0);
         assert!(get(&s, "timerdb_raft_log_bytes", "") > 0.0);
         assert_eq!(get(&s, "timerdb_snapshots_built_total", ""), 0.0);
+        dashboard_names_exist(&s);
         if i == l {
             // The calls went to the leader: counted by method and status, with latency.
             let ok = "code=\"Ok\",method=\"/timerdb.v1.Timers/ScheduleBatch\"";
@@ -181,5 +182,26 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
             let count = "timerdb_grpc_request_duration_seconds_count";
             assert_eq!(get(&s, count, ok), 1.0);
         }
+    }
+}
+
+/// Every metric docs/grafana-dashboard.json charts is one the node exports (the redelivery
+/// counter appears with the first redelivery, which this test has none of).
+fn dashboard_names_exist(s: &Samples) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana-dashboard.json");
+    let dashboard = std::fs::read_to_string(path).unwrap();
+    let mut names: Vec<&str> = dashboard
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("timerdb_"))
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(names.len() >= 15, "{names:?}");
+    for name in names {
+        let known = s.keys().any(|(n, _)| n == name);
+        assert!(
+            known || name == "timerdb_redeliveries_total",
+            "the dashboard charts {name}, which no node exports"
+        );
     }
 }
