@@ -54,7 +54,9 @@ impl Node {
                 )))
             }
             Some((_, _, is_voter)) if is_voter || !voter => return Ok(self.members()),
-            Some(_) => {} // a learner to promote
+            // A learner to promote (perhaps added by an AddNode that a leader change cut short):
+            // it too must first hold the log.
+            Some(_) => self.wait_caught_up(id, &addr).await?,
             None => self.add_learner(id, &addr).await?,
         }
         if voter {
@@ -80,6 +82,11 @@ impl Node {
             .add_learner(id, node, false)
             .await
             .map_err(membership_error)?;
+        self.wait_caught_up(id, addr).await
+    }
+
+    /// Waits until learner `id` holds every entry the log has now.
+    async fn wait_caught_up(&self, id: NodeId, addr: &str) -> Result<()> {
         let upto = self.raft.metrics().borrow().last_log_index;
         match self.wait_matched(id, upto, CATCH_UP).await {
             Err(Error::Unavailable(_)) => Err(Error::Unavailable(format!(

@@ -490,18 +490,25 @@ async fn apply_is_deterministic() {
     );
 }
 
+/// A state machine in `dir` with the workload applied as entries 1.., and its digest.
+async fn with_workload(dir: &TempDir) -> (StateMachine, (u64, u64)) {
+    let (_, mut sm) = open(dir);
+    let entries: Vec<_> = workload()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| entry(i as u64 + 1, c))
+        .collect();
+    sm.apply(entries).await.unwrap();
+    let digest = sm.store.digest().unwrap();
+    (sm, digest)
+}
+
 #[tokio::test]
 async fn restart_and_snapshot_reproduce_state() {
     let dir = TempDir::new().unwrap();
     let (before, meta_before) = {
-        let (_, mut sm) = open(&dir);
-        let entries: Vec<_> = workload()
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| entry(i as u64 + 1, c))
-            .collect();
-        sm.apply(entries).await.unwrap();
-        (sm.store.digest().unwrap(), sm.meta.clone())
+        let (sm, digest) = with_workload(&dir).await;
+        (digest, sm.meta.clone())
     };
     let (mut log, mut sm) = open(&dir);
     assert_eq!(sm.store.digest().unwrap(), before, "restart changed state");

@@ -3,23 +3,10 @@
 
 use super::*;
 
-/// A state machine with the workload applied, and its digest.
-async fn source(dir: &TempDir) -> (StateMachine, (u64, u64)) {
-    let (_, mut sm) = open(dir);
-    let entries: Vec<_> = workload()
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| entry(i as u64 + 1, c))
-        .collect();
-    sm.apply(entries).await.unwrap();
-    let digest = sm.store.digest().unwrap();
-    (sm, digest)
-}
-
 #[tokio::test]
 async fn an_interrupted_install_is_finished_on_open() {
     let src_dir = TempDir::new().unwrap();
-    let (mut src, want) = source(&src_dir).await;
+    let (mut src, want) = with_workload(&src_dir).await;
     let snap = src
         .get_snapshot_builder()
         .await
@@ -66,7 +53,7 @@ async fn an_interrupted_install_is_finished_on_open() {
 #[tokio::test]
 async fn an_install_stopped_before_it_began_leaves_the_state_alone() {
     let dir = TempDir::new().unwrap();
-    let (sm, want) = source(&dir).await;
+    let (sm, want) = with_workload(&dir).await;
     let db = sm.store.db().clone();
     // The mark names a snapshot that never became current: the crash came before the
     // received file was kept, so the state machine was never touched.
