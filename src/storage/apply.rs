@@ -46,6 +46,8 @@ pub(super) struct Applier<'a> {
     pub staged: Option<HashMap<TimerKey, Option<Timer>>>,
     /// Change in PENDING timers per namespace, written by [`Applier::stage_pending`].
     pub pending_by_ns: HashMap<String, i64>,
+    /// Events for the metrics, recorded once the entry is written.
+    pub events: crate::metrics::Events,
 }
 
 impl Applier<'_> {
@@ -214,7 +216,7 @@ impl Applier<'_> {
     fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
         let mut timer = Timer::pending(spec, now_ms);
         self.count_pending(&timer.key.namespace, 1);
-        crate::metrics::scheduled();
+        self.events.scheduled();
         let at = timer.fire_at_ms;
         self.wake(&mut timer, at);
         self.put(&timer);

@@ -27,7 +27,7 @@ impl Applier<'_> {
         match (timer.state, timer.phase) {
             (TimerState::Pending, _) => {
                 self.count_pending(&timer.key.namespace, -1);
-                crate::metrics::fired(now_ms - timer.fire_at_ms);
+                self.events.fired(now_ms - timer.fire_at_ms);
                 timer.state = TimerState::Fired;
                 timer.fired_at_ms = now_ms;
                 timer.fire_index = self.index;
@@ -80,7 +80,7 @@ impl Applier<'_> {
                 Some(mut timer) if seen.insert(key) => {
                     self.unwake(&timer);
                     let ack_timeout = self.policy(&timer.key.namespace)?.ack_timeout_ms;
-                    crate::metrics::delivered(timer.attempts > timer.attempt_base);
+                    self.events.delivered(timer.attempts > timer.attempt_base);
                     timer.attempts += 1;
                     timer.last_delivered_at_ms = now_ms;
                     timer.phase = Phase::InFlight;
@@ -109,7 +109,7 @@ impl Applier<'_> {
         // The latest attempt, in flight, backing off or ready again: the work is done.
         self.unwake(&timer);
         self.finish(&mut timer, TimerState::Acked, now_ms)?;
-        crate::metrics::acked();
+        self.events.acked();
         self.put(&timer);
         Ok(unchanged(timer))
     }

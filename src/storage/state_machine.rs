@@ -65,6 +65,7 @@ impl StateMachine {
         let mut membership_changed = false;
         let mut earliest_new_due = None;
         let mut made_ready = false;
+        let mut events = crate::metrics::Events::default();
         let response = match entry.payload {
             EntryPayload::Blank => Response::None,
             EntryPayload::Membership(m) => {
@@ -84,11 +85,13 @@ impl StateMachine {
                     policies: Default::default(),
                     staged: None,
                     pending_by_ns: Default::default(),
+                    events: Default::default(),
                 };
                 let response = applier.command(cmd)?;
                 applier.stage_pending()?;
                 earliest_new_due = applier.earliest_new_due;
                 made_ready = applier.made_ready;
+                events = applier.events;
                 response
             }
         };
@@ -98,6 +101,7 @@ impl StateMachine {
         next.stage(&db, &mut batch, membership_changed);
         db.write(batch)?;
         self.meta = next;
+        events.record();
         if let Some(due) = earliest_new_due {
             self.signal.scheduled(due);
         }
