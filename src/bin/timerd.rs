@@ -19,7 +19,7 @@ use tokio::signal::unix::{signal, SignalKind};
 #[derive(Parser, Debug)]
 #[command(name = "timerd", version, about)]
 struct Args {
-    /// A TOML settings file (docs/configuration.md); flags and TIMERDB_* variables override it.
+    /// A TOML settings file (docs/timerd.example.toml); flags and TIMERDB_* variables override it.
     #[arg(long, env = "TIMERDB_CONFIG")]
     config: Option<PathBuf>,
     #[command(flatten)]

@@ -4,9 +4,10 @@
 //! reads both into the same field), else the TOML file given with `--config`, else the default
 //! in [`NodeConfig::new`]. [`Settings`] derives both clap's `Args` and serde's `Deserialize`,
 //! so a flag and its file key cannot drift apart: the file key is the flag's name with `_` for
-//! `-`, and sections (`[raft]`, `[snapshot]`) group the tuning knobs. Unknown keys in the file
-//! are an error, so a misspelt setting is never silently ignored. `docs/configuration.md`
-//! lists them all; `docs/timerd.example.toml` is a complete file.
+//! `-`, and sections group the tuning knobs (`--heartbeat-ms` is `[raft] heartbeat_ms`,
+//! `--snapshot-every-entries` is `[snapshot] every_entries`). Unknown keys in the file
+//! are an error, so a misspelt setting is never silently ignored. docs/operations.md ("Configure
+//! a node") explains them; `docs/timerd.example.toml` is a complete file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
