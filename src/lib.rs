@@ -13,11 +13,13 @@
 //! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
 //! - [`cluster`]: openraft types, peer network, fire driver.
 //! - [`node`]: a node's operations in domain terms.
+//! - [`backup`]: online backups (the leader's snapshot of every acknowledged write).
 //! - [`api`]: gRPC services, validation, forwarding to the leader.
 //! - [`server`]: wires a node together and runs it.
 //! - [`config`], [`error`]: configuration and the one error type.
 
 pub mod api;
+pub mod backup;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -1,6 +1,7 @@
 //! The client `Cluster` service: this node's view of itself and its cluster, the digest of its
 //! state machine (what the chaos checker compares across replicas), and membership and
-//! leadership changes, which run on the leader (forwarded like writes, see [`super::forward`]).
+//! leadership changes, which run on the leader (forwarded like writes, see [`super::forward`]),
+//! and backups, streamed from the leader ([`super::backup`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use super::backup;
 use super::forward::{self, Router};
 use super::pb::{self, cluster_client::ClusterClient, cluster_server};
 use crate::membership::Member;
@@ -48,6 +50,29 @@ fn client(ch: Channel) -> ClusterClient<Channel> {
 
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterService {
+    type BackupStream = backup::BackupStream;
+
+    async fn backup(
+        &self,
+        request: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let node = self.node.as_ref();
+        let stream = self
+            .router
+            .route(
+                forwarded,
+                move || async move { Ok(backup::stream(node.id, node.backup().await?)) },
+                move |ch| async move {
+                    let r = forward::stream_request(pb::BackupRequest {});
+                    let reply = client(ch).backup(r).await?;
+                    Ok(reply.map(|s| Box::pin(s) as backup::BackupStream))
+                },
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
     async fn status(
         &self,
         _req: Request<pb::StatusRequest>,

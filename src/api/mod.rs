@@ -7,13 +7,15 @@
 //! - [`subscribe`]: the Subscribe stream, served from the leader's dispatcher and relayed by
 //!   followers, following the leader across changes.
 //! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies).
-//! - [`cluster`]: the client `Cluster` service (Status, membership, leadership).
+//! - [`cluster`]: the client `Cluster` service (Status, membership, leadership, Backup), with
+//!   [`backup`] streaming a backup file.
 //! - [`health`]: `grpc.health.v1`, serving while the node has a leader and has applied what
 //!   was committed; server reflection is wired in `server`.
 //! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
 //! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
 //!   [`crate::Error`] becomes a `tonic::Status`.
 
+pub mod backup;
 pub mod cluster;
 pub mod convert;
 pub mod forward;

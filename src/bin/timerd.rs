@@ -40,6 +40,11 @@ struct Args {
     /// ignore-cancel, ack-before-commit, fire-early.
     #[arg(long, env = "TIMERDB_FAULT", default_value = "")]
     fault: String,
+    /// Restore a backup (`timerctl backup save`) into the empty --data-dir as a member of a new
+    /// cluster of --peers, then exit; start the node again without this flag. Run it on every
+    /// node of the new cluster with the same file and the same --peers.
+    #[arg(long, value_name = "FILE")]
+    restore_from: Option<PathBuf>,
 }
 
 const DEFAULT_LOG: &str = "info,openraft=warn";
@@ -52,6 +57,33 @@ fn init_logging(filter: &str, format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+}
+
+/// `--restore-from`: builds the node's data dir from a backup, offline.
+fn restore(backup: &std::path::Path, config: &timerdb::config::NodeConfig) -> anyhow::Result<()> {
+    if config.join {
+        anyhow::bail!(
+            "--restore-from starts a new cluster; a --join node gets its state from the cluster"
+        );
+    }
+    let voters = config
+        .peers
+        .iter()
+        .map(|(id, addr)| (*id, openraft::BasicNode::new(addr)))
+        .collect();
+    let s = timerdb::storage::restore::restore(backup, &config.data_dir, voters, config.bucket_ms)
+        .with_context(|| format!("cannot restore {}", backup.display()))?;
+    tracing::info!(
+        index = s.index,
+        timers = s.timers,
+        pending = s.pending,
+        namespaces = s.namespaces,
+        bytes = s.bytes,
+        data_dir = %config.data_dir.display(),
+        voters = ?config.peers.keys().collect::<Vec<_>>(),
+        "restored: start timerd again without --restore-from"
+    );
+    Ok(())
 }
 
 #[tokio::main]
@@ -72,6 +104,9 @@ async fn main() -> anyhow::Result<()> {
         config.dial = parse_peers(&args.dial)?;
     }
     config.faults = Faults::parse(&args.fault)?;
+    if let Some(backup) = &args.restore_from {
+        return restore(backup, &config);
+    }
     if config.faults != Faults::default() {
         tracing::warn!(faults = ?config.faults, "DELIBERATE BUGS ARE ON (chaos checker proof)");
     }

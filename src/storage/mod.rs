@@ -25,6 +25,7 @@ mod codec;
 mod deliver;
 pub mod log_store;
 pub mod meta;
+pub mod restore;
 mod snapshot;
 mod snapshot_file;
 mod state_machine;

@@ -112,7 +112,7 @@ impl Snapshots {
 
     /// Builds a snapshot of the state machine as it is now; blocking. It becomes `CURRENT`
     /// unless a newer one got there first.
-    fn build(&self) -> Result<SnapshotMeta<u64, BasicNode>> {
+    pub(super) fn build(&self) -> Result<SnapshotMeta<u64, BasicNode>> {
         let part = self
             .dir
             .join(format!("building-{:016x}.part", rand::random::<u64>()));
@@ -188,7 +188,7 @@ impl Snapshots {
     /// in the last batch. Batches before it are not synced: until the mark is cleared a crash
     /// means installing again, so only the last one needs to be durable (and, sharing one WAL,
     /// its sync makes the earlier ones durable too).
-    fn load_rows(&self, path: &Path) -> Result<u64> {
+    pub(super) fn load_rows(&self, path: &Path) -> Result<u64> {
         let db = &self.db;
         let mut reader = RowReader::open(path)?;
         let mut batch = WriteBatch::default();

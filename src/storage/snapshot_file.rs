@@ -8,13 +8,16 @@
 //! Format (all integers little-endian):
 //!
 //! ```text
-//! "TDBSNAP1"                                   magic and version
+//! "TDBSNAP2"                                   magic and version
 //! { cf: u8, key_len: u32, key, value_len: u32, value }*   cf = index in SM_CFS
-//! 0xff, rows: u64                              trailer: the number of rows above
+//! 0xff, rows: u64, crc: u32                    trailer: the number of rows above, and the
+//!                                              CRC-32 of every byte before `crc`
 //! ```
 //!
 //! The trailer makes a truncated file an error rather than a smaller state machine: a reader
-//! refuses a file that ends before it, or whose count disagrees.
+//! refuses a file that ends before it, whose count disagrees, or whose checksum does not match
+//! (a bit flipped on a disk or in a backup kept for months). The same file is a backup
+//! (`Cluster.Backup`, `timerctl backup save`), so the checksum travels with it.
 
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -25,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"TDBSNAP1";
+const MAGIC: &[u8; 8] = b"TDBSNAP2";
 const TRAILER: u8 = 0xff;
 
 /// The snapshot data openraft moves around: an open file that remembers its path, so install
@@ -111,48 +114,61 @@ impl AsyncSeek for SnapshotFile {
 /// Writes rows into a new snapshot file.
 pub struct RowWriter {
     out: BufWriter<std::fs::File>,
+    crc: crc32fast::Hasher,
     rows: u64,
     bytes: u64,
 }
 
 impl RowWriter {
     pub fn create(path: &Path) -> Result<RowWriter> {
-        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-        out.write_all(MAGIC)?;
-        Ok(RowWriter {
+        let out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+        let mut w = RowWriter {
             out,
+            crc: crc32fast::Hasher::new(),
             rows: 0,
-            bytes: MAGIC.len() as u64,
-        })
+            bytes: 0,
+        };
+        w.put(MAGIC)?;
+        Ok(w)
+    }
+
+    /// Writes `bytes`, counting and checksumming them.
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write_all(bytes)?;
+        self.crc.update(bytes);
+        self.bytes += bytes.len() as u64;
+        Ok(())
     }
 
     pub fn row(&mut self, cf: u8, key: &[u8], value: &[u8]) -> Result<()> {
         debug_assert_ne!(cf, TRAILER);
-        self.out.write_all(&[cf])?;
+        self.put(&[cf])?;
         for part in [key, value] {
             let len = u32::try_from(part.len())
                 .map_err(|_| Error::Storage("snapshot row over 4 GiB".into()))?;
-            self.out.write_all(&len.to_le_bytes())?;
-            self.out.write_all(part)?;
+            self.put(&len.to_le_bytes())?;
+            self.put(part)?;
         }
         self.rows += 1;
-        self.bytes += 9 + key.len() as u64 + value.len() as u64;
         Ok(())
     }
 
     /// Writes the trailer and fsyncs; returns (rows, bytes).
     pub fn finish(mut self) -> Result<(u64, u64)> {
-        self.out.write_all(&[TRAILER])?;
-        self.out.write_all(&self.rows.to_le_bytes())?;
+        self.put(&[TRAILER])?;
+        self.put(&self.rows.to_le_bytes())?;
+        let crc = self.crc.clone().finalize();
+        self.out.write_all(&crc.to_le_bytes())?;
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
-        Ok((self.rows, self.bytes + 9))
+        Ok((self.rows, self.bytes + 4))
     }
 }
 
 /// Reads a snapshot file's rows in order, checking the magic and the trailer.
 pub struct RowReader {
     input: BufReader<std::fs::File>,
+    crc: crc32fast::Hasher,
     rows: u64,
     done: bool,
 }
@@ -162,19 +178,30 @@ pub type Row = (u8, Vec<u8>, Vec<u8>);
 
 impl RowReader {
     pub fn open(path: &Path) -> Result<RowReader> {
-        let mut input = BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
-        let mut magic = [0u8; 8];
-        input
-            .read_exact(&mut magic)
-            .map_err(|e| corrupt(path, &e.to_string()))?;
-        if &magic != MAGIC {
-            return Err(corrupt(path, "not a timerdb snapshot (bad magic)"));
-        }
-        Ok(RowReader {
+        let input = BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+        let mut r = RowReader {
             input,
+            crc: crc32fast::Hasher::new(),
             rows: 0,
             done: false,
-        })
+        };
+        let mut magic = [0u8; 8];
+        r.take(&mut magic)
+            .map_err(|e| corrupt(path, &e.to_string()))?;
+        if &magic != MAGIC {
+            return Err(corrupt(
+                path,
+                "not a timerdb snapshot or backup of this version (bad magic)",
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Reads exactly `buf.len()` bytes, checksumming them.
+    fn take(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.input.read_exact(buf).map_err(truncated)?;
+        self.crc.update(buf);
+        Ok(())
     }
 
     /// The next row, or `None` after the trailer (which must end the file).
@@ -183,15 +210,24 @@ impl RowReader {
             return Ok(None);
         }
         let mut cf = [0u8; 1];
-        self.input.read_exact(&mut cf).map_err(truncated)?;
+        self.take(&mut cf)?;
         if cf[0] == TRAILER {
             let mut count = [0u8; 8];
-            self.input.read_exact(&mut count).map_err(truncated)?;
+            self.take(&mut count)?;
             let count = u64::from_le_bytes(count);
             if count != self.rows {
                 return Err(Error::Storage(format!(
                     "snapshot trailer says {count} rows, file holds {}",
                     self.rows
+                )));
+            }
+            let mut crc = [0u8; 4];
+            self.input.read_exact(&mut crc).map_err(truncated)?;
+            let (stored, computed) = (u32::from_le_bytes(crc), self.crc.clone().finalize());
+            if stored != computed {
+                return Err(Error::Storage(format!(
+                    "snapshot checksum mismatch: the file says {stored:08x}, its bytes give \
+                     {computed:08x} (the file is damaged)"
                 )));
             }
             if !self.input.fill_buf()?.is_empty() {
@@ -210,9 +246,9 @@ impl RowReader {
 
     fn part(&mut self) -> Result<Vec<u8>> {
         let mut len = [0u8; 4];
-        self.input.read_exact(&mut len).map_err(truncated)?;
+        self.take(&mut len)?;
         let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
-        self.input.read_exact(&mut buf).map_err(truncated)?;
+        self.take(&mut buf)?;
         Ok(buf)
     }
 }
@@ -257,6 +293,18 @@ mod tests {
                 Ok(())
             });
             assert!(outcome.is_err(), "cut at {cut} read as valid");
+        }
+
+        // One bit flipped anywhere (lengths aside, which fail on their own): refused.
+        for at in 0..full.len() {
+            let mut damaged = full.clone();
+            damaged[at] ^= 0x10;
+            std::fs::write(&path, &damaged).unwrap();
+            let outcome = RowReader::open(&path).and_then(|mut r| {
+                while r.next_row()?.is_some() {}
+                Ok(())
+            });
+            assert!(outcome.is_err(), "flip at {at} read as valid");
         }
     }
 }

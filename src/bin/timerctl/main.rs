@@ -4,6 +4,7 @@
 //! forwards to the leader. Output is for people (one line per timer, times in RFC 3339 UTC)
 //! or, with `--output json`, for scripts (see `output`).
 
+mod backup;
 mod delivery;
 mod load;
 mod member;
@@ -98,6 +99,11 @@ enum Command {
     Member {
         #[command(subcommand)]
         command: member::MemberCommand,
+    },
+    /// Save a backup of the cluster's state, or check one (restore: `timerd --restore-from`).
+    Backup {
+        #[command(subcommand)]
+        command: backup::BackupCommand,
     },
     /// Move leadership.
     Leader {
@@ -222,7 +228,13 @@ async fn main() {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(mut cli: Cli) -> anyhow::Result<()> {
+    if let Command::Backup { command } = cli.command {
+        match backup::offline(command)? {
+            Some(command) => cli.command = Command::Backup { command },
+            None => return Ok(()),
+        }
+    }
     let ch = channel(&cli.endpoint).await?;
     let mut timers = TimersClient::new(ch.clone());
     match cli.command {
@@ -291,6 +303,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,
         Command::Leader { command } => member::leader(ch, command).await?,
+        Command::Backup { command } => backup::online(ch, command).await?,
         Command::Watch {
             namespace,
             ack,

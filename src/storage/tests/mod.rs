@@ -24,9 +24,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
 }
 
 fn open(dir: &TempDir) -> (LogStore, StateMachine) {
-    let db = open_db(dir.path()).unwrap();
+    open_at(dir.path())
+}
+
+fn open_at(dir: &Path) -> (LogStore, StateMachine) {
+    let db = open_db(dir).unwrap();
     let store = Store::new(db.clone(), Wheel::default());
-    let sm = StateMachine::open(store, dir.path(), Arc::new(FireSignal::default())).unwrap();
+    let sm = StateMachine::open(store, dir, Arc::new(FireSignal::default())).unwrap();
     (LogStore::new(db), sm)
 }
 
@@ -655,4 +659,5 @@ async fn namespaces_are_replicated_state() {
 }
 
 mod deliver;
+mod restore;
 mod snapshot;
