@@ -197,6 +197,47 @@ async fn sigkill_the_leader_process_and_restart_it() {
     }
 }
 
+/// Polls `addr`'s status until `ok` holds, for at most `within`.
+pub(crate) async fn wait_status(
+    addr: &str,
+    within: Duration,
+    what: &str,
+    ok: impl Fn(&pb::StatusResponse) -> bool,
+) -> pb::StatusResponse {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = status(addr).await;
+        if let Some(s) = s.as_ref().filter(|s| ok(s)) {
+            return s.clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: last status {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every node's (applied index, state digest).
+pub(crate) async fn digests(procs: &[Proc]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for p in procs {
+        let mut c = ClusterClient::new(channel(&p.addr).await.unwrap());
+        let d = c.digest(pb::DigestRequest {}).await.unwrap().into_inner();
+        out.push((d.applied_index, d.digest));
+    }
+    out
+}
+
+/// Waits until every node reports the same applied index and digest; returns it.
+pub(crate) async fn same_digests(procs: &[Proc], within: Duration) -> (u64, u64) {
+    let deadline = Instant::now() + within;
+    let mut d = digests(procs).await;
+    while !d.windows(2).all(|w| w[0] == w[1]) {
+        assert!(Instant::now() < deadline, "replicas differ: {d:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        d = digests(procs).await;
+    }
+    d[0]
+}
+
 pub(crate) fn send_sigterm(child: &Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -69,24 +69,6 @@ async fn load_million(addr: &str) {
     );
 }
 
-/// Polls `addr`'s status until `ok` holds, for at most `within`.
-async fn wait_status(
-    addr: &str,
-    within: Duration,
-    what: &str,
-    ok: impl Fn(&pb::StatusResponse) -> bool,
-) -> pb::StatusResponse {
-    let deadline = Instant::now() + within;
-    loop {
-        let s = status(addr).await;
-        if let Some(s) = s.as_ref().filter(|s| ok(s)) {
-            return s.clone();
-        }
-        assert!(Instant::now() < deadline, "{what}: last status {s:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The peak resident set of process `pid`, in bytes (Linux: VmHWM).
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -104,16 +86,6 @@ fn snapshot_bytes(data: &std::path::Path) -> u64 {
         .map(|e| e.metadata().unwrap().len())
         .max()
         .unwrap_or(0)
-}
-
-async fn digests(procs: &[Proc]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for p in procs {
-        let mut c = ClusterClient::new(channel(&p.addr).await.unwrap());
-        let d = c.digest(pb::DigestRequest {}).await.unwrap().into_inner();
-        out.push((d.applied_index, d.digest));
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,13 +186,7 @@ async fn wiped_voter_rejoins_through_a_snapshot_of_a_million_timers() {
         st.last_log_index,
         before.last_log_index
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut d = digests(&procs).await;
-    while !d.windows(2).all(|w| w[0] == w[1]) {
-        assert!(Instant::now() < deadline, "replicas differ: {d:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        d = digests(&procs).await;
-    }
+    let d = same_digests(&procs, Duration::from_secs(120)).await;
     let st = status(&procs[w].addr).await.unwrap_or(st);
     assert_eq!(st.pending_timers, TIMERS);
     let mut client = TimersClient::new(channel(&procs[w].addr).await.unwrap());
