@@ -133,5 +133,5 @@ fn print_summary(what: &str, file: &Path, s: &BackupSummary, taken_on: Option<u6
         s.namespaces,
         s.bytes
     );
-    println!("clock at {}", output::fmt_ms(s.cursor_ms));
+    println!("replicated clock at {}", output::fmt_ms(s.cursor_ms));
 }
