@@ -72,28 +72,6 @@ fn batch(ns: &str, prefix: &str, n: usize, at: i64) -> pb::ScheduleBatchRequest 
     pb::ScheduleBatchRequest { timers }
 }
 
-/// Three directories with fresh addresses under `tmp/name`, not started.
-fn new_procs(tmp: &TempDir, name: &str) -> (Vec<Proc>, String) {
-    let procs: Vec<Proc> = (1..=3)
-        .map(|id| {
-            let dir = tmp.path().join(format!("{name}{id}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            Proc {
-                addr: free_addr(),
-                dir,
-                child: None,
-            }
-        })
-        .collect();
-    let peers = procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
-        .collect::<Vec<_>>()
-        .join(",");
-    (procs, peers)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_restores_into_a_new_cluster_that_holds_every_acknowledged_write() {
     init_tracing();
@@ -183,7 +161,7 @@ async fn a_backup_restores_into_a_new_cluster_that_holds_every_acknowledged_writ
     for p in source.iter_mut() {
         p.child.take().unwrap().kill().unwrap();
     }
-    let (mut restored, peers) = new_procs(&tmp, "r");
+    let (mut restored, peers) = three_procs(&tmp, "r");
     for (i, p) in restored.iter().enumerate() {
         let out = restore(i as u64 + 1, &p.addr, &peers, &p.dir.join("data"), &file);
         assert!(

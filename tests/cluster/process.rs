@@ -74,9 +74,18 @@ pub(crate) fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
 
 /// Starts three `timerd` processes, each with `extra` arguments.
 pub(crate) fn start_three_with(tmp: &TempDir, extra: &[&str]) -> (Vec<Proc>, String) {
-    let mut procs: Vec<Proc> = (1..=3)
+    let (mut procs, peers) = three_procs(tmp, "n");
+    for (i, p) in procs.iter_mut().enumerate() {
+        p.child = Some(spawn_with(i as u64 + 1, p, &peers, extra));
+    }
+    (procs, peers)
+}
+
+/// Three nodes, not started: directories `tmp/<prefix>1..3`, fresh addresses, their `--peers`.
+pub(crate) fn three_procs(tmp: &TempDir, prefix: &str) -> (Vec<Proc>, String) {
+    let procs: Vec<Proc> = (1..=3)
         .map(|id| {
-            let dir = tmp.path().join(format!("n{id}"));
+            let dir = tmp.path().join(format!("{prefix}{id}"));
             std::fs::create_dir_all(&dir).unwrap();
             Proc {
                 addr: free_addr(),
@@ -91,9 +100,6 @@ pub(crate) fn start_three_with(tmp: &TempDir, extra: &[&str]) -> (Vec<Proc>, Str
         .map(|(i, p)| format!("{}={}", i + 1, p.addr))
         .collect::<Vec<_>>()
         .join(",");
-    for (i, p) in procs.iter_mut().enumerate() {
-        p.child = Some(spawn_with(i as u64 + 1, p, &peers, extra));
-    }
     (procs, peers)
 }
 

@@ -218,47 +218,32 @@ async fn wiped_voter_rejoins_through_a_snapshot_of_a_million_timers() {
     // Phase 4: a backup of the million through the rejoined node, then restored offline.
     let file = tmp.path().join("million.tdb");
     let started = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_timerctl"))
-        .args([
-            "--endpoint",
-            &procs[w].addr,
-            "--output",
-            "json",
-            "backup",
-            "save",
-        ])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let save = ["--output", "json", "backup", "save"];
+    let out = run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_timerctl"))
+            .args(["--endpoint", &procs[w].addr])
+            .args(save)
+            .arg(&file),
     );
     let save_s = started.elapsed().as_secs_f64();
     let saved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(saved["timers"], TIMERS);
     assert_eq!(saved["pending"], TIMERS);
     let started = Instant::now();
-    let out = std::process::Command::new(timerd())
-        .args([
-            "--id",
-            "9",
-            "--listen",
-            "127.0.0.1:1",
-            "--peers",
-            "9=127.0.0.1:1",
-        ])
-        .arg("--data-dir")
-        .arg(tmp.path().join("restored"))
-        .arg("--restore-from")
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new(timerd())
+            .args([
+                "--id",
+                "9",
+                "--listen",
+                "127.0.0.1:1",
+                "--peers",
+                "9=127.0.0.1:1",
+            ])
+            .arg("--data-dir")
+            .arg(tmp.path().join("restored"))
+            .arg("--restore-from")
+            .arg(&file),
     );
     eprintln!(
         "backup of {TIMERS} timers ({} MB) saved and checked in {save_s:.1} s; restored \
@@ -266,4 +251,12 @@ async fn wiped_voter_rejoins_through_a_snapshot_of_a_million_timers() {
         saved["bytes"].as_u64().unwrap() >> 20,
         started.elapsed().as_secs_f64()
     );
+}
+
+/// Runs `cmd` to its end; it must succeed.
+fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?}: {err}");
+    out
 }

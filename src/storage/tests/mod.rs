@@ -450,15 +450,19 @@ fn workload() -> Vec<Command> {
 }
 
 /// Builds a snapshot of `sm` and installs it into a fresh replica.
-async fn replica_from_snapshot(
-    sm: &mut StateMachine,
-) -> (Sm, openraft::SnapshotMeta<u64, openraft::BasicNode>) {
-    let snap = sm
-        .get_snapshot_builder()
+/// A snapshot of `sm` as it is now.
+async fn build_snapshot(sm: &mut StateMachine) -> openraft::Snapshot<TypeConfig> {
+    sm.get_snapshot_builder()
         .await
         .build_snapshot()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn replica_from_snapshot(
+    sm: &mut StateMachine,
+) -> (Sm, openraft::SnapshotMeta<u64, openraft::BasicNode>) {
+    let snap = build_snapshot(sm).await;
     let mut other = Sm::new();
     other
         .sm

@@ -34,12 +34,7 @@ fn voters() -> BTreeMap<u64, BasicNode> {
 /// A backup file of the workload's state machine, and that state machine.
 async fn backup_of_workload(dir: &TempDir) -> (std::path::PathBuf, StateMachine) {
     let (mut sm, _) = with_workload(dir).await;
-    let snap = sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snap = build_snapshot(&mut sm).await;
     let file = dir.path().join("backup.tdb");
     std::fs::copy(snap.snapshot.path(), &file).unwrap();
     (file, sm)

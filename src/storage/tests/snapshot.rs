@@ -7,12 +7,7 @@ use super::*;
 async fn an_interrupted_install_is_finished_on_open() {
     let src_dir = TempDir::new().unwrap();
     let (mut src, want) = with_workload(&src_dir).await;
-    let snap = src
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
+    let snap = build_snapshot(&mut src).await;
 
     let dir = TempDir::new().unwrap();
     {
