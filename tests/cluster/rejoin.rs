@@ -159,13 +159,27 @@ async fn wiped_voter_rejoins_through_a_snapshot_of_a_million_timers() {
         &["--join", "--config", &config],
     ));
     let started = Instant::now();
-    let mut add = tonic::Request::new(pb::AddNodeRequest {
-        node_id: id,
-        addr: procs[w].addr.clone(),
-        learner: false,
-    });
-    add.set_timeout(Duration::from_secs(300));
-    let added = admin.add_node(add).await.unwrap().into_inner();
+    // AddNode is safe to retry, and an operator re-runs `member add` on UNAVAILABLE: on two
+    // busy cores the leader can change while it streams the snapshot (seen once in CI).
+    let added = loop {
+        let mut add = tonic::Request::new(pb::AddNodeRequest {
+            node_id: id,
+            addr: procs[w].addr.clone(),
+            learner: false,
+        });
+        add.set_timeout(Duration::from_secs(300));
+        match admin.add_node(add).await {
+            Ok(r) => break r.into_inner(),
+            Err(e) if e.code() == Code::Unavailable && started.elapsed().as_secs() < 300 => {
+                eprintln!(
+                    "add_node after {:.1} s: {e:?}; retrying",
+                    started.elapsed().as_secs_f64()
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await
+            }
+            Err(e) => panic!("add_node: {e:?}"),
+        }
+    };
     assert!(
         added.members.iter().any(|m| m.node_id == id && m.voter),
         "{:?}",
