@@ -43,7 +43,7 @@ async fn send(
     tx: &mpsc::Sender<Result<pb::BackupChunk, Status>>,
 ) -> std::io::Result<()> {
     let mut file = snap.snapshot;
-    let bytes = tokio::fs::metadata(file.path()).await?.len();
+    let bytes = file.size().await?;
     let log_id = snap.meta.last_log_id;
     let info = pb::BackupInfo {
         index: log_id.map_or(0, |l| l.index),

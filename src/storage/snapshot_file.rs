@@ -63,6 +63,11 @@ impl SnapshotFile {
         &self.path
     }
 
+    /// The file's size, from the open handle: still right after a newer snapshot unlinked it.
+    pub async fn size(&self) -> io::Result<u64> {
+        Ok(self.file.metadata().await?.len())
+    }
+
     /// Flushes and fsyncs what was written, then gives up the handle.
     pub async fn finish(mut self) -> io::Result<PathBuf> {
         use tokio::io::AsyncWriteExt;
