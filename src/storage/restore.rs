@@ -107,7 +107,8 @@ pub fn restore(
     bucket_ms: u64,
 ) -> Result<BackupSummary> {
     check_empty(data_dir)?;
-    // Read it whole before writing anything: a damaged file fails here, not half-way.
+    // One read to check it whole and learn its bucket width before anything is written (a
+    // second pass loads it): a damaged or mismatched backup is refused with no directory made.
     let summary = inspect(backup)?;
     if let Some(width) = summary.bucket_ms.filter(|w| *w != bucket_ms) {
         return Err(Error::InvalidArgument(format!(

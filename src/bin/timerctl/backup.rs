@@ -29,46 +29,41 @@ pub enum BackupCommand {
     Inspect { file: PathBuf },
 }
 
-/// Runs a command that needs no cluster; gives `command` back if it needs one.
-pub fn offline(command: BackupCommand) -> anyhow::Result<Option<BackupCommand>> {
+/// Runs a backup command; only `save` connects to `endpoint`.
+pub async fn backup(endpoint: &str, command: BackupCommand) -> anyhow::Result<()> {
     match command {
         BackupCommand::Inspect { file } => {
             let s = checked(&file)?;
             print_summary("backup", &file, &s, None);
-            Ok(None)
         }
-        other => Ok(Some(other)),
+        BackupCommand::Save { file, force } => save(endpoint, &file, force).await?,
     }
+    Ok(())
 }
 
-pub async fn online(ch: Channel, command: BackupCommand) -> anyhow::Result<()> {
-    let BackupCommand::Save { file, force } = command else {
-        unreachable!("offline commands are run by `offline`");
-    };
+async fn save(endpoint: &str, file: &Path, force: bool) -> anyhow::Result<()> {
     if file.exists() && !force {
         bail!("{} exists; give --force to replace it", file.display());
     }
-    let part = part_path(&file);
-    let info = match download(ch, &part).await {
-        Ok(info) => info,
+    let ch = crate::channel(endpoint).await?;
+    let part = part_path(file);
+    let downloaded = match download(ch, &part).await {
+        Ok(info) => checked(&part).map(|summary| (info, summary)),
+        Err(e) => Err(e),
+    };
+    let (info, summary) = match downloaded {
+        Ok(got) => got,
         Err(e) => {
             let _ = std::fs::remove_file(&part);
             return Err(e);
         }
     };
-    let summary = match checked(&part) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&part);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&part, &file)
+    std::fs::rename(&part, file)
         .with_context(|| format!("cannot rename {} to {}", part.display(), file.display()))?;
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::File::open(dir)?.sync_all()?;
     }
-    print_summary("saved backup", &file, &summary, Some(info.node_id));
+    print_summary("saved backup", file, &summary, Some(info.node_id));
     Ok(())
 }
 

@@ -192,7 +192,7 @@ fn endpoint_uri(e: &str) -> String {
     }
 }
 
-async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
+pub(crate) async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
     let uri = endpoint_uri(endpoint);
     tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect_timeout(Duration::from_secs(3))
@@ -228,12 +228,10 @@ async fn main() {
     }
 }
 
-async fn run(mut cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Before connecting: `backup inspect` needs no cluster.
     if let Command::Backup { command } = cli.command {
-        match backup::offline(command)? {
-            Some(command) => cli.command = Command::Backup { command },
-            None => return Ok(()),
-        }
+        return backup::backup(&cli.endpoint, command).await;
     }
     let ch = channel(&cli.endpoint).await?;
     let mut timers = TimersClient::new(ch.clone());
@@ -303,7 +301,7 @@ async fn run(mut cli: Cli) -> anyhow::Result<()> {
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,
         Command::Leader { command } => member::leader(ch, command).await?,
-        Command::Backup { command } => backup::online(ch, command).await?,
+        Command::Backup { .. } => unreachable!("run before connecting"),
         Command::Watch {
             namespace,
             ack,
