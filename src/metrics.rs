@@ -68,6 +68,7 @@ pub struct Events {
     delivered: u64,
     redelivered: u64,
     acked: u64,
+    keys_written: u64,
 }
 
 impl Events {
@@ -92,6 +93,11 @@ impl Events {
         self.acked += 1;
     }
 
+    /// The entry's batch wrote `n` keys (its effects and the applied index).
+    pub fn keys_written(&mut self, n: u64) {
+        self.keys_written += n;
+    }
+
     /// Adds these events to the exported metrics.
     pub fn record(self) {
         let counts = [
@@ -103,6 +109,10 @@ impl Events {
             ("timerdb_deliveries_total", self.delivered),
             ("timerdb_redeliveries_total", self.redelivered),
             ("timerdb_timers_acked_total", self.acked),
+            (
+                "timerdb_state_machine_keys_written_total",
+                self.keys_written,
+            ),
         ];
         for (name, n) in counts.into_iter().filter(|(_, n)| *n > 0) {
             counter!(name).increment(n);

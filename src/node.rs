@@ -48,6 +48,8 @@ pub struct NodeStatus {
     pub purged_index: u64,
     pub snapshots_built: u64,
     pub snapshots_installed: u64,
+    /// Keys the state machine wrote since this node started.
+    pub state_machine_keys_written: u64,
 }
 
 /// One timerdb node: its Raft handle, its state machine reader and its configuration.
@@ -351,6 +353,7 @@ impl Node {
             purged_index: m.purged.map_or(0, |l| l.index),
             snapshots_built: self.snapshots.stats.built.load(Ordering::Relaxed),
             snapshots_installed: self.snapshots.stats.installed.load(Ordering::Relaxed),
+            state_machine_keys_written: self.store.keys_written(),
         })
     }
 }

@@ -93,6 +93,7 @@ impl cluster_server::Cluster for ClusterService {
             purged_index: s.purged_index,
             snapshots_built: s.snapshots_built,
             snapshots_installed: s.snapshots_installed,
+            state_machine_keys_written: s.state_machine_keys_written,
         }))
     }
 

@@ -99,7 +99,12 @@ impl StateMachine {
         next.progress = progress;
         next.last_applied = Some(entry.log_id);
         next.stage(&db, &mut batch, membership_changed);
+        let keys = batch.len() as u64;
         db.write(batch)?;
+        self.store
+            .keys_written
+            .fetch_add(keys, std::sync::atomic::Ordering::Relaxed);
+        events.keys_written(keys);
         self.meta = next;
         events.record();
         if let Some(due) = earliest_new_due {

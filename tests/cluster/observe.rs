@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use timerdb::api::pb::{self, timers_client::TimersClient};
+use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
@@ -170,6 +170,16 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
         assert!(get(&s, "timerdb_raft_log_entries", "") >= 5.0);
         assert!(get(&s, "timerdb_raft_log_bytes", "") > 0.0);
         assert_eq!(get(&s, "timerdb_snapshots_built_total", ""), 0.0);
+        // Storage writes are counted: the metric and Status agree (nothing is written now).
+        let keys = get(&s, "timerdb_state_machine_keys_written_total", "");
+        let mut cluster = ClusterClient::new(channel(&procs[i].addr).await.unwrap());
+        let status = cluster
+            .status(pb::StatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(keys >= 25.0, "25 timers were created on every node: {keys}");
+        assert_eq!(keys, status.state_machine_keys_written as f64);
         dashboard_names_exist(&s);
         if i == l {
             // The calls went to the leader: counted by method and status, with latency.

@@ -53,7 +53,7 @@ pub async fn fire(
 /// Schedules timers for `opts.window` so that `rate` per second fall due, each `opts.lead`
 /// after it is sent. Returns how many, and how many were sent after their fire time (the
 /// producer fell behind; their lateness is the producer's, and is reported apart).
-async fn produce(
+pub(crate) async fn produce(
     target: &Target,
     opts: &Opts,
     ns: &str,

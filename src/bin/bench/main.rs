@@ -7,13 +7,15 @@
 //! configuration, then run 2 of every one, …) so that a noisy neighbour spreads over all of them
 //! instead of spoiling one. Figures are reported as the median of the runs beside the runs.
 //!
-//! Workloads: `schedule`, `batch`, `fire`, `burst`, `failover`, `pending` (see their modules).
+//! Workloads: `schedule`, `batch`, `fire`, `burst`, `failover`, `pending`, and `keys` (storage
+//! writes over a timer's whole life) and `naive` (a one-at-a-time consumer) in `life`.
 
 #[allow(dead_code)]
 #[path = "../chaos/cluster.rs"]
 mod cluster;
 mod consume;
 mod fire;
+mod life;
 mod pending;
 mod progress;
 #[allow(dead_code)]
@@ -40,6 +42,8 @@ enum Workload {
     Burst,
     Failover,
     Pending,
+    Keys,
+    Naive,
 }
 
 #[derive(Parser, Debug)]
@@ -81,6 +85,15 @@ struct Args {
     /// Timers due per second while the failover workload kills the leader.
     #[arg(long, default_value_t = 2_000)]
     failover_rate: u64,
+    /// Timers of the keys workload (storage writes over a timer's whole life).
+    #[arg(long, default_value_t = 100_000)]
+    keys_timers: u64,
+    /// Timers due per second for the naive consumer, one configuration each.
+    #[arg(long, value_delimiter = ',', default_value = "500,5000")]
+    naive_rates: Vec<u64>,
+    /// How the naive consumer acks each delivery.
+    #[arg(long, value_enum, default_value = "unary")]
+    naive_ack: life::AckMode,
     /// Timers loaded by the pending workload.
     #[arg(long, default_value_t = 10_000_000)]
     pending: u64,
@@ -114,6 +127,7 @@ pub struct Opts {
     pub consumers: usize,
     pub payload_bytes: usize,
     pub load_batch: usize,
+    pub naive_ack: life::AckMode,
 }
 
 #[tokio::main]
@@ -133,6 +147,8 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
             Workload::Fire,
             Workload::Burst,
             Workload::Failover,
+            Workload::Keys,
+            Workload::Naive,
         ];
     }
     let opts = Opts {
@@ -143,6 +159,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         consumers: args.consumers.max(1),
         payload_bytes: args.payload_bytes,
         load_batch: args.load_batch,
+        naive_ack: args.naive_ack,
     };
     let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     let base = args.dir.clone().unwrap_or_else(|| {
@@ -196,6 +213,8 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
             Workload::Burst => vec![args.burst],
             Workload::Failover => vec![args.failover_rate],
             Workload::Pending => vec![args.pending],
+            Workload::Keys => vec![args.keys_timers],
+            Workload::Naive => args.naive_rates.clone(),
         };
         out.extend(params.into_iter().map(|p| (*w, p)));
     }
@@ -231,6 +250,15 @@ async fn measure(
         Workload::Failover => {
             let mut rec = results.recorder("failover", format!("{p}/s, leader SIGKILL"));
             fire::failover(target, opts, p, &mut rec).await
+        }
+        Workload::Keys => {
+            let mut rec = results.recorder("keys", format!("{p} timers, whole life"));
+            life::keys(target, opts, p, &mut rec).await
+        }
+        Workload::Naive => {
+            let params = format!("{p}/s, {:?} acks", opts.naive_ack).to_lowercase();
+            let mut rec = results.recorder("naive", params);
+            life::naive(target, opts, p, opts.naive_ack, &mut rec).await
         }
         Workload::Pending => {
             let mut rec = results.recorder("pending", format!("{p} timers"));
