@@ -134,10 +134,8 @@ impl Router {
                 }
                 Leader::Other { id, addr } => match remote(self.channel(&addr)?).await {
                     Ok(reply) => return Ok(reply.into_inner()),
-                    // UNAVAILABLE: the leader refused or could not be reached; CANCELLED: it
-                    // went away mid-call. Either way the outcome is unknown and retrying the
-                    // idempotent request is safe.
-                    Err(s) if matches!(s.code(), Code::Unavailable | Code::Cancelled) => {
+                    // The outcome is unknown, and retrying the idempotent request is safe.
+                    Err(s) if unknown_outcome(&s) => {
                         last = format!("leader {id} at {addr}: {}", s.message())
                     }
                     Err(s) => return Err(s),
@@ -158,5 +156,34 @@ impl Router {
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+    }
+}
+
+/// Whether a forwarded call failed without an answer from the leader: UNAVAILABLE (it refused
+/// or could not be reached), CANCELLED (it went away mid-call), or the connection broke under
+/// the call (tonic reports a reset HTTP/2 connection as INTERNAL "h2 protocol error"; seen when
+/// a leader is stopped while answering). No timerd handler answers with that message.
+fn unknown_outcome(s: &Status) -> bool {
+    match s.code() {
+        Code::Unavailable | Code::Cancelled => true,
+        Code::Internal => s.message().starts_with("h2 protocol error"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_connection_is_an_unknown_outcome_and_an_answer_is_not() {
+        assert!(unknown_outcome(&Status::unavailable("no leader")));
+        assert!(unknown_outcome(&Status::cancelled("went away")));
+        assert!(unknown_outcome(&Status::internal(
+            "h2 protocol error: http2 error"
+        )));
+        assert!(!unknown_outcome(&Status::internal("unexpected response")));
+        assert!(!unknown_outcome(&Status::failed_precondition("stale")));
+        assert!(!unknown_outcome(&Status::not_found("no such timer")));
     }
 }
