@@ -58,7 +58,7 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
 }
 
 /// What one applied entry did, counted while it is applied and recorded once it is written:
-/// one registry lookup per metric per entry, not per timer (a Fire entry fires up to 10,000),
+/// one registry lookup per metric per entry, not per timer (a Fire entry fires thousands),
 /// and nothing is counted for an entry whose write failed.
 #[derive(Debug, Default)]
 pub struct Events {
@@ -82,15 +82,21 @@ impl Events {
         self.fired_late_ms.push(late_ms);
     }
 
-    /// A fired timer was handed to a consumer; `again` if an earlier attempt was not acked.
-    pub fn delivered(&mut self, again: bool) {
-        self.delivered += 1;
-        self.redelivered += u64::from(again);
+    /// `n` fired timers were handed to consumers, `again` of them after an earlier attempt
+    /// went unacked.
+    pub fn delivered(&mut self, n: u64, again: u64) {
+        self.delivered += n;
+        self.redelivered += again;
     }
 
-    /// A delivery was acknowledged.
-    pub fn acked(&mut self) {
-        self.acked += 1;
+    /// `n` deliveries were acknowledged.
+    pub fn acked(&mut self, n: u64) {
+        self.acked += n;
+    }
+
+    /// Deliveries acknowledged by the entry.
+    pub fn acked_count(&self) -> u64 {
+        self.acked
     }
 
     /// The entry's batch wrote `n` keys (its effects and the applied index).

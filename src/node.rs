@@ -13,7 +13,7 @@ use std::sync::Arc;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{Dispatcher, Hold, NodeId, Proposer, Raft};
+use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
@@ -50,6 +50,8 @@ pub struct NodeStatus {
     pub snapshots_installed: u64,
     /// Keys the state machine wrote since this node started.
     pub state_machine_keys_written: u64,
+    /// FIRED → ACKED transitions applied since this node started.
+    pub timers_acked: u64,
 }
 
 /// One timerdb node: its Raft handle, its state machine reader and its configuration.
@@ -64,6 +66,8 @@ pub struct Node {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Batches concurrent client writes into shared log entries.
     pub proposer: Proposer,
+    /// Coalesces the acks that arrive on delivery streams into shared entries.
+    pub acker: Acker,
     /// Closed while this node hands its leadership over (see `membership`).
     pub hold: Hold,
     /// The commit index as this node knows it (see `LogStore::committed`).
@@ -208,21 +212,31 @@ impl Node {
         self.settle(cmd, &key).await
     }
 
-    /// Acks many deliveries. Each is proposed as its own command (the proposer packs them into
-    /// shared entries) and answered alone. A retryable failure (leadership lost) fails the whole
-    /// call, so that the caller retries it where a leader is: acks are idempotent.
+    /// Acks many deliveries in one command, each judged and answered alone. A failure of the
+    /// write (leadership lost) fails the whole call, so that the caller retries it where a
+    /// leader is: acks are idempotent.
     pub async fn ack_batch(&self, acks: Vec<(TimerKey, u32)>) -> Result<Vec<Result<Timer>>> {
-        let each = acks
-            .into_iter()
-            .map(|(key, attempt)| self.ack(key, attempt));
-        let results = futures::future::join_all(each).await;
-        let retry = results
-            .iter()
-            .find_map(|r| r.as_ref().err().filter(|e| e.is_retryable()));
-        match retry {
-            Some(e) => Err(e.clone()),
-            None => Ok(results),
+        let keys: Vec<TimerKey> = acks.iter().map(|(k, _)| k.clone()).collect();
+        let cmd = Command::Acks {
+            now_ms: self.now_ms(),
+            leases: Vec::new(),
+            acks,
+        };
+        let Response::Acked { acks: answers, .. } = self.write(cmd).await? else {
+            return Err(Error::Internal("unexpected Acks response".into()));
+        };
+        let mut out = Vec::with_capacity(answers.len());
+        for (key, answer) in keys.iter().zip(answers) {
+            out.push(match answer {
+                Response::Timer { timer, .. } => {
+                    self.dispatcher.settled(key);
+                    Ok(timer)
+                }
+                Response::Rejected(r) => Err(r.into_error()),
+                other => Err(unexpected(other)),
+            });
         }
+        Ok(out)
     }
 
     /// Nacks delivery `attempt` of `key`: redelivered after backoff, or DEAD at the limit.
@@ -354,6 +368,7 @@ impl Node {
             snapshots_built: self.snapshots.stats.built.load(Ordering::Relaxed),
             snapshots_installed: self.snapshots.stats.installed.load(Ordering::Relaxed),
             state_machine_keys_written: self.store.keys_written(),
+            timers_acked: self.store.acked(),
         })
     }
 }

@@ -30,8 +30,9 @@ use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
+use crate::cluster::purger::Purger;
 use crate::cluster::{
-    DispatchLoop, Dispatcher, FireDriver, FireSignal, Hold, Network, Proposer, Raft,
+    Acker, DispatchLoop, Dispatcher, FireDriver, FireSignal, Hold, Network, Proposer, Raft,
 };
 use crate::config::NodeConfig;
 use crate::node::Node;
@@ -55,8 +56,9 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     config.validate()?;
     let config = Arc::new(config);
     let addr = listener.local_addr()?;
-    let db = open_db_retrying(&config.data_dir).await?;
-    let store = Store::new(db.clone(), Wheel::new(config.bucket_ms));
+    let gc = storage::IndexGc::new();
+    let db = open_db_retrying(&config.data_dir, &gc).await?;
+    let store = Store::new(db.clone(), Wheel::new(config.bucket_ms), gc);
     let signal = Arc::new(FireSignal::default());
     let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
     let db_owner = db.clone();
@@ -71,14 +73,16 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         .await
         .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
     let (shutdown, rx) = watch::channel(false);
+    let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
     let node = Arc::new(Node {
         id: config.id,
         raft: raft.clone(),
         store: store.clone(),
+        acker: Acker::start(proposer.clone(), config.clock),
         config,
         dispatcher: Arc::new(Dispatcher::default()),
         shutdown: rx.clone(),
-        proposer: Proposer::start(raft.clone(), hold.clone(), crate::node::write_error),
+        proposer,
         hold: hold.clone(),
         committed,
         snapshots,
@@ -96,12 +100,21 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         hold: node.hold.clone(),
     };
     tasks.push(tokio::spawn(dispatch.run(rx.clone())));
+    let purger = Purger {
+        id: node.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        clock: node.config.clock,
+        hold: node.hold.clone(),
+    };
+    tasks.push(tokio::spawn(purger.run(rx.clone())));
     let driver = FireDriver {
         id: node.id,
         raft,
         store,
         clock: node.config.clock,
         signal,
+        dispatcher: node.dispatcher.clone(),
         max_fires_per_entry: node.config.max_fires_per_entry,
         fire_early_ms: node.config.faults.fire_early_ms,
         hold: node.hold.clone(),
@@ -123,10 +136,13 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
 
 /// RocksDB's lock outlives a stopped node for a moment (its syncer thread lets go last), so a
 /// node restarted in the same process retries briefly.
-async fn open_db_retrying(dir: &std::path::Path) -> Result<Arc<rocksdb::DB>> {
+async fn open_db_retrying(
+    dir: &std::path::Path,
+    gc: &Arc<storage::IndexGc>,
+) -> Result<Arc<rocksdb::DB>> {
     let mut attempts = 0;
     loop {
-        match storage::open_db(dir) {
+        match storage::open_db(dir, gc) {
             Err(Error::Storage(m)) if m.contains("lock") && attempts < 100 => {
                 attempts += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;

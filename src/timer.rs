@@ -5,19 +5,19 @@
 //! function of the log. Every command is idempotent in the sense DESIGN asks for: replaying a
 //! forwarded retry cannot create a second timer or a second transition.
 //!
-//! A timer's life: `Pending` → `Fired` (a Fire entry) → `Acked` (an Ack entry) or `Dead` (its
-//! last delivery's ack deadline passed), or `Pending` → `Cancelled`. Only `Redrive` returns a
-//! timer to `Pending`, and only from `Dead`. While `Fired`, a timer cycles through delivery
-//! [`Phase`]s: `Ready` (waiting for a consumer) → `InFlight` (a Deliver entry handed it to a
-//! subscriber) → `Backoff` (its ack deadline passed) → `Ready` again.
+//! A timer's life: `Pending` → `Fired` (the fire cursor passes it) → `Acked` (an ack) or `Dead`
+//! (its last delivery's ack deadline passed), or `Pending` → `Cancelled`. Only `Redrive` returns
+//! a timer to `Pending`, and only from `Dead`. While `Fired`, a timer cycles through delivery
+//! [`Phase`]s: `Ready` (waiting for a consumer) → `InFlight` (a lease handed it to a subscriber)
+//! → `Backoff` (its ack deadline passed) → `Ready` again.
 //!
-//! Every timer has at most one wheel entry, at `bucket`, due at `wake_at_ms`: its fire time while
-//! PENDING, its ack deadline while in flight, its redelivery time in backoff, and its purge time
-//! once finished. A `Ready` timer has none: it waits in the ready queue instead.
+//! A [`Timer`] is what clients see; the state machine stores rows and derives it (see
+//! `storage`): most transitions are a cursor or a lease passing the timer, not a write to it.
 
 use serde::{Deserialize, Serialize};
 
 use crate::namespace::{Namespace, Policy};
+use crate::wheel::Slot;
 
 /// Where a timer lives in a namespace; the pair is unique.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -69,9 +69,9 @@ impl TimerState {
 pub enum Phase {
     /// Waiting in the ready queue for a subscriber with room; no attempt is spent meanwhile.
     Ready,
-    /// Delivered as attempt `attempts`; the wheel entry is the ack deadline.
+    /// Delivered as attempt `attempts`; `wake_at_ms` is the ack deadline.
     InFlight,
-    /// The ack deadline passed; the wheel entry is the redelivery time.
+    /// The ack deadline passed (or it was nacked); `wake_at_ms` is the redelivery time.
     Backoff,
 }
 
@@ -123,11 +123,9 @@ pub struct Timer {
     pub scheduled_when: When,
     /// Delivery phase while FIRED.
     pub phase: Phase,
-    /// When its wheel entry is due (fire time, ack deadline, redelivery time or purge time).
+    /// When it next changes by itself: its fire time (PENDING), ack deadline (IN_FLIGHT),
+    /// redelivery time (BACKOFF), or the earliest it may be purged (finished); 0 while READY.
     pub wake_at_ms: i64,
-    /// The wheel bucket of its wheel entry (may be later than `wake_at_ms`'s bucket when that
-    /// is already behind the wheel's floor: see `wheel`).
-    pub bucket: u64,
     /// `attempts` when it was last redriven: `max_attempts` counts from here, while `attempts`
     /// keeps growing so (namespace, id, attempt) never repeats.
     pub attempt_base: u32,
@@ -154,19 +152,13 @@ impl Timer {
             finished_at_ms: 0,
             scheduled_when: spec.when,
             phase: Phase::Ready,
-            wake_at_ms: 0,
-            bucket: 0,
+            wake_at_ms: spec.when.resolve(now_ms),
             attempt_base: 0,
             last_delivered_at_ms: 0,
             nacks: 0,
             timeouts: 0,
             redrives: 0,
         }
-    }
-
-    /// Whether the timer has a wheel entry (every state but FIRED-and-ready has one).
-    pub fn on_wheel(&self) -> bool {
-        !(self.state == TimerState::Fired && self.phase == Phase::Ready)
     }
 
     /// Whether the timer is finished (ACKED, CANCELLED or DEAD): it waits only to be purged.
@@ -181,6 +173,33 @@ impl Timer {
     pub fn same_request(&self, spec: &TimerSpec) -> bool {
         self.scheduled_when == spec.when && self.payload == spec.payload
     }
+}
+
+/// A request to hand a namespace's fired timers to a subscriber with room for `room` more.
+/// `room` 0 hands out nothing: it only moves the delivery cursor over finished timers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub namespace: String,
+    pub room: u32,
+}
+
+/// A lease as a grant made it: the fired timers of `namespace` between the slots `from`
+/// (excluded) and `to` (included) that were deliverable, `count` of them, now in flight until
+/// `deadline_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Granted {
+    pub namespace: String,
+    pub from: Slot,
+    pub to: Slot,
+    pub count: u32,
+    pub deadline_ms: i64,
+}
+
+/// Names a lease: its namespace and the slot it ends at.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub namespace: String,
+    pub to: Slot,
 }
 
 /// The replicated vocabulary: what one log entry asks the state machine to do.
@@ -198,17 +217,29 @@ pub enum Command {
         key: TimerKey,
         when: When,
     },
-    /// Process every wheel entry due at `now_ms`, at most `max` of them, in key order: fire
-    /// PENDING timers, expire ack deadlines, make backed-off timers ready, purge finished ones.
-    Fire { now_ms: i64, max: u32 },
-    /// Hand READY timers to subscribers: each becomes IN_FLIGHT with attempt + 1 and an ack
-    /// deadline at `now_ms` + the namespace's ack timeout. Keys not READY any more are skipped.
-    Deliver { now_ms: i64, keys: Vec<TimerKey> },
+    /// Move the fire cursor over every row due at `now_ms` (whole buckets), at most `max` rows:
+    /// PENDING timers it passes are fired, backed-off ones are ready again. Then expire the
+    /// leases whose deadline passed, and make `grants` (Deliver fused into Fire).
+    Fire {
+        now_ms: i64,
+        max: u32,
+        grants: Vec<Grant>,
+    },
+    /// Hand fired timers to subscribers: each grant becomes a lease of up to `room` timers,
+    /// in flight until `now_ms` + the namespace's ack timeout.
+    Deliver { now_ms: i64, grants: Vec<Grant> },
     /// FIRED → ACKED, if `attempt` is the latest delivery.
     Ack {
         now_ms: i64,
         key: TimerKey,
         attempt: u32,
+    },
+    /// Many acks in one command: `leases` acked whole (every delivery of each was acked), then
+    /// `acks` one by one, each judged as `Ack` would judge it.
+    Acks {
+        now_ms: i64,
+        leases: Vec<LeaseRef>,
+        acks: Vec<(TimerKey, u32)>,
     },
     /// Give up on delivery `attempt` now: redeliver after backoff (or DEAD at max attempts).
     Nack {
@@ -220,8 +251,15 @@ pub enum Command {
     Redrive { now_ms: i64, keys: Vec<TimerKey> },
     /// Set a namespace's policy (validated before proposing).
     PutNamespace { name: String, policy: Policy },
+    /// Delete `namespace`'s finished timers up to the slot `through` (a lease's end), once every
+    /// lease up to it settled at least the namespace's retention before `now_ms`.
+    Purge {
+        now_ms: i64,
+        namespace: String,
+        through: Slot,
+    },
     /// Several client commands proposed together (one log entry, one fsync, one apply), each
-    /// applied in order as if alone; never nested, never holds Fire or Deliver.
+    /// applied in order as if alone; never nested, never holds Fire, Deliver or Purge.
     Multi(Vec<Command>),
 }
 
@@ -236,9 +274,11 @@ impl Command {
             Command::Fire { .. } => "fire",
             Command::Deliver { .. } => "deliver",
             Command::Ack { .. } => "ack",
+            Command::Acks { .. } => "acks",
             Command::Nack { .. } => "nack",
             Command::Redrive { .. } => "redrive",
             Command::PutNamespace { .. } => "put_namespace",
+            Command::Purge { .. } => "purge",
             Command::Multi(_) => "multi",
         }
     }
@@ -274,13 +314,23 @@ pub enum Response {
     },
     /// ScheduleBatch: one (timer, created) per spec, in request order.
     Batch(Vec<(Timer, bool)>),
-    /// Fire: how many wheel entries were processed, and whether due ones remain past `max`.
+    /// Fire: how many timers fired, whether due rows or expired leases remain past `max`,
+    /// and one lease per grant, in order (`None`: nothing to hand out).
     Fired {
         count: u32,
         more: bool,
+        leases: Vec<Option<Granted>>,
     },
-    /// Deliver: one entry per requested key, in order; `None` if it was not READY any more.
-    Delivered(Vec<Option<Timer>>),
+    /// Deliver: one lease per grant, in order (`None`: nothing to hand out).
+    Delivered(Vec<Option<Granted>>),
+    /// Acks: per lease, whether it was acked whole (else ack its deliveries one by one); per
+    /// ack, what `Ack` would have answered.
+    Acked {
+        leases: Vec<bool>,
+        acks: Vec<Response>,
+    },
+    /// Purge: how many timers were deleted (0: nothing was due, or it was not allowed yet).
+    Purged(u64),
     /// Redrive: the timers now PENDING again, and the keys skipped (with their state).
     Redriven {
         timers: Vec<Timer>,

@@ -94,6 +94,7 @@ impl cluster_server::Cluster for ClusterService {
             snapshots_built: s.snapshots_built,
             snapshots_installed: s.snapshots_installed,
             state_machine_keys_written: s.state_machine_keys_written,
+            timers_acked: s.timers_acked,
         }))
     }
 

@@ -247,7 +247,7 @@ pub fn state_from_pb(v: i32) -> Result<Option<TimerState>, Error> {
 impl From<Timer> for pb::Timer {
     fn from(t: Timer) -> pb::Timer {
         let phase = phase_to_pb(&t) as i32;
-        let wake_at_ms = if t.on_wheel() { t.wake_at_ms } else { 0 };
+        let wake_at_ms = t.wake_at_ms;
         pb::Timer {
             namespace: t.key.namespace,
             id: t.key.id,

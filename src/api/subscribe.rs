@@ -1,15 +1,21 @@
-//! Subscribe: a delivery stream that any node accepts and that follows the leader.
+//! Subscribe and Consume: delivery streams that any node accepts and that follow the leader.
 //!
 //! Deliveries are decided on the leader (`cluster::dispatch`), so a stream is served there. Each
-//! accepted Subscribe gets one task that, for as long as the client keeps the stream open:
+//! accepted stream gets one task that, for as long as the client keeps it open:
 //! - on the leader, registers a subscription with the local dispatcher and forwards its
 //!   deliveries, until leadership is lost;
-//! - on a follower, opens the same Subscribe on the leader (marked forwarded, so at most one
-//!   hop) and relays it, until that stream breaks;
+//! - on a follower, opens the same stream on the leader (marked forwarded, so at most one hop)
+//!   and relays it, until that stream breaks;
 //! - then looks up the leader again and carries on. The client sees one stream across leader
 //!   changes. Deliveries the old leader committed but had not sent yet are sent before the
 //!   stream moves; those the client never received are redelivered when their ack deadline
 //!   passes (an Ack of the old attempt is still accepted until then).
+//!
+//! Consume streams also carry acks from the client. On the leader they free the
+//! subscription's room at once and go to the node's ack coalescer (`cluster::acks`), held
+//! until a whole lease is acked where that makes one write of many; on a follower they are
+//! relayed to the leader's stream. Acks that arrive while the stream is between leaders are
+//! carried to the next one.
 //!
 //! A forwarded stream whose node stops leading ends with UNAVAILABLE, so the follower that
 //! relays it re-subscribes at the new leader. The task ends when the client goes away or the
@@ -17,20 +23,22 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::Status;
 
 use super::convert::check_name;
 use super::forward::{self, Router};
 use super::pb;
-use crate::cluster::{Delivery, Subscription};
+use crate::cluster::acks::{StreamAcks, HOLD};
+use crate::cluster::{AckItem, Delivery, Subscription};
 use crate::config::Limits;
 use crate::node::{Leader, Node};
+use crate::timer::TimerKey;
 use crate::Error;
 
 /// Unacked deliveries a stream may hold when the client asks for 0.
@@ -39,11 +47,25 @@ pub const DEFAULT_MAX_IN_FLIGHT: u32 = 100;
 pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
 /// Pause before looking for the leader again after a stream broke or while none is known.
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(100);
+/// Acks a stream keeps for the next leader while it has none; beyond, they are dropped (the
+/// deliveries come again after their deadline).
+const MAX_CARRIED_ACKS: usize = 100_000;
 
-/// The stream a Subscribe returns.
+/// The stream a Subscribe or Consume returns.
 pub type DeliveryStream = Pin<Box<dyn Stream<Item = Result<pb::Delivery, Status>> + Send>>;
 
 type Sink = mpsc::Sender<Result<pb::Delivery, Status>>;
+
+/// An ack (or nack) a consumer sent on its stream, validated.
+#[derive(Debug, Clone)]
+pub struct StreamAck {
+    pub id: String,
+    pub attempt: u32,
+    pub nack: bool,
+}
+
+/// What a Consume stream's reader passes on: acks, or the reason the stream must end.
+pub type Inbound = mpsc::UnboundedReceiver<Result<Vec<StreamAck>, Status>>;
 
 /// Validates a Subscribe and fills in the defaults.
 pub fn validate(
@@ -70,17 +92,46 @@ pub fn validate(
     Ok(req)
 }
 
-/// Starts the task behind one Subscribe and returns its stream.
+/// Validates the acks of one Consume message.
+pub fn validate_acks(acks: Vec<pb::DeliveryAck>, limits: &Limits) -> Result<Vec<StreamAck>, Error> {
+    acks.into_iter()
+        .map(|a| {
+            check_name("id", &a.id, limits.max_id_bytes)?;
+            if a.attempt == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "ack of {}: attempt must be at least 1 (deliveries count from 1)",
+                    a.id
+                )));
+            }
+            Ok(StreamAck {
+                id: a.id,
+                attempt: a.attempt,
+                nack: a.nack,
+            })
+        })
+        .collect()
+}
+
+/// Starts the task behind one Subscribe (`acks`: `None`) or Consume and returns its stream.
 pub fn start(
     router: Arc<Router>,
     req: pb::SubscribeRequest,
     forwarded: bool,
+    acks: Option<Inbound>,
 ) -> Result<DeliveryStream, Status> {
     if forwarded && router.node().leader() != Leader::Me {
         return Err(not_leader(router.node()));
     }
     let (tx, rx) = mpsc::channel(req.max_in_flight as usize);
-    tokio::spawn(pump(router, req, forwarded, tx));
+    let stream = Pump {
+        router,
+        req,
+        forwarded,
+        tx,
+        acks,
+        carried: Vec::new(),
+    };
+    tokio::spawn(stream.run());
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -93,69 +144,226 @@ fn not_leader(node: &Node) -> Status {
 
 /// Why one leg of a stream ended.
 enum End {
-    /// The client went away or the node is shutting down: the stream is over.
+    /// The client went away, sent a bad message, or the node is shutting down: it is over.
     Done,
     /// The leader changed or the relay broke: find the leader and go on.
     Moved,
 }
 
-async fn pump(router: Arc<Router>, req: pb::SubscribeRequest, forwarded: bool, tx: Sink) {
-    let node = router.node().clone();
-    let mut shutdown = node.shutdown.clone();
-    loop {
-        if tx.is_closed() || *shutdown.borrow() {
-            return;
-        }
-        let end = match node.leader() {
-            Leader::Me => serve_local(&node, &req, &tx, &mut shutdown).await,
-            _ if forwarded => {
-                let _ = tx.send(Err(not_leader(&node))).await;
+/// One stream's task.
+struct Pump {
+    router: Arc<Router>,
+    req: pb::SubscribeRequest,
+    forwarded: bool,
+    tx: Sink,
+    /// The client's acks (Consume only).
+    acks: Option<Inbound>,
+    /// Acks received but not yet taken by a leader, for the next leg.
+    carried: Vec<StreamAck>,
+}
+
+impl Pump {
+    async fn run(mut self) {
+        let node = self.router.node().clone();
+        let mut shutdown = node.shutdown.clone();
+        loop {
+            if self.tx.is_closed() || *shutdown.borrow() {
                 return;
             }
-            Leader::Other { addr, .. } => relay(&router, &addr, &req, &tx, &mut shutdown).await,
-            Leader::Unknown => End::Moved,
-        };
-        if let End::Done = end {
-            if *shutdown.borrow() {
-                let msg = format!("node {} is shutting down; subscribe again", node.id);
-                let _ = tx.try_send(Err(Status::unavailable(msg)));
+            let end = match node.leader() {
+                Leader::Me => self.serve_local(&node, &mut shutdown).await,
+                _ if self.forwarded => {
+                    let _ = self.tx.send(Err(not_leader(&node))).await;
+                    return;
+                }
+                Leader::Other { addr, .. } => self.relay(&addr, &mut shutdown).await,
+                Leader::Unknown => End::Moved,
+            };
+            if let End::Done = end {
+                if *shutdown.borrow() {
+                    let msg = format!("node {} is shutting down; subscribe again", node.id);
+                    let _ = self.tx.try_send(Err(Status::unavailable(msg)));
+                }
+                return;
             }
-            return;
+            let tx = self.tx.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(RESUBSCRIBE_PAUSE) => {}
+                _ = tx.closed() => return,
+            }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(RESUBSCRIBE_PAUSE) => {}
-            _ = tx.closed() => return,
+    }
+
+    /// The next acks from the client; pends for ever on a Subscribe or once the client has
+    /// stopped sending. `Err` ends the stream (a bad message).
+    async fn next_acks(&mut self) -> Result<Vec<StreamAck>, Status> {
+        let Some(rx) = self.acks.as_mut() else {
+            return std::future::pending().await;
+        };
+        match rx.recv().await {
+            Some(r) => r,
+            None => {
+                self.acks = None; // half-closed: deliveries go on
+                std::future::pending().await
+            }
+        }
+    }
+
+    fn carry(&mut self, acks: impl IntoIterator<Item = StreamAck>) {
+        for a in acks {
+            if self.carried.len() < MAX_CARRIED_ACKS {
+                self.carried.push(a);
+            }
+        }
+    }
+
+    /// Serves the stream from this node's dispatcher while it leads.
+    async fn serve_local(&mut self, node: &Arc<Node>, shutdown: &mut watch::Receiver<bool>) -> End {
+        let max = self.req.max_in_flight as usize;
+        let mut sub = node
+            .dispatcher
+            .subscribe(&self.req.namespace, &self.req.consumer, max);
+        let mut metrics = node.raft.metrics();
+        let mut tracker = StreamAcks::new(&self.req.namespace);
+        let carried = std::mem::take(&mut self.carried);
+        let ns = self.req.namespace.clone();
+        take_acks(node, &ns, &mut tracker, carried);
+        let mut flush = tokio::time::interval(HOLD / 2);
+        let tx = self.tx.clone();
+        let end = loop {
+            tokio::select! {
+                delivery = sub.recv() => match delivery {
+                    Some(d) => {
+                        tracker.sent(&d);
+                        if tx.send(Ok(to_pb(d))).await.is_err() {
+                            break End::Done;
+                        }
+                    }
+                    None => break End::Moved,
+                },
+                acks = self.next_acks() => match acks {
+                    Ok(acks) => take_acks(node, &ns, &mut tracker, acks),
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        break End::Done;
+                    }
+                },
+                _ = flush.tick() => {
+                    let now_ms = node.config.clock.now_ms();
+                    for item in tracker.flush_due(Instant::now(), now_ms) {
+                        node.acker.ack(item);
+                    }
+                }
+                _ = lost_leadership(&mut metrics) => {
+                    // The held acks go to the next leader with the stream.
+                    let held = tracker.drain();
+                    self.carry(held.into_iter().map(|(k, attempt)| StreamAck {
+                        id: k.id,
+                        attempt,
+                        nack: false,
+                    }));
+                    return hand_over(sub, &tx).await;
+                }
+                _ = tx.closed() => break End::Done,
+                _ = stopping(shutdown) => break End::Done,
+            }
+        };
+        for (key, attempt) in tracker.drain() {
+            node.acker.ack(AckItem::One(key, attempt));
+        }
+        end
+    }
+
+    /// Relays the leader's stream to the client (and the client's acks to it) until it breaks.
+    async fn relay(&mut self, addr: &str, shutdown: &mut watch::Receiver<bool>) -> End {
+        let Ok(channel) = self.router.channel(addr) else {
+            return End::Moved;
+        };
+        let mut client = forward::timers(channel);
+        let (up, up_rx) = mpsc::unbounded_channel();
+        let opened = if self.acks.is_some() {
+            let first = pb::ConsumeRequest {
+                subscribe: Some(self.req.clone()),
+                acks: to_pb_acks(std::mem::take(&mut self.carried)),
+            };
+            let _ = up.send(first);
+            let outbound = UnboundedReceiverStream::new(up_rx);
+            client.consume(forward::stream_request(outbound)).await
+        } else {
+            client
+                .subscribe(forward::stream_request(self.req.clone()))
+                .await
+        };
+        let mut upstream = match opened {
+            Ok(s) => s.into_inner(),
+            Err(status) => {
+                tracing::debug!(addr, %status, "subscribe at the leader failed; retrying");
+                return End::Moved;
+            }
+        };
+        let tx = self.tx.clone();
+        loop {
+            tokio::select! {
+                msg = upstream.message() => match msg {
+                    Ok(Some(d)) => {
+                        if tx.send(Ok(d)).await.is_err() {
+                            return End::Done;
+                        }
+                    }
+                    Ok(None) | Err(_) => return End::Moved,
+                },
+                acks = self.next_acks() => match acks {
+                    Ok(acks) => {
+                        let msg = pb::ConsumeRequest { subscribe: None, acks: to_pb_acks(acks.clone()) };
+                        if up.send(msg).is_err() {
+                            self.carry(acks);
+                            return End::Moved;
+                        }
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return End::Done;
+                    }
+                },
+                _ = tx.closed() => return End::Done,
+                _ = stopping(shutdown) => return End::Done,
+            }
         }
     }
 }
 
-/// Serves the stream from this node's dispatcher while it leads.
-async fn serve_local(
-    node: &Node,
-    req: &pb::SubscribeRequest,
-    tx: &Sink,
-    shutdown: &mut watch::Receiver<bool>,
-) -> End {
-    let max = req.max_in_flight as usize;
-    let mut sub = node
-        .dispatcher
-        .subscribe(&req.namespace, &req.consumer, max);
-    let mut metrics = node.raft.metrics();
-    loop {
-        tokio::select! {
-            delivery = sub.recv() => match delivery {
-                Some(d) => {
-                    if tx.send(Ok(to_pb(d))).await.is_err() {
-                        return End::Done;
-                    }
+/// Hands a client's acks to this (leading) node: each frees its subscription's room at once,
+/// nacks are proposed alone, acks go to the coalescer (held by lease where they can be one).
+fn take_acks(node: &Arc<Node>, ns: &str, tracker: &mut StreamAcks, acks: Vec<StreamAck>) {
+    let now = Instant::now();
+    for a in acks {
+        let key = TimerKey::new(ns, a.id.clone());
+        node.dispatcher.settled(&key);
+        let items = if a.nack {
+            let (node, attempt) = (node.clone(), a.attempt);
+            tokio::spawn(async move {
+                if let Err(e) = node.nack(key, attempt).await {
+                    tracing::debug!(error = %e, "stream nack refused");
                 }
-                None => return End::Moved,
-            },
-            _ = lost_leadership(&mut metrics) => return hand_over(sub, tx).await,
-            _ = tx.closed() => return End::Done,
-            _ = stopping(shutdown) => return End::Done,
+            });
+            tracker.nacked(&a.id, a.attempt)
+        } else {
+            tracker.acked(&a.id, a.attempt, now)
+        };
+        for item in items {
+            node.acker.ack(item);
         }
     }
+}
+
+fn to_pb_acks(acks: Vec<StreamAck>) -> Vec<pb::DeliveryAck> {
+    acks.into_iter()
+        .map(|a| pb::DeliveryAck {
+            id: a.id,
+            attempt: a.attempt,
+            nack: a.nack,
+        })
+        .collect()
 }
 
 /// Leadership moved: the deliveries this node's dispatcher already handed to the subscription
@@ -176,43 +384,6 @@ async fn hand_over(mut sub: Subscription, tx: &Sink) -> End {
         );
     }
     End::Moved
-}
-
-/// Relays the leader's stream to the client until it breaks.
-async fn relay(
-    router: &Router,
-    addr: &str,
-    req: &pb::SubscribeRequest,
-    tx: &Sink,
-    shutdown: &mut watch::Receiver<bool>,
-) -> End {
-    let Ok(channel) = router.channel(addr) else {
-        return End::Moved;
-    };
-    let opened = forward::timers(channel)
-        .subscribe(forward::stream_request(req.clone()))
-        .await;
-    let mut upstream = match opened {
-        Ok(s) => s.into_inner(),
-        Err(status) => {
-            tracing::debug!(addr, %status, "subscribe at the leader failed; retrying");
-            return End::Moved;
-        }
-    };
-    loop {
-        tokio::select! {
-            msg = upstream.message() => match msg {
-                Ok(Some(d)) => {
-                    if tx.send(Ok(d)).await.is_err() {
-                        return End::Done;
-                    }
-                }
-                Ok(None) | Err(_) => return End::Moved,
-            },
-            _ = tx.closed() => return End::Done,
-            _ = stopping(shutdown) => return End::Done,
-        }
-    }
 }
 
 // These two drop the watch guards before returning, so the futures stay `Send`.

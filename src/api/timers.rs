@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
@@ -227,7 +227,53 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
         let req = subscribe::validate(request.into_inner(), self.limits())?;
-        let stream = subscribe::start(self.router.clone(), req, forwarded)?;
+        let stream = subscribe::start(self.router.clone(), req, forwarded, None)?;
+        Ok(Response::new(stream))
+    }
+
+    type ConsumeStream = subscribe::DeliveryStream;
+
+    async fn consume(
+        &self,
+        request: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("the stream ended before its first message (subscribe)")
+        })?;
+        let sub = first.subscribe.ok_or_else(|| {
+            Status::invalid_argument("the first Consume message must carry `subscribe`")
+        })?;
+        let req = subscribe::validate(sub, self.limits())?;
+        let first_acks = subscribe::validate_acks(first.acks, self.limits())?;
+        // A task reads the client's messages; the stream's task takes their acks (or the
+        // reason to end) from it.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if !first_acks.is_empty() {
+            let _ = tx.send(Ok(first_acks));
+        }
+        let limits = self.limits().clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) | Err(_) => return, // the client stopped sending
+                };
+                let acks = if msg.subscribe.is_some() {
+                    Err(Status::invalid_argument(
+                        "only the first Consume message may carry `subscribe`",
+                    ))
+                } else {
+                    subscribe::validate_acks(msg.acks, &limits).map_err(Status::from)
+                };
+                let bad = acks.is_err();
+                if tx.send(acks).is_err() || bad {
+                    return;
+                }
+            }
+        });
+        let stream = subscribe::start(self.router.clone(), req, forwarded, Some(rx))?;
         Ok(Response::new(stream))
     }
 

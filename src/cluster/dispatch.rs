@@ -1,26 +1,30 @@
-//! The delivery dispatcher: the leader's worker that hands READY timers to subscribers.
+//! The delivery dispatcher: this node's subscriptions, and the leases that feed them.
 //!
 //! What it owns: the registry of this node's subscriptions (in memory; a subscription lives as
-//! long as its stream) and, while this node leads, the loop that proposes `Deliver` entries.
-//! Every decision that matters is a committed entry: the dispatcher only *proposes* which READY
-//! timers go out, the state machine decides (a key that is no longer READY is skipped), and a
-//! delivery is sent to its subscriber only after its Deliver entry has applied, so an attempt
-//! the consumer sees is always one the cluster counted.
+//! long as its stream), the planning of grants (which subscription asks for how many), and the
+//! hand-out of what a granted lease holds. Every decision that matters is a committed entry:
+//! the dispatcher only *asks* for room, the state machine decides which timers a lease takes,
+//! and a delivery is sent only after its lease has applied, read back from the applied state,
+//! so an attempt the consumer sees is always one the cluster counted.
+//!
+//! Grants ride on Fire entries (the fire driver plans them, so a timer is handed out by the
+//! entry that fires it) and on the dispatch loop's own `Deliver` entries, proposed when a
+//! subscription has room and its namespace has timers waiting (READY).
 //!
 //! Invariants:
-//! - Nothing is proposed for a namespace without a live subscription with room, so no attempt
-//!   is spent while nobody listens.
-//! - A subscription holds at most `max_in_flight` unsettled deliveries: one leaves its count on
-//!   Ack or Nack through this node ([`Dispatcher::settled`]) or when its ack deadline passes.
-//! - One loop, one Deliver in flight at a time: a key is never planned twice concurrently. (Were
-//!   it, apply would still deliver it once.)
-//! - Losing the send (the stream closed between plan and commit) loses nothing: the timer is
-//!   IN_FLIGHT with a deadline and is redelivered when it passes (at-least-once).
+//! - A subscription holds at most `max_in_flight` unsettled deliveries: room is reserved when a
+//!   grant is planned and returned when the entry applies (then held by what was sent) or fails.
+//!   A delivery leaves the count on Ack or Nack through this node ([`Dispatcher::settled`]) or
+//!   when its ack deadline passes.
+//! - Nothing is planned for a namespace without a live subscription with room, so no attempt is
+//!   spent while nobody listens.
+//! - Losing the send (the stream closed between plan and commit) loses nothing: the timer is in
+//!   flight under its lease and is delivered again when the deadline passes (at-least-once).
 //!
 //! Subscriptions are served only while this node leads; the API layer (`api::subscribe`) moves
 //! a stream to the new leader when leadership changes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,22 +34,31 @@ use super::driver::{while_leader, FireSignal};
 use super::{Hold, NodeId, Raft};
 use crate::clock::Clock;
 use crate::storage::Store;
-use crate::timer::{Command, Response, Timer, TimerKey};
+use crate::timer::{Command, Grant, Granted, LeaseRef, Response, Timer, TimerKey};
 use crate::Result;
 
-/// Most timers one Deliver entry hands out.
-const MAX_PER_ENTRY: usize = 4000;
 /// How often the loop looks again without a signal: unsettled deliveries whose deadline passed
 /// free their room by time alone.
 const TICK: Duration = Duration::from_millis(100);
 /// Pause after an error before trying again.
 const ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
-/// One delivery to a subscriber: the timer as its Deliver entry left it, and the attempt.
+/// One delivery to a subscriber: the timer as its lease handed it out, and the attempt.
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub timer: Timer,
     pub attempt: u32,
+    /// The lease it came in, when the whole lease went to this subscription: acking every
+    /// delivery of it can then be one write (`api::subscribe`).
+    pub lease: Option<LeaseTag>,
+}
+
+/// A lease whose every delivery went to one subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseTag {
+    pub lease: LeaseRef,
+    pub count: u32,
+    pub deadline_ms: i64,
 }
 
 struct Sub {
@@ -54,6 +67,8 @@ struct Sub {
     max_in_flight: usize,
     /// Unsettled deliveries and their ack deadlines.
     in_flight: HashMap<TimerKey, i64>,
+    /// Room promised to grants not yet applied.
+    reserved: usize,
     tx: mpsc::Sender<Delivery>,
 }
 
@@ -70,6 +85,20 @@ struct Registry {
 pub struct Dispatcher {
     registry: Mutex<Registry>,
     wake: Notify,
+}
+
+/// Grants planned for subscriptions: the grants, and for each the subscription and the room
+/// it reserved.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub grants: Vec<Grant>,
+    subs: Vec<(u64, usize)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
 }
 
 /// A registered subscription; dropping it unregisters it.
@@ -127,6 +156,7 @@ impl Dispatcher {
                 consumer: consumer.to_string(),
                 max_in_flight,
                 in_flight: HashMap::new(),
+                reserved: 0,
                 tx,
             };
             reg.subs.insert(id, sub);
@@ -141,7 +171,7 @@ impl Dispatcher {
         }
     }
 
-    /// An Ack or Nack of `key` applied through this node: its subscription has room again.
+    /// An Ack or Nack of `key` reached this node: its subscription has room again.
     pub fn settled(&self, key: &TimerKey) {
         let mut reg = self.lock();
         let freed = reg
@@ -154,53 +184,113 @@ impl Dispatcher {
         }
     }
 
-    /// Chooses READY timers for subscriptions with room: (subscription, key) pairs.
-    fn plan(&self, store: &Store, now_ms: i64) -> Result<Vec<(u64, TimerKey)>> {
+    /// Plans a grant for every subscription with room, reserving it, in rotating order. With
+    /// `waiting`, only for namespaces it says have timers waiting (a Deliver entry of its own
+    /// is worth proposing only then; a Fire entry grants to everyone, for what it fires).
+    pub fn plan(&self, now_ms: i64, waiting: Option<&dyn Fn(&str) -> bool>) -> Plan {
         let mut reg = self.lock();
         let ids: Vec<u64> = reg.subs.keys().copied().collect();
+        let mut plan = Plan::default();
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return plan;
         }
         reg.turn = reg.turn.wrapping_add(1);
         let first = reg.turn % ids.len();
-        let (mut plan, mut claimed) = (Vec::new(), HashSet::new());
+        let mut has_waiting: HashMap<String, bool> = HashMap::new();
         for id in ids[first..].iter().chain(&ids[..first]) {
             let Some(sub) = reg.subs.get_mut(id) else {
                 continue;
             };
             sub.in_flight.retain(|_, deadline| *deadline > now_ms);
-            let room = sub.max_in_flight.saturating_sub(sub.in_flight.len());
-            let room = room.min(MAX_PER_ENTRY - plan.len());
+            let room = sub
+                .max_in_flight
+                .saturating_sub(sub.in_flight.len() + sub.reserved);
             if room == 0 || sub.tx.is_closed() {
                 continue;
             }
-            for key in store.ready(&sub.namespace, room, &claimed)? {
-                claimed.insert(key.clone());
-                plan.push((*id, key));
+            if let Some(waiting) = waiting {
+                let ns = sub.namespace.clone();
+                if !*has_waiting.entry(ns).or_insert_with_key(|ns| waiting(ns)) {
+                    continue;
+                }
             }
+            sub.reserved += room;
+            plan.grants.push(Grant {
+                namespace: sub.namespace.clone(),
+                room: room as u32,
+            });
+            plan.subs.push((*id, room));
         }
-        Ok(plan)
+        plan
     }
 
-    /// Sends what a Deliver entry delivered to the subscriptions it was planned for.
-    fn hand_out(&self, plan: Vec<(u64, TimerKey)>, delivered: Vec<Option<Timer>>) -> usize {
+    /// The entry carrying `plan` failed: its room is free again.
+    pub fn release(&self, plan: Plan) {
+        let mut reg = self.lock();
+        for (id, room) in plan.subs {
+            if let Some(sub) = reg.subs.get_mut(&id) {
+                sub.reserved = sub.reserved.saturating_sub(room);
+            }
+        }
+    }
+
+    /// The entry carrying `plan` applied: sends what each lease holds (read back from the
+    /// applied state) to the subscription it was granted for. Returns how many were sent.
+    pub fn hand_out(&self, store: &Store, plan: Plan, leases: Vec<Option<Granted>>) -> usize {
+        let mut read = Vec::with_capacity(leases.len());
+        for lease in leases {
+            let timers = match &lease {
+                Some(g) => store.leased(g).unwrap_or_else(|e| {
+                    // They are in flight under the lease: delivered again after its deadline.
+                    tracing::warn!(error = %e, "dispatcher: cannot read a lease back");
+                    Vec::new()
+                }),
+                None => Vec::new(),
+            };
+            read.push((lease, timers));
+        }
         let mut reg = self.lock();
         let mut sent = 0;
-        for ((id, key), timer) in plan.into_iter().zip(delivered) {
-            let (Some(timer), Some(sub)) = (timer, reg.subs.get_mut(&id)) else {
+        for ((id, room), (lease, timers)) in plan.subs.into_iter().zip(read) {
+            let Some(sub) = reg.subs.get_mut(&id) else {
                 continue;
             };
-            sub.in_flight.insert(key, timer.wake_at_ms);
-            let attempt = timer.attempts;
-            if sub.tx.try_send(Delivery { timer, attempt }).is_ok() {
-                sent += 1;
+            sub.reserved = sub.reserved.saturating_sub(room);
+            let Some(g) = lease else {
+                continue;
+            };
+            let tag = (timers.len() == g.count as usize).then(|| LeaseTag {
+                lease: LeaseRef {
+                    namespace: g.namespace.clone(),
+                    to: g.to,
+                },
+                count: g.count,
+                deadline_ms: g.deadline_ms,
+            });
+            for timer in timers {
+                sub.in_flight.insert(timer.key.clone(), g.deadline_ms);
+                let attempt = timer.attempts;
+                let lease = tag.clone();
+                if sub
+                    .tx
+                    .try_send(Delivery {
+                        timer,
+                        attempt,
+                        lease,
+                    })
+                    .is_ok()
+                {
+                    sent += 1;
+                }
             }
         }
         sent
     }
 }
 
-/// The leader's dispatch loop for one node.
+/// The leader's dispatch loop for one node: Deliver entries for subscriptions with room while
+/// no Fire entry carries their grants (timers waiting since before they subscribed, redeliveries,
+/// room freed by acks).
 pub struct DispatchLoop {
     pub id: NodeId,
     pub raft: Raft,
@@ -239,26 +329,35 @@ impl DispatchLoop {
     /// One Deliver entry; true if it delivered anything (so more may be waiting).
     async fn round(&self) -> Result<bool> {
         let now_ms = self.clock.now_ms();
-        let plan = self.dispatcher.plan(&self.store, now_ms)?;
+        let waiting = |ns: &str| self.store.has_ready(ns).unwrap_or(false);
+        let plan = self.dispatcher.plan(now_ms, Some(&waiting));
         if plan.is_empty() {
             return Ok(false);
         }
-        let keys = plan.iter().map(|(_, k)| k.clone()).collect();
         self.hold.pass().await;
-        let reply = self
-            .raft
-            .client_write(Command::Deliver { now_ms, keys })
-            .await
-            .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
+        let cmd = Command::Deliver {
+            now_ms,
+            grants: plan.grants.clone(),
+        };
+        let reply = match self.raft.client_write(cmd).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.dispatcher.release(plan);
+                return Err(crate::Error::Unavailable(e.to_string()));
+            }
+        };
         match reply.data {
-            Response::Delivered(delivered) => {
-                let sent = self.dispatcher.hand_out(plan, delivered);
+            Response::Delivered(leases) => {
+                let sent = self.dispatcher.hand_out(&self.store, plan, leases);
                 tracing::debug!(sent, "delivered");
                 Ok(sent > 0)
             }
-            other => Err(crate::Error::Internal(format!(
-                "unexpected Deliver response {other:?}"
-            ))),
+            other => {
+                self.dispatcher.release(plan);
+                Err(crate::Error::Internal(format!(
+                    "unexpected Deliver response {other:?}"
+                )))
+            }
         }
     }
 }

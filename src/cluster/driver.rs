@@ -1,11 +1,13 @@
 //! The fire driver: the leader's only worker that turns wall-clock time into log entries.
 //!
 //! When it runs: while this node is the leader (it watches openraft's metrics), one task per
-//! node. What it does: look up the earliest bucket on the wheel, sleep until that bucket is due
-//! (or until the state machine signals that an earlier timer was scheduled), then propose
-//! `Fire { now_ms }` with the leader's clock. Each Fire fires at most `max_fires_per_entry`
-//! timers; while more are due it proposes back to back. Nothing is due ⇒ nothing is proposed:
-//! an idle cluster writes no log entries (DESIGN 7).
+//! node. What it does: look up when something next comes due (the earliest row after the fire
+//! cursor, or the earliest lease deadline), sleep until then (or until the state machine
+//! signals that something earlier was written), then propose `Fire { now_ms }` with the
+//! leader's clock. Each Fire passes at most `max_fires_per_entry` rows; while more are due it
+//! proposes back to back. Each Fire also carries the dispatcher's grants for the subscriptions
+//! with room, so the entry that fires a timer hands it out too. Nothing is due ⇒ nothing is
+//! proposed: an idle cluster writes no log entries (DESIGN 7).
 //!
 //! On becoming leader it first calls `ensure_linearizable`, so every entry of earlier terms is
 //! applied before it reads the wheel; timers that came due during the election then fire at
@@ -79,6 +81,8 @@ pub struct FireDriver {
     pub store: Store,
     pub clock: Clock,
     pub signal: Arc<FireSignal>,
+    /// Whose subscriptions each Fire entry grants leases to.
+    pub dispatcher: Arc<super::Dispatcher>,
     pub max_fires_per_entry: u32,
     /// A deliberate bug for the chaos checker's proof (`Faults::fire_early_ms`); 0 in service.
     pub fire_early_ms: i64,
@@ -161,7 +165,7 @@ impl FireDriver {
         loop {
             // Look with the target at MAX, so a schedule applied while we read wakes us.
             self.signal.set_target(i64::MAX);
-            let next = match self.store.next_bucket() {
+            let next = match self.store.next_due() {
                 Ok(next) => next,
                 Err(e) => {
                     tracing::error!(error = %e, "fire driver: cannot read the wheel");
@@ -169,11 +173,10 @@ impl FireDriver {
                     continue;
                 }
             };
-            let Some(bucket) = next else {
+            let Some(due_ms) = next else {
                 self.signal.notify.notified().await;
                 continue;
             };
-            let due_ms = self.store.wheel().due_ms(bucket);
             let now_ms = self.clock.now_ms() + self.fire_early_ms;
             if now_ms < due_ms {
                 self.signal.set_target(due_ms);
@@ -192,25 +195,34 @@ impl FireDriver {
     /// Proposes Fire entries until nothing more is due at `now_ms`; false on error.
     async fn fire(&self, now_ms: i64) -> bool {
         loop {
+            self.hold.pass().await;
+            let plan = self.dispatcher.plan(now_ms, None);
             let cmd = Command::Fire {
                 now_ms,
                 max: self.max_fires_per_entry,
+                grants: plan.grants.clone(),
             };
-            self.hold.pass().await;
             match self.raft.client_write(cmd).await {
                 Ok(reply) => match reply.data {
-                    Response::Fired { count, more } => {
-                        tracing::debug!(now_ms, count, more, "fired");
+                    Response::Fired {
+                        count,
+                        more,
+                        leases,
+                    } => {
+                        let sent = self.dispatcher.hand_out(&self.store, plan, leases);
+                        tracing::debug!(now_ms, count, more, sent, "fired");
                         if !more {
                             return true;
                         }
                     }
                     other => {
+                        self.dispatcher.release(plan);
                         tracing::error!(?other, "fire driver: unexpected response");
                         return false;
                     }
                 },
                 Err(e) => {
+                    self.dispatcher.release(plan);
                     tracing::warn!(error = %e, "fire driver: proposal failed");
                     return false;
                 }

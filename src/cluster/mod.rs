@@ -1,23 +1,26 @@
-//! The Raft cluster: openraft's type configuration, the peer network, and the leader's fire
-//! driver.
+//! The Raft cluster: openraft's type configuration, the peer network, and the leader's
+//! workers.
 //!
 //! Every node runs one `openraft::Raft` whose log store and state machine live in `storage`.
 //! Peers talk over the internal `timerdb.v1.Raft` gRPC service (served in `api::peer`, called
-//! from [`network`]). The fire driver ([`driver`]) is the only writer of Fire entries and runs
-//! only while this node is the leader; the state machine wakes it through a [`FireSignal`] when
-//! an earlier timer is scheduled. The delivery dispatcher ([`dispatch`]) is the only writer of
-//! Deliver entries, also leader-only, woken through the same signal when a timer becomes READY.
-//!
-//! Left out here, on purpose: membership changes (added in the operations issue; the cluster is
-//! formed statically from `--peers`, like etcd's `--initial-cluster`).
+//! from [`network`]). Client writes go through the [`Proposer`], which packs concurrent ones
+//! into shared entries; acks that arrive on delivery streams are coalesced by the [`Acker`].
+//! Three workers run only while this node is the leader: the fire driver ([`driver`]), the only
+//! writer of Fire entries, woken through a [`FireSignal`] when something earlier comes due; the
+//! delivery dispatcher ([`dispatch`]), which plans the grants Fire entries carry and proposes
+//! Deliver entries of its own; and the [`purger`], which deletes finished timers by range once
+//! their retention passed.
 
+pub mod acks;
 pub mod dispatch;
 pub mod driver;
 pub mod hold;
 pub mod network;
 pub mod propose;
+pub mod purger;
 
-pub use dispatch::{Delivery, DispatchLoop, Dispatcher, Subscription};
+pub use acks::{AckItem, Acker};
+pub use dispatch::{Delivery, DispatchLoop, Dispatcher, LeaseTag, Subscription};
 pub use driver::{FireDriver, FireSignal};
 pub use hold::Hold;
 pub use network::Network;

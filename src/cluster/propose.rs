@@ -95,6 +95,7 @@ async fn run(
 fn weight_of(cmd: &Command) -> usize {
     match cmd {
         Command::ScheduleBatch { specs, .. } => specs.len(),
+        Command::Acks { leases, acks, .. } => leases.len() + acks.len(),
         _ => 1,
     }
 }

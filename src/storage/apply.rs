@@ -8,22 +8,28 @@
 //! fork this replica from the others.
 //!
 //! Each entry's effects accumulate in one `WriteBatch`, which the state machine writes together
-//! with `last_applied`, so a crash re-applies an entry wholly or not at all. In a `Multi` entry
-//! timer reads go through the entry's staged writes first, so its commands see each other's
-//! effects before the batch is written. Other entries skip that copy: each of their commands
-//! handles keys it names twice itself.
+//! with `last_applied`, so a crash re-applies an entry wholly or not at all. Point reads of
+//! rows, index entries, leases and namespace meta go through the entry's staged writes first,
+//! so its commands see each other's effects before the batch is written. Range scans read the
+//! database only; the model keeps them apart from what the same entry writes (a scan reads
+//! behind a cursor, new rows go after it: see `fire.rs` and `deliver.rs`).
+//!
+//! This file holds the machinery and the client commands (Schedule, ScheduleBatch, Cancel,
+//! Reschedule, PutNamespace); `fire.rs`, `deliver.rs` and `purge.rs` hold the rest.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
+use rocksdb::{WriteBatch, DB};
 
-use super::meta::{pending_key, Progress};
-use super::{cf, codec, CF_META, CF_NAMESPACES, CF_READY, CF_TIMERS, CF_WHEEL};
+use super::heads::Heads;
+use super::meta::{NsMeta, Progress};
+use super::read::Reader;
+use super::row::{derive, Kind, Lease, Lookup, Row};
+use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::namespace::{Namespace, Policy};
-use crate::timer::{
-    Command, Phase, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When,
-};
-use crate::wheel::{self, Wheel};
+use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
 /// Applies commands for one log entry into `batch`.
@@ -32,52 +38,108 @@ pub(super) struct Applier<'a> {
     pub wheel: Wheel,
     pub batch: &'a mut WriteBatch,
     pub progress: &'a mut Progress,
-    /// The entry's log index: a fired timer's `fire_index`.
+    /// The entry's log index: seqs of the rows it places, and the fire index of what it fires.
     pub index: u64,
-    /// The earliest due time this entry put on the wheel, to wake the fire driver.
+    pub heads: Arc<Mutex<Heads>>,
+    /// Rows placed so far by this entry (the next seq's position).
+    next_pos: u32,
+    /// The earliest due time this entry put on the wheel (rows or deadlines), to wake the
+    /// fire driver.
     pub earliest_new_due: Option<i64>,
-    /// Whether this entry made a timer READY, to wake the delivery dispatcher.
+    /// Whether this entry made timers deliverable, to wake the delivery dispatcher.
     pub made_ready: bool,
-    /// Namespace policies read or written by this entry.
-    pub policies: HashMap<String, Policy>,
-    /// In a Multi entry, the timers written so far (`None`: deleted). Reads go here first, so
-    /// its commands see each other's effects, though the batch is not yet written. `None` for
-    /// other entries, which then pay no copy per write (a Fire entry writes up to 10,000).
-    pub staged: Option<HashMap<TimerKey, Option<Timer>>>,
-    /// Change in PENDING timers per namespace, written by [`Applier::stage_pending`].
-    pub pending_by_ns: HashMap<String, i64>,
+    /// Rows placed after the cursor, for the heads once the batch is written.
+    pub placed: Vec<(String, Slot)>,
+    /// Namespaces whose head must be read again once the batch is written (Fire passed them).
+    pub visited: Vec<String>,
+    /// Purge floors this entry moved, for the index's compaction filter.
+    pub purged: Vec<(String, Slot)>,
     /// Events for the metrics, recorded once the entry is written.
     pub events: crate::metrics::Events,
+    /// The range this entry's Fire moved the cursor over, and its time.
+    pub(super) fired: Option<(Slot, Slot, i64)>,
+    policies: HashMap<String, Policy>,
+    nsmeta: HashMap<String, NsMeta>,
+    rows: HashMap<(String, Slot), Option<Row>>,
+    index_staged: HashMap<TimerKey, Option<Slot>>,
+    leases: HashMap<(String, Slot), Lease>,
 }
 
-impl Applier<'_> {
+impl<'a> Applier<'a> {
+    pub fn new(
+        db: &'a DB,
+        wheel: Wheel,
+        batch: &'a mut WriteBatch,
+        progress: &'a mut Progress,
+        index: u64,
+        heads: Arc<Mutex<Heads>>,
+    ) -> Self {
+        Applier {
+            db,
+            wheel,
+            batch,
+            progress,
+            index,
+            heads,
+            next_pos: 0,
+            earliest_new_due: None,
+            made_ready: false,
+            placed: Vec::new(),
+            visited: Vec::new(),
+            purged: Vec::new(),
+            events: Default::default(),
+            fired: None,
+            policies: HashMap::new(),
+            nsmeta: HashMap::new(),
+            rows: HashMap::new(),
+            index_staged: HashMap::new(),
+            leases: HashMap::new(),
+        }
+    }
+
     pub fn command(&mut self, cmd: Command) -> Result<Response> {
         match cmd {
             Command::Schedule { now_ms, spec } => self.schedule(now_ms, spec),
             Command::ScheduleBatch { now_ms, specs } => self.schedule_batch(now_ms, specs),
             Command::Cancel { now_ms, key } => self.cancel(now_ms, key),
             Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
-            Command::Fire { now_ms, max } => self.fire(now_ms, max),
+            Command::Fire {
+                now_ms,
+                max,
+                grants,
+            } => self.fire(now_ms, max, grants),
             Command::PutNamespace { name, policy } => Ok(self.put_namespace(name, policy)),
-            Command::Deliver { now_ms, keys } => self.deliver(now_ms, keys),
+            Command::Deliver { now_ms, grants } => self.deliver(now_ms, grants),
             Command::Ack {
                 now_ms,
                 key,
                 attempt,
             } => self.ack(now_ms, key, attempt),
+            Command::Acks {
+                now_ms,
+                leases,
+                acks,
+            } => self.acks(now_ms, leases, acks),
             Command::Nack {
                 now_ms,
                 key,
                 attempt,
             } => self.nack(now_ms, key, attempt),
             Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
+            Command::Purge {
+                now_ms,
+                namespace,
+                through,
+            } => self.purge(now_ms, &namespace, through),
             Command::Multi(cmds) => {
-                self.staged.get_or_insert_with(HashMap::new);
                 let mut out = Vec::with_capacity(cmds.len());
                 for cmd in cmds {
                     if matches!(
                         cmd,
-                        Command::Multi(_) | Command::Fire { .. } | Command::Deliver { .. }
+                        Command::Multi(_)
+                            | Command::Fire { .. }
+                            | Command::Deliver { .. }
+                            | Command::Purge { .. }
                     ) {
                         return Err(Error::Internal(format!(
                             "{} inside a Multi entry",
@@ -90,6 +152,19 @@ impl Applier<'_> {
             }
         }
     }
+
+    /// Writes what the entry changed in the namespaces' meta; call once, after the commands.
+    pub fn finish(&mut self) {
+        let cf = cf(self.db, CF_NSMETA);
+        let mut names: Vec<&String> = self.nsmeta.keys().collect();
+        names.sort(); // the batch's order, so the same on every replica
+        for ns in names {
+            self.batch
+                .put_cf(cf, ns.as_bytes(), codec::encode(&self.nsmeta[ns]));
+        }
+    }
+
+    // --- reads through the entry's own writes ---
 
     /// The policy of `namespace` as replicated (the default if never configured).
     pub(super) fn policy(&mut self, namespace: &str) -> Result<Policy> {
@@ -107,6 +182,167 @@ impl Applier<'_> {
         Ok(policy)
     }
 
+    /// `namespace`'s meta as this entry has it (written by `finish`).
+    pub(super) fn ns(&mut self, namespace: &str) -> Result<&mut NsMeta> {
+        if !self.nsmeta.contains_key(namespace) {
+            let meta = NsMeta::load(self.db, namespace)?;
+            self.nsmeta.insert(namespace.to_string(), meta);
+        }
+        Ok(self.nsmeta.get_mut(namespace).expect("just loaded"))
+    }
+
+    /// The slot of `key`'s row, if it has one (an index entry of a purged timer is dead:
+    /// see `gc.rs`).
+    fn slot_of(&mut self, key: &TimerKey) -> Result<Option<Slot>> {
+        let slot = match self.index_staged.get(key) {
+            Some(staged) => *staged,
+            None => {
+                let raw = self
+                    .db
+                    .get_cf(cf(self.db, CF_INDEX), wheel::timer_key(key))?;
+                let decode = |v: Vec<u8>| {
+                    Slot::decode(&v)
+                        .ok_or_else(|| Error::Storage(format!("corrupt index of {key}")))
+                };
+                raw.map(decode).transpose()?
+            }
+        };
+        let floor = self.ns(&key.namespace)?.purged_to;
+        Ok(slot.filter(|s| super::gc::live(*s, floor)))
+    }
+
+    pub(super) fn row_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<Row>> {
+        if let Some(staged) = self.rows.get(&(namespace.to_string(), slot)) {
+            return Ok(staged.clone());
+        }
+        let raw = self
+            .db
+            .get_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot))?;
+        raw.map(|v| Row::decode(&v)).transpose()
+    }
+
+    /// `key`'s row and its slot, if the timer exists.
+    pub(super) fn find(&mut self, key: &TimerKey) -> Result<Option<(Slot, Row)>> {
+        let Some(slot) = self.slot_of(key)? else {
+            return Ok(None);
+        };
+        match self.row_at(&key.namespace, slot)? {
+            Some(row) => Ok(Some((slot, row))),
+            None => Err(Error::Storage(format!(
+                "{key} is indexed at {slot} but no row is there"
+            ))),
+        }
+    }
+
+    /// The timer as a client sees the row of `namespace` at `slot`.
+    pub(super) fn view(&mut self, namespace: &str, slot: Slot, row: &Row) -> Result<Timer> {
+        derive(namespace, slot, row, self)
+    }
+
+    pub(super) fn lease(&mut self, namespace: &str, to: Slot) -> Result<Option<Lease>> {
+        if let Some(l) = self.leases.get(&(namespace.to_string(), to)) {
+            return Ok(Some(*l));
+        }
+        let raw = self
+            .db
+            .get_cf(cf(self.db, CF_LEASES), wheel::slot_key(namespace, to))?;
+        raw.map(|v| codec::decode(&v)).transpose()
+    }
+
+    /// Reads of the database as it is (not of this entry's writes).
+    pub(super) fn reader(&self) -> Reader<'a> {
+        Reader::live(self.db)
+    }
+
+    // --- writes ---
+
+    pub(super) fn put_row(&mut self, namespace: &str, slot: Slot, row: Row) {
+        self.batch.put_cf(
+            cf(self.db, CF_WHEEL),
+            wheel::slot_key(namespace, slot),
+            row.encode(),
+        );
+        self.rows.insert((namespace.to_string(), slot), Some(row));
+    }
+
+    pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
+        self.batch
+            .delete_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot));
+        self.rows.insert((namespace.to_string(), slot), None);
+    }
+
+    pub(super) fn set_index(&mut self, key: &TimerKey, slot: Option<Slot>) {
+        let k = wheel::timer_key(key);
+        match slot {
+            Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), k, s.encode()),
+            None => self.batch.delete_cf(cf(self.db, CF_INDEX), k),
+        }
+        self.index_staged.insert(key.clone(), slot);
+    }
+
+    pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
+        self.batch.put_cf(
+            cf(self.db, CF_LEASES),
+            wheel::slot_key(namespace, to),
+            codec::encode(&lease),
+        );
+        self.leases.insert((namespace.to_string(), to), lease);
+    }
+
+    /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
+    pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
+        if self.next_pos >= MAX_ROWS_PER_ENTRY {
+            return Err(Error::Internal(format!(
+                "entry {} places more than {MAX_ROWS_PER_ENTRY} rows",
+                self.index
+            )));
+        }
+        let seq = Slot::seq(self.index, self.next_pos);
+        self.next_pos += 1;
+        let slot = self.wheel.placement(due_ms, self.progress.cursor, seq);
+        let key = TimerKey::new(namespace, row.body.id.clone());
+        self.put_row(namespace, slot, row);
+        self.set_index(&key, Some(slot));
+        self.placed.push((namespace.to_string(), slot));
+        self.wakes_at(self.wheel.due_ms(slot.bucket));
+        Ok(slot)
+    }
+
+    /// Deletes the row at `slot` and places `row` anew, due at `due_ms`.
+    pub(super) fn move_row(
+        &mut self,
+        namespace: &str,
+        slot: Slot,
+        row: Row,
+        due_ms: i64,
+    ) -> Result<Slot> {
+        self.delete_row(namespace, slot);
+        self.place(namespace, row, due_ms)
+    }
+
+    /// Something this entry wrote comes due at `due_ms`: the driver must not sleep past it.
+    pub(super) fn wakes_at(&mut self, due_ms: i64) {
+        self.earliest_new_due = Some(self.earliest_new_due.map_or(due_ms, |d| d.min(due_ms)));
+    }
+
+    /// Counts timers of `namespace` entering (+) or leaving (−) PENDING.
+    pub(super) fn count_pending(&mut self, namespace: &str, delta: i64) -> Result<()> {
+        self.progress.pending = self.progress.pending.saturating_add_signed(delta);
+        let ns = self.ns(namespace)?;
+        ns.pending = ns.pending.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    /// Counts timers of `namespace` created (+) or purged (−).
+    pub(super) fn count_stored(&mut self, namespace: &str, delta: i64) -> Result<()> {
+        self.progress.stored = self.progress.stored.saturating_add_signed(delta);
+        let ns = self.ns(namespace)?;
+        ns.stored = ns.stored.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    // --- client commands ---
+
     fn put_namespace(&mut self, name: String, policy: Policy) -> Response {
         self.policies.insert(name.clone(), policy);
         let key = name.as_bytes().to_vec();
@@ -119,119 +355,34 @@ impl Applier<'_> {
         })
     }
 
-    pub(super) fn load(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        if let Some(staged) = self.staged.as_ref().and_then(|s| s.get(key)) {
-            return Ok(staged.clone());
-        }
-        let raw = self
-            .db
-            .get_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key))?;
-        raw.map(|v| codec::decode(&v)).transpose()
-    }
-
-    pub(super) fn put(&mut self, timer: &Timer) {
-        let key = wheel::timer_key(&timer.key);
-        self.batch
-            .put_cf(cf(self.db, CF_TIMERS), key, codec::encode(timer));
-        if let Some(staged) = &mut self.staged {
-            staged.insert(timer.key.clone(), Some(timer.clone()));
-        }
-    }
-
-    /// Deletes a timer record (its wheel or ready entry is removed by the caller).
-    pub(super) fn delete(&mut self, key: &TimerKey) {
-        self.batch
-            .delete_cf(cf(self.db, CF_TIMERS), wheel::timer_key(key));
-        if let Some(staged) = &mut self.staged {
-            staged.insert(key.clone(), None);
-        }
-    }
-
-    /// Gives the timer its wheel entry, due at `at_ms` (its placement may be later: the floor).
-    /// The caller has removed any previous entry with `unwake`.
-    pub(super) fn wake(&mut self, timer: &mut Timer, at_ms: i64) {
-        timer.wake_at_ms = at_ms;
-        timer.bucket = self.wheel.placement(at_ms, self.progress.floor);
-        let key = wheel::wheel_key(timer.bucket, &timer.key);
-        self.batch.put_cf(cf(self.db, CF_WHEEL), key, []);
-        let due = self.wheel.due_ms(timer.bucket);
-        self.earliest_new_due = Some(self.earliest_new_due.map_or(due, |d| d.min(due)));
-    }
-
-    /// Removes the timer's wheel entry, or its ready-queue entry if it is READY.
-    pub(super) fn unwake(&mut self, timer: &Timer) {
-        if timer.on_wheel() {
-            let key = wheel::wheel_key(timer.bucket, &timer.key);
-            self.batch.delete_cf(cf(self.db, CF_WHEEL), key);
-        } else {
-            let key = wheel::ready_key(timer.fire_index, &timer.key);
-            self.batch.delete_cf(cf(self.db, CF_READY), key);
-        }
-    }
-
-    /// Puts a FIRED timer in its namespace's ready queue (it has no wheel entry then).
-    pub(super) fn make_ready(&mut self, timer: &mut Timer) {
-        timer.phase = Phase::Ready;
-        let key = wheel::ready_key(timer.fire_index, &timer.key);
-        self.batch.put_cf(cf(self.db, CF_READY), key, []);
-        self.made_ready = true;
-    }
-
-    /// Ends a timer's life in `state` at `now_ms`; it is purged after the namespace's retention.
-    pub(super) fn finish(
-        &mut self,
-        timer: &mut Timer,
-        state: TimerState,
-        now_ms: i64,
-    ) -> Result<()> {
-        let retention = self.policy(&timer.key.namespace)?.retention_ms;
-        timer.state = state;
-        timer.finished_at_ms = now_ms;
-        let purge_at = now_ms.saturating_add(retention.min(i64::MAX as u64) as i64);
-        self.wake(timer, purge_at);
-        Ok(())
-    }
-
-    /// Counts a timer entering (+1) or leaving (-1) PENDING, in total and per namespace.
-    pub(super) fn count_pending(&mut self, namespace: &str, delta: i64) {
-        self.progress.pending = self.progress.pending.saturating_add_signed(delta);
-        *self.pending_by_ns.entry(namespace.to_string()).or_default() += delta;
-    }
-
-    /// Writes this entry's per-namespace PENDING counts (`meta`, `pending/<namespace>`).
-    pub fn stage_pending(&mut self) -> Result<()> {
-        let meta = cf(self.db, CF_META);
-        for (ns, delta) in std::mem::take(&mut self.pending_by_ns) {
-            let key = pending_key(&ns);
-            let now: u64 = match self.db.get_cf(meta, &key)? {
-                Some(v) => codec::decode(&v)?,
-                None => 0,
-            };
-            self.batch
-                .put_cf(meta, key, codec::encode(&now.saturating_add_signed(delta)));
-        }
-        Ok(())
-    }
-
-    fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Timer {
-        let mut timer = Timer::pending(spec, now_ms);
-        self.count_pending(&timer.key.namespace, 1);
+    fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Timer> {
+        let timer = Timer::pending(spec, now_ms);
+        let ns = timer.key.namespace.clone();
+        self.count_pending(&ns, 1)?;
+        self.count_stored(&ns, 1)?;
         self.events.scheduled();
-        let at = timer.fire_at_ms;
-        self.wake(&mut timer, at);
-        self.put(&timer);
-        timer
+        let row = super::row::materialize(&timer, Kind::Pending);
+        self.place(&ns, row, timer.fire_at_ms)?;
+        Ok(timer)
+    }
+
+    /// The existing timer at `spec`'s key, if any, as a client sees it.
+    fn existing(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
+        match self.find(key)? {
+            Some((slot, row)) => Ok(Some(self.view(&key.namespace, slot, &row)?)),
+            None => Ok(None),
+        }
     }
 
     fn schedule(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Response> {
-        match self.load(&spec.key)? {
+        match self.existing(&spec.key)? {
             Some(existing) if existing.same_request(&spec) => Ok(Response::Timer {
                 timer: existing,
                 created: false,
             }),
             Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(spec.key))),
             None => Ok(Response::Timer {
-                timer: self.new_timer(now_ms, spec),
+                timer: self.new_timer(now_ms, spec)?,
                 created: true,
             }),
         }
@@ -252,7 +403,7 @@ impl Applier<'_> {
                 continue;
             }
             first_in_batch.insert(&spec.key, i);
-            let found = self.load(&spec.key)?;
+            let found = self.existing(&spec.key)?;
             if found.as_ref().is_some_and(|t| !t.same_request(spec)) {
                 return Ok(Response::Rejected(Rejection::AlreadyExists(
                     spec.key.clone(),
@@ -266,7 +417,7 @@ impl Applier<'_> {
             let result = match found {
                 Some(t) => (t, false),
                 None if positions[i] < i => (results[positions[i]].0.clone(), false),
-                None => (self.new_timer(now_ms, spec), true),
+                None => (self.new_timer(now_ms, spec)?, true),
             };
             results.push(result);
         }
@@ -274,15 +425,18 @@ impl Applier<'_> {
     }
 
     fn cancel(&mut self, now_ms: i64, key: TimerKey) -> Result<Response> {
-        let Some(mut timer) = self.load(&key)? else {
+        let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
+        let timer = self.view(&key.namespace, slot, &row)?;
         match timer.state {
             TimerState::Pending => {
-                self.unwake(&timer);
-                self.count_pending(&timer.key.namespace, -1);
-                self.finish(&mut timer, TimerState::Cancelled, now_ms)?;
-                self.put(&timer);
+                self.count_pending(&key.namespace, -1)?;
+                let mut cancelled = row;
+                cancelled.kind = Kind::Cancelled;
+                cancelled.body.finished_at_ms = now_ms;
+                let new_slot = self.move_row(&key.namespace, slot, cancelled.clone(), now_ms)?;
+                let timer = self.view(&key.namespace, new_slot, &cancelled)?;
                 Ok(Response::Timer {
                     timer,
                     created: false,
@@ -298,84 +452,55 @@ impl Applier<'_> {
     }
 
     fn reschedule(&mut self, now_ms: i64, key: TimerKey, when: When) -> Result<Response> {
-        let Some(mut timer) = self.load(&key)? else {
+        let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
-        if timer.state != TimerState::Pending {
-            let state = timer.state;
+        let state = self.view(&key.namespace, slot, &row)?.state;
+        if state != TimerState::Pending {
             return Ok(Response::Rejected(Rejection::WrongState { key, state }));
         }
-        self.unwake(&timer);
-        timer.fire_at_ms = when.resolve(now_ms);
-        let at = timer.fire_at_ms;
-        self.wake(&mut timer, at);
-        self.put(&timer);
+        let mut moved = row;
+        moved.fire_at_ms = when.resolve(now_ms);
+        let at = moved.fire_at_ms;
+        let new_slot = self.move_row(&key.namespace, slot, moved.clone(), at)?;
+        let timer = self.view(&key.namespace, new_slot, &moved)?;
         Ok(Response::Timer {
             timer,
             created: false,
         })
     }
+}
 
-    /// Processes due wheel entries in wheel order, at most `max` (see `wake_up`). Moves the
-    /// cursor and floor forward only.
-    fn fire(&mut self, now_ms: i64, max: u32) -> Result<Response> {
-        let now_bucket = self.wheel.bucket_of(now_ms);
-        let due = self.due_keys(now_ms, now_bucket, max as usize)?;
-        let count = due.len() as u32;
-        let more = count >= max;
-        for (bucket, key) in &due {
-            let timer = self
-                .load(key)?
-                .ok_or_else(|| Error::Storage(format!("wheel holds {key} with no timer")))?;
-            if !timer.on_wheel() || timer.bucket != *bucket {
-                return Err(Error::Storage(format!(
-                    "wheel entry {bucket} of {key} disagrees with the timer ({timer:?})"
-                )));
-            }
-            self.wake_up(timer, now_ms)?;
-        }
-        let p = &mut *self.progress;
-        p.cursor_ms = p.cursor_ms.max(now_ms);
-        // Stopped short at `max`: timers may remain in the last fired bucket, so the floor may
-        // only advance to it; otherwise everything due has fired up to `now`'s bucket.
-        let new_floor = match (more, due.last()) {
-            (true, Some((bucket, _))) => *bucket,
-            _ => now_bucket,
-        };
-        p.floor = p.floor.max(new_floor);
-        Ok(Response::Fired { count, more })
+impl Lookup for Applier<'_> {
+    fn cursor(&self) -> Slot {
+        self.progress.cursor
     }
 
-    /// Wheel keys from the floor to `now_bucket` whose timers are due at `now_ms`, in key order.
-    fn due_keys(&self, now_ms: i64, now_bucket: u64, max: usize) -> Result<Vec<(u64, TimerKey)>> {
-        let start = wheel::bucket_start_key(self.progress.floor);
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_lower_bound(start.clone());
-        opts.set_iterate_upper_bound(wheel::bucket_start_key(now_bucket.saturating_add(1)));
-        let iter = self.db.iterator_cf_opt(
-            cf(self.db, CF_WHEEL),
-            opts,
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        let mut due = Vec::new();
-        for item in iter {
-            if due.len() >= max {
-                break;
-            }
-            let (k, _) = item?;
-            let (bucket, key) = wheel::decode_wheel_key(&k)
-                .ok_or_else(|| Error::Storage("corrupt wheel key".into()))?;
-            // Earlier buckets are wholly due; in `now`'s own bucket (wider than 1 ms) a timer
-            // may still be in the future: never fire early.
-            if bucket == now_bucket && !self.fire_at_reached(&key, now_ms)? {
-                continue;
-            }
-            due.push((bucket, key));
-        }
-        Ok(due)
+    fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {
+        Ok(self.ns(namespace)?.delivered_to)
     }
 
-    fn fire_at_reached(&self, key: &TimerKey, now_ms: i64) -> Result<bool> {
-        Ok(self.load(key)?.is_some_and(|t| t.wake_at_ms <= now_ms))
+    fn lease_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>> {
+        // A lease this entry wrote (granted or settled) wins over the database's.
+        let staged = self
+            .leases
+            .iter()
+            .find(|((ns, to), l)| ns == namespace && l.from < slot && slot <= *to)
+            .map(|((_, to), l)| (*to, *l));
+        if staged.is_some() {
+            return Ok(staged);
+        }
+        Reader::live(self.db).lease_covering(namespace, slot)
+    }
+
+    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)> {
+        match self.fired {
+            Some((from, to, now_ms)) if from < slot && slot <= to => Ok((self.index, now_ms)),
+            _ => Reader::live(self.db).fire_record(slot),
+        }
+    }
+
+    fn retention_ms(&mut self, namespace: &str) -> Result<u64> {
+        Ok(self.policy(namespace)?.retention_ms)
     }
 }

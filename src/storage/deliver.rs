@@ -1,15 +1,17 @@
-//! Applying the delivery commands: what a due wheel entry does, and Deliver, Ack, Nack, Redrive.
+//! Applying the delivery commands: grants (leases), acks, nacks and redrives.
 //!
 //! Same contract as `apply`: deterministic, no clock (every time comes from the entry), a
 //! command that no longer applies is `Rejected` or skipped, never half-written.
 //!
-//! The delivery cycle of a FIRED timer, all of it in committed entries:
-//! - Fire makes it READY (a ready-queue key, no wheel entry; no attempt is spent while it waits).
-//! - Deliver makes it IN_FLIGHT: `attempts + 1`, a wheel entry at the ack deadline.
-//! - Ack of the latest attempt makes it ACKED, finished, with a purge entry after retention.
-//! - A passed ack deadline (a Fire entry) or a Nack expires the attempt: DEAD when the
-//!   namespace's `max_attempts` deliveries were made since the last redrive, else BACKOFF with a
-//!   wheel entry at the redelivery time; that entry coming due makes it READY again.
+//! The delivery cycle of a fired timer, all of it in committed entries:
+//! - A grant leases the next deliverable rows of a namespace (those between its delivery cursor
+//!   and the fire cursor) to a subscriber: one lease record and one deadline for all of them;
+//!   each is in flight as its `attempts + 1` until the lease's deadline.
+//! - An ack of the latest attempt rewrites the timer's row as `Acked` (one write); a lease acked
+//!   whole is settled as acked (one write for all its timers).
+//! - A deadline that passes (see `fire.rs`) or a nack gives the timer back: a `Retry` row at the
+//!   redelivery time, or `Dead` at the namespace's attempt limit.
+//! - A redrive moves a `Dead` row back to `Pending`: it fires again, with a new fire index.
 //!
 //! A retried Ack of an ACKED timer, or a Nack of an attempt that already expired, answers with
 //! the timer unchanged; acking an attempt other than the latest is refused, and changes nothing.
@@ -17,88 +19,102 @@
 use std::collections::HashSet;
 
 use super::apply::Applier;
-use crate::timer::{Phase, Rejection, Response, Timer, TimerKey, TimerState};
-use crate::{Error, Result};
+use super::read::slot_of_key;
+use super::row::{header, materialize, Kind, Lease, Settled};
+use super::{cf, CF_DEADLINES};
+use crate::timer::{
+    Grant, Granted, LeaseRef, Phase, Rejection, Response, Timer, TimerKey, TimerState,
+};
+use crate::wheel;
+use crate::Result;
+
+/// Most rows one grant's scan reads (finished rows it passes count too), so that a namespace
+/// with a long run of cancelled timers cannot make one entry's apply long.
+const GRANT_SCAN_BUDGET: u32 = 100_000;
 
 impl Applier<'_> {
-    /// A wheel entry of `timer` came due at `now_ms` (the caller checked it is due).
-    pub(super) fn wake_up(&mut self, mut timer: Timer, now_ms: i64) -> Result<()> {
-        self.unwake(&timer);
-        match (timer.state, timer.phase) {
-            (TimerState::Pending, _) => {
-                self.count_pending(&timer.key.namespace, -1);
-                self.events.fired(now_ms - timer.fire_at_ms);
-                timer.state = TimerState::Fired;
-                timer.fired_at_ms = now_ms;
-                timer.fire_index = self.index;
-                self.make_ready(&mut timer);
-            }
-            (TimerState::Fired, Phase::InFlight) => {
-                timer.timeouts += 1;
-                self.expire(&mut timer, now_ms)?;
-            }
-            (TimerState::Fired, Phase::Backoff) => self.make_ready(&mut timer),
-            (TimerState::Fired, Phase::Ready) => {
-                return Err(Error::Storage(format!(
-                    "ready timer {} has a wheel entry",
-                    timer.key
-                )))
-            }
-            // Finished and its retention is over: gone, and its id is free again.
-            (TimerState::Acked | TimerState::Cancelled | TimerState::Dead, _) => {
-                self.delete(&timer.key);
-                return Ok(());
-            }
-        }
-        self.put(&timer);
-        Ok(())
-    }
-
-    /// The latest delivery of an IN_FLIGHT timer failed (deadline or nack): DEAD at the
-    /// attempt limit, else back off. The caller has removed its wheel entry and saves it.
-    fn expire(&mut self, timer: &mut Timer, now_ms: i64) -> Result<()> {
-        let policy = self.policy(&timer.key.namespace)?;
-        if timer.attempts - timer.attempt_base >= policy.max_attempts {
-            return self.finish(timer, TimerState::Dead, now_ms);
-        }
-        timer.phase = Phase::Backoff;
-        let delay = policy.backoff_ms(timer.attempts - timer.attempt_base, timer.fire_index);
-        self.wake(timer, now_ms.saturating_add(delay as i64));
-        Ok(())
-    }
-
-    pub(super) fn deliver(&mut self, now_ms: i64, keys: Vec<TimerKey>) -> Result<Response> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::with_capacity(keys.len());
-        for key in keys {
-            let ready = match self.load(&key)? {
-                Some(t) if t.state == TimerState::Fired && t.phase == Phase::Ready => Some(t),
-                _ => None,
-            };
-            // A key twice in one entry: the first takes it (loads do not see this batch).
-            let delivered = match ready {
-                Some(mut timer) if seen.insert(key) => {
-                    self.unwake(&timer);
-                    let ack_timeout = self.policy(&timer.key.namespace)?.ack_timeout_ms;
-                    self.events.delivered(timer.attempts > timer.attempt_base);
-                    timer.attempts += 1;
-                    timer.last_delivered_at_ms = now_ms;
-                    timer.phase = Phase::InFlight;
-                    self.wake(&mut timer, now_ms.saturating_add(ack_timeout as i64));
-                    self.put(&timer);
-                    Some(timer)
-                }
-                _ => None,
-            };
-            out.push(delivered);
+    pub(super) fn deliver(&mut self, now_ms: i64, grants: Vec<Grant>) -> Result<Response> {
+        let mut out = Vec::with_capacity(grants.len());
+        for g in grants {
+            out.push(self.grant(now_ms, &g.namespace, g.room)?);
         }
         Ok(Response::Delivered(out))
     }
 
+    /// Leases `namespace`'s next `room` deliverable rows (and the finished rows among them);
+    /// with `room` 0, only passes the finished rows before the first deliverable one.
+    pub(super) fn grant(
+        &mut self,
+        now_ms: i64,
+        namespace: &str,
+        room: u32,
+    ) -> Result<Option<Granted>> {
+        let from = self.ns(namespace)?.delivered_to;
+        let cursor = self.progress.cursor;
+        if from >= cursor {
+            return Ok(None);
+        }
+        let (mut count, mut rows, mut to, mut redelivered) = (0u32, 0u32, from, 0u64);
+        let reader = self.reader();
+        let mut iter = reader.rows_between(namespace, from, cursor);
+        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+            if rows >= GRANT_SCAN_BUDGET {
+                break;
+            }
+            let kind = header(v)?.0;
+            if kind.deliverable() {
+                if count == room {
+                    break;
+                }
+                count += 1;
+                redelivered += u64::from(kind == Kind::Retry);
+            }
+            rows += 1;
+            to = slot_of_key(k)?;
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        drop(reader);
+        if rows == 0 {
+            return Ok(None);
+        }
+        let ack_timeout = self.policy(namespace)?.ack_timeout_ms;
+        let deadline_ms = now_ms.saturating_add(ack_timeout as i64);
+        let lease = Lease {
+            from,
+            delivered_at_ms: now_ms,
+            deadline_ms,
+            count,
+            rows,
+            // Nothing was handed out: the finished rows it passed are settled at once.
+            settled: (count == 0).then_some(Settled {
+                at_ms: now_ms,
+                acked: false,
+            }),
+        };
+        self.put_lease(namespace, to, lease);
+        if count > 0 {
+            let key = wheel::deadline_key(deadline_ms, namespace, to);
+            self.batch.put_cf(cf(self.db, CF_DEADLINES), key, []);
+            self.wakes_at(deadline_ms);
+        }
+        self.ns(namespace)?.delivered_to = to;
+        self.events.delivered(count as u64, redelivered);
+        Ok((count > 0).then(|| Granted {
+            namespace: namespace.to_string(),
+            from,
+            to,
+            count,
+            deadline_ms,
+        }))
+    }
+
     pub(super) fn ack(&mut self, now_ms: i64, key: TimerKey, attempt: u32) -> Result<Response> {
-        let Some(mut timer) = self.load(&key)? else {
+        let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
+        let timer = self.view(&key.namespace, slot, &row)?;
         if timer.state == TimerState::Acked {
             // A retried ack (or a second consumer's): already done, nothing changes.
             return Ok(unchanged(timer));
@@ -107,17 +123,73 @@ impl Applier<'_> {
             return Ok(Response::Rejected(Rejection::Refused { key, why }));
         }
         // The latest attempt, in flight, backing off or ready again: the work is done.
-        self.unwake(&timer);
-        self.finish(&mut timer, TimerState::Acked, now_ms)?;
-        self.events.acked();
-        self.put(&timer);
-        Ok(unchanged(timer))
+        let mut acked = materialize(&timer, Kind::Acked);
+        acked.body.finished_at_ms = now_ms;
+        acked.body.wake_at_ms = row.body.wake_at_ms;
+        self.put_row(&key.namespace, slot, acked.clone());
+        self.events.acked(1);
+        Ok(unchanged(self.view(&key.namespace, slot, &acked)?))
+    }
+
+    /// Leases acked whole first (so that an ack of one of their timers in the same command
+    /// finds it ACKED), then the single acks.
+    pub(super) fn acks(
+        &mut self,
+        now_ms: i64,
+        leases: Vec<LeaseRef>,
+        acks: Vec<(TimerKey, u32)>,
+    ) -> Result<Response> {
+        let mut whole = Vec::with_capacity(leases.len());
+        for l in leases {
+            whole.push(self.ack_lease(now_ms, &l)?);
+        }
+        let mut answers = Vec::with_capacity(acks.len());
+        for (key, attempt) in acks {
+            answers.push(self.ack(now_ms, key, attempt)?);
+        }
+        Ok(Response::Acked {
+            leases: whole,
+            acks: answers,
+        })
+    }
+
+    /// Acks every delivery of an open lease at once; false if it is not open any more (its
+    /// deadline passed, or it was acked already), in which case nothing changes and the caller
+    /// acks its deliveries one by one.
+    fn ack_lease(&mut self, now_ms: i64, l: &LeaseRef) -> Result<bool> {
+        let Some(mut lease) = self.lease(&l.namespace, l.to)? else {
+            return Ok(false);
+        };
+        if lease.settled.is_some() {
+            return Ok(false);
+        }
+        // Count what it acks (timers acked or nacked alone meanwhile are not in flight).
+        let mut in_flight = 0;
+        let reader = self.reader();
+        let mut iter = reader.rows_between(&l.namespace, lease.from, l.to);
+        while let Some(v) = iter.value() {
+            in_flight += u64::from(header(v)?.0.deliverable());
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        drop(reader);
+        let deadline = wheel::deadline_key(lease.deadline_ms, &l.namespace, l.to);
+        self.batch.delete_cf(cf(self.db, CF_DEADLINES), deadline);
+        lease.settled = Some(Settled {
+            at_ms: now_ms,
+            acked: true,
+        });
+        self.put_lease(&l.namespace, l.to, lease);
+        self.events.acked(in_flight);
+        Ok(true)
     }
 
     pub(super) fn nack(&mut self, now_ms: i64, key: TimerKey, attempt: u32) -> Result<Response> {
-        let Some(mut timer) = self.load(&key)? else {
+        let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
+        let mut timer = self.view(&key.namespace, slot, &row)?;
         if let Some(why) = refuse_attempt(&timer, attempt, "nack") {
             return Ok(Response::Rejected(Rejection::Refused { key, why }));
         }
@@ -125,41 +197,44 @@ impl Applier<'_> {
             // This attempt already expired (its deadline passed, or a retried nack).
             return Ok(unchanged(timer));
         }
-        self.unwake(&timer);
         timer.nacks += 1;
-        self.expire(&mut timer, now_ms)?;
-        self.put(&timer);
-        Ok(unchanged(timer))
+        self.give_back(&key.namespace, slot, timer, now_ms)?;
+        let (slot, row) = self.find(&key)?.expect("just placed");
+        Ok(unchanged(self.view(&key.namespace, slot, &row)?))
     }
 
     pub(super) fn redrive(&mut self, now_ms: i64, keys: Vec<TimerKey>) -> Result<Response> {
         let mut seen = HashSet::new();
         let (mut timers, mut skipped) = (Vec::new(), Vec::new());
         for key in keys {
-            if seen.contains(&key) {
-                // Named twice: the first redrove it (loads do not see this batch).
+            if !seen.insert(key.clone()) {
+                // Named twice: the first redrove it.
                 skipped.push((key, Some(TimerState::Pending)));
                 continue;
             }
-            seen.insert(key.clone());
-            let mut timer = match self.load(&key)? {
-                Some(t) if t.state == TimerState::Dead => t,
-                other => {
-                    skipped.push((key, other.map(|t| t.state)));
+            let found = self.find(&key)?;
+            let (slot, row) = match found {
+                Some((slot, row)) if row.kind == Kind::Dead => (slot, row),
+                Some((slot, row)) => {
+                    let state = self.view(&key.namespace, slot, &row)?.state;
+                    skipped.push((key, Some(state)));
+                    continue;
+                }
+                None => {
+                    skipped.push((key, None));
                     continue;
                 }
             };
-            self.unwake(&timer);
-            timer.state = TimerState::Pending;
-            timer.phase = Phase::Ready;
-            timer.attempt_base = timer.attempts;
-            timer.redrives += 1;
-            (timer.fired_at_ms, timer.fire_index, timer.finished_at_ms) = (0, 0, 0);
-            self.count_pending(&key.namespace, 1);
+            let mut again = row;
+            again.kind = Kind::Pending;
+            let b = &mut again.body;
+            b.attempt_base = b.attempts;
+            b.redrives += 1;
+            (b.fired_at_ms, b.fire_index, b.finished_at_ms) = (0, 0, 0);
+            self.count_pending(&key.namespace, 1)?;
             // Due now: it fires with the next Fire entry.
-            self.wake(&mut timer, now_ms);
-            self.put(&timer);
-            timers.push(timer);
+            let new_slot = self.move_row(&key.namespace, slot, again.clone(), now_ms)?;
+            timers.push(self.view(&key.namespace, new_slot, &again)?);
         }
         Ok(Response::Redriven { timers, skipped })
     }

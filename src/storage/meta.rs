@@ -1,13 +1,16 @@
-//! The state machine's metadata: typed keys in the `meta` column family.
+//! The state machine's metadata: typed keys in the `meta` column family, and each namespace's
+//! own in `nsmeta`.
 //!
 //! `SmMeta` is cached in memory by the state machine and written into the same WriteBatch as
 //! each entry's effects, so what is on disk is always a consistent (effects, last_applied) pair.
+//! [`NsMeta`] rows are read and written by the entries that touch their namespace.
 
 use openraft::{BasicNode, LogId, StoredMembership};
 use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
-use super::{cf, codec, CF_META};
+use super::{cf, codec, CF_META, CF_NSMETA};
+use crate::wheel::Slot;
 use crate::Result;
 
 /// Key of the last applied log id.
@@ -16,13 +19,6 @@ pub const LAST_APPLIED: &[u8] = b"last_applied";
 pub const MEMBERSHIP: &[u8] = b"membership";
 /// Key of the replicated clock and counters ([`Progress`]).
 pub const PROGRESS: &[u8] = b"progress";
-/// Prefix of the PENDING count of one namespace: `pending/<namespace>` → bincode u64.
-pub const PENDING_PREFIX: &[u8] = b"pending/";
-
-/// The key of `namespace`'s PENDING count.
-pub fn pending_key(namespace: &str) -> Vec<u8> {
-    [PENDING_PREFIX, namespace.as_bytes()].concat()
-}
 
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 pub const BUCKET_MS: &[u8] = b"bucket_ms";
@@ -30,12 +26,36 @@ pub const BUCKET_MS: &[u8] = b"bucket_ms";
 /// The replicated clock and counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
-    /// The replicated time cursor: the latest Fire entry's `now_ms`; only moves forward.
+    /// The fire cursor: every `Pending` row at or behind it has fired. Only moves forward.
+    pub cursor: Slot,
+    /// The replicated clock: the latest Fire entry's `now_ms`; only moves forward.
     pub cursor_ms: i64,
-    /// Every wheel key's bucket is at or after this; only moves forward.
-    pub floor: u64,
     /// PENDING timers.
     pub pending: u64,
+    /// Timers stored, in any state (purges remove them).
+    pub stored: u64,
+}
+
+/// One namespace's cursors and counts (`nsmeta` family, keyed by the namespace's name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NsMeta {
+    /// PENDING timers of the namespace.
+    pub pending: u64,
+    /// Timers of the namespace stored, in any state.
+    pub stored: u64,
+    /// The delivery cursor: every row up to it is in a lease. At or behind the fire cursor.
+    pub delivered_to: Slot,
+    /// Everything up to it was purged. At or behind `delivered_to`.
+    pub purged_to: Slot,
+}
+
+impl NsMeta {
+    pub fn load(db: &DB, namespace: &str) -> Result<NsMeta> {
+        match db.get_cf(cf(db, CF_NSMETA), namespace.as_bytes())? {
+            Some(v) => codec::decode(&v),
+            None => Ok(NsMeta::default()),
+        }
+    }
 }
 
 /// Everything the state machine keeps beside the timers.

@@ -79,15 +79,17 @@ pub fn inspect(path: &Path) -> Result<BackupSummary> {
             }
             PROGRESS => {
                 let p: Progress = codec::decode(&value)?;
-                (s.pending, s.cursor_ms) = (p.pending, p.cursor_ms);
+                (s.pending, s.timers, s.cursor_ms) = (p.pending, p.stored, p.cursor_ms);
             }
             BUCKET_MS => s.bucket_ms = Some(codec::decode(&value)?),
             _ => {}
         }
     }
-    let count = |name: &str| s.rows_by_family.get(name).copied().unwrap_or(0);
-    s.timers = count(super::CF_TIMERS);
-    s.namespaces = count(super::CF_NAMESPACES);
+    s.namespaces = s
+        .rows_by_family
+        .get(super::CF_NAMESPACES)
+        .copied()
+        .unwrap_or(0);
     Ok(s)
 }
 
@@ -139,8 +141,9 @@ pub fn restore(
 /// Loads the rows into a new database at `dir`, rewrites `last_applied` and the membership, and
 /// builds the first snapshot; the database is closed when this returns.
 fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>) -> Result<()> {
-    let db = open_db(dir)?;
-    let snapshots = Snapshots::open(db.clone(), dir.join("snapshot"))?;
+    let gc = super::IndexGc::new();
+    let db = open_db(dir, &gc)?;
+    let snapshots = Snapshots::open(db.clone(), gc, dir.join("snapshot"))?;
     let rows = snapshots.load_rows(backup)?;
     let applied = LogId::new(CommittedLeaderId::new(0, 0), index);
     let ids: BTreeSet<u64> = voters.keys().copied().collect();

@@ -64,6 +64,8 @@ pub struct SnapshotStats {
 /// A node's snapshot directory and the lock that keeps builds and installs apart.
 pub struct Snapshots {
     db: Arc<DB>,
+    /// Pinned while a build reads (see `gc.rs`).
+    gc: Arc<super::IndexGc>,
     dir: PathBuf,
     lock: Mutex<()>,
     pub stats: SnapshotStats,
@@ -71,10 +73,11 @@ pub struct Snapshots {
 
 impl Snapshots {
     /// Opens `dir`, finishing an install a crash interrupted and removing partial files.
-    pub fn open(db: Arc<DB>, dir: PathBuf) -> Result<Arc<Snapshots>> {
+    pub fn open(db: Arc<DB>, gc: Arc<super::IndexGc>, dir: PathBuf) -> Result<Arc<Snapshots>> {
         std::fs::create_dir_all(&dir)?;
         let snaps = Snapshots {
             db,
+            gc,
             dir,
             lock: Mutex::new(()),
             stats: SnapshotStats::default(),
@@ -117,12 +120,18 @@ impl Snapshots {
             .dir
             .join(format!("building-{:016x}.part", rand::random::<u64>()));
         let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _pin = self.gc.pin();
         let snap = self.db.snapshot();
         drop(guard);
+        let mut floors = super::store::floors_of(&self.db, &snap);
         let mut writer = RowWriter::create(&part)?;
         for (i, name) in SM_CFS.iter().enumerate() {
             for item in snap.iterator_cf(cf(&self.db, name), IteratorMode::Start) {
                 let (k, v) = item?;
+                // Index entries of purged timers are not part of the state (see `gc.rs`).
+                if *name == super::CF_INDEX && !super::gc::live_row(&k, &v, &mut floors)? {
+                    continue;
+                }
                 writer.row(i as u8, &k, &v)?;
             }
         }

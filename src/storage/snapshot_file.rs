@@ -8,7 +8,7 @@
 //! Format (all integers little-endian):
 //!
 //! ```text
-//! "TDBSNAP2"                                   magic and version
+//! "TDBSNAP3"                                   magic and version (3: the row/lease model)
 //! { cf: u8, key_len: u32, key, value_len: u32, value }*   cf = index in SM_CFS
 //! 0xff, rows: u64, crc: u32                    trailer: the number of rows above, and the
 //!                                              CRC-32 of every byte before `crc`
@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"TDBSNAP2";
+const MAGIC: &[u8; 8] = b"TDBSNAP3";
 const TRAILER: u8 = 0xff;
 
 /// The snapshot data openraft moves around: an open file that remembers its path, so install

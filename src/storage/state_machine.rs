@@ -1,11 +1,12 @@
-//! The replicated state machine: openraft's `RaftStateMachine` over the `timers`, `wheel` and
-//! `meta` column families.
+//! The replicated state machine: openraft's `RaftStateMachine` over the state-machine column
+//! families (see `storage`).
 //!
 //! Invariants:
 //! - Each entry is applied as one WriteBatch holding its effects *and* the new `last_applied`
 //!   (and membership), so restart resumes exactly after the last applied entry: no entry is
 //!   applied twice and no timer fires twice across a crash.
-//! - Apply never reads a clock (see `apply`); the in-memory `SmMeta` mirrors what is on disk.
+//! - Apply never reads a clock (see `apply`); the in-memory `SmMeta` mirrors what is on disk,
+//!   and the heads (`heads.rs`) are re-read from it after every entry that moved the cursor.
 //! - The bucket width is fixed when the database is created: a node refuses to reopen it with
 //!   a different one, because replicas with different widths would write different keys.
 
@@ -21,11 +22,13 @@ use rocksdb::WriteBatch;
 
 use super::apply::Applier;
 use super::meta::{self, SmMeta};
+use super::read::Reader;
 use super::snapshot::{SnapshotBuilder, Snapshots};
 use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
 use crate::cluster::{FireSignal, TypeConfig};
 use crate::timer::Response;
+use crate::wheel::Slot;
 use crate::{Error, Result};
 
 type StResult<T> = std::result::Result<T, StorageError<u64>>;
@@ -43,8 +46,14 @@ impl StateMachine {
     pub fn open(store: Store, data_dir: &Path, signal: Arc<FireSignal>) -> Result<Self> {
         check_bucket_width(&store)?;
         // Before the metadata is read: this may finish an install a crash interrupted.
-        let snapshots = Snapshots::open(store.db().clone(), data_dir.join("snapshot"))?;
+        let snapshots = Snapshots::open(
+            store.db().clone(),
+            store.gc.clone(),
+            data_dir.join("snapshot"),
+        )?;
         let meta = SmMeta::load(store.db())?;
+        store.gc.load(store.db())?;
+        store.reload_heads(meta.cursor)?;
         Ok(StateMachine {
             store,
             meta,
@@ -63,9 +72,7 @@ impl StateMachine {
         let mut batch = WriteBatch::default();
         let mut progress = self.meta.progress;
         let mut membership_changed = false;
-        let mut earliest_new_due = None;
-        let mut made_ready = false;
-        let mut events = crate::metrics::Events::default();
+        let mut after = AfterWrite::default();
         let response = match entry.payload {
             EntryPayload::Blank => Response::None,
             EntryPayload::Membership(m) => {
@@ -74,24 +81,24 @@ impl StateMachine {
                 Response::None
             }
             EntryPayload::Normal(cmd) => {
-                let mut applier = Applier {
-                    db: &db,
-                    wheel: self.store.wheel(),
-                    batch: &mut batch,
-                    progress: &mut progress,
-                    index: entry.log_id.index,
-                    earliest_new_due: None,
-                    made_ready: false,
-                    policies: Default::default(),
-                    staged: None,
-                    pending_by_ns: Default::default(),
-                    events: Default::default(),
-                };
+                let mut applier = Applier::new(
+                    &db,
+                    self.store.wheel(),
+                    &mut batch,
+                    &mut progress,
+                    entry.log_id.index,
+                    self.store.heads.clone(),
+                );
                 let response = applier.command(cmd)?;
-                applier.stage_pending()?;
-                earliest_new_due = applier.earliest_new_due;
-                made_ready = applier.made_ready;
-                events = applier.events;
+                applier.finish();
+                after = AfterWrite {
+                    earliest_new_due: applier.earliest_new_due,
+                    made_ready: applier.made_ready,
+                    placed: std::mem::take(&mut applier.placed),
+                    visited: std::mem::take(&mut applier.visited),
+                    purged: std::mem::take(&mut applier.purged),
+                    events: std::mem::take(&mut applier.events),
+                };
                 response
             }
         };
@@ -101,20 +108,51 @@ impl StateMachine {
         next.stage(&db, &mut batch, membership_changed);
         let keys = batch.len() as u64;
         db.write(batch)?;
+        self.meta = next;
         self.store
             .keys_written
             .fetch_add(keys, std::sync::atomic::Ordering::Relaxed);
-        events.keys_written(keys);
-        self.meta = next;
-        events.record();
-        if let Some(due) = earliest_new_due {
+        after.events.keys_written(keys);
+        self.store.acked.fetch_add(
+            after.events.acked_count(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        after.events.record();
+        for (ns, floor) in &after.purged {
+            self.store.gc.advance(ns, *floor);
+        }
+        {
+            // The heads follow the written state: namespaces the cursor passed are read again,
+            // rows placed after it are noted.
+            let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
+            for ns in &after.visited {
+                heads.set(ns, Reader::live(&db).first_after(ns, progress.cursor)?);
+            }
+            for (ns, slot) in &after.placed {
+                if *slot > progress.cursor {
+                    heads.note(ns, *slot);
+                }
+            }
+        }
+        if let Some(due) = after.earliest_new_due {
             self.signal.scheduled(due);
         }
-        if made_ready {
+        if after.made_ready {
             self.signal.made_ready();
         }
         Ok(response)
     }
+}
+
+/// What an applied entry leaves to do once its batch is written.
+#[derive(Default)]
+struct AfterWrite {
+    earliest_new_due: Option<i64>,
+    made_ready: bool,
+    placed: Vec<(String, Slot)>,
+    visited: Vec<String>,
+    purged: Vec<(String, Slot)>,
+    events: crate::metrics::Events,
 }
 
 /// Records the bucket width on first open; refuses a different one later.
@@ -190,6 +228,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let snapshots = self.snapshots.clone();
         let rows = off_the_runtime(|| snapshots.install(meta, &path)).map_err(sm_err)?;
         self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
+        self.store.reload_heads(self.meta.cursor).map_err(sm_err)?;
+        self.store.gc.load(self.store.db()).map_err(sm_err)?;
         tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);

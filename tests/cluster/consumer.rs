@@ -61,6 +61,25 @@ impl Consumer {
         Consumer { seen, acks, task }
     }
 
+    /// Consumes `namespace` through node `via`, acking every delivery on the stream itself
+    /// (Consume): nothing answers those acks, so `acks` stays empty.
+    pub async fn start_consume(
+        c: &TestCluster,
+        via: u64,
+        namespace: &str,
+        max_in_flight: u32,
+    ) -> Consumer {
+        let client = c.client(via).await;
+        let (seen, acks) = (Arc::default(), Arc::default());
+        let req = pb::SubscribeRequest {
+            namespace: namespace.into(),
+            consumer: format!("test-consume-via-{via}"),
+            max_in_flight,
+        };
+        let task = tokio::spawn(run_consume(client, req, Arc::clone(&seen)));
+        Consumer { seen, acks, task }
+    }
+
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
@@ -98,18 +117,59 @@ async fn run(
         };
         while let Ok(Some(d)) = stream.message().await {
             let t = d.timer.expect("a delivery carries its timer");
-            seen.lock().unwrap().push(Seen {
-                id: t.id.clone(),
-                attempt: d.attempt,
-                fire_index: t.fire_index,
-                at: Instant::now(),
-                fire_at_ms: t.fire_at_ms,
-                received_ms: crate::harness::now_ms(),
-            });
+            note(&seen, &t, d.attempt);
             if ack {
                 let (client, acks) = (client.clone(), Arc::clone(&acks));
                 tokio::spawn(ack_one(client, t.namespace, t.id, d.attempt, acks));
             }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn note(seen: &Mutex<Vec<Seen>>, t: &pb::Timer, attempt: u32) {
+    seen.lock().unwrap().push(Seen {
+        id: t.id.clone(),
+        attempt,
+        fire_index: t.fire_index,
+        at: Instant::now(),
+        fire_at_ms: t.fire_at_ms,
+        received_ms: crate::harness::now_ms(),
+    });
+}
+
+async fn run_consume(
+    mut client: TimersClient<Channel>,
+    req: pb::SubscribeRequest,
+    seen: Arc<Mutex<Vec<Seen>>>,
+) {
+    loop {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let first = pb::ConsumeRequest {
+            subscribe: Some(req.clone()),
+            acks: Vec::new(),
+        };
+        tx.send(first).unwrap();
+        let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut stream = match client.consume(outbound).await {
+            Ok(s) => s.into_inner(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        while let Ok(Some(d)) = stream.message().await {
+            let t = d.timer.expect("a delivery carries its timer");
+            note(&seen, &t, d.attempt);
+            let ack = pb::DeliveryAck {
+                id: t.id.clone(),
+                attempt: d.attempt,
+                nack: false,
+            };
+            let _ = tx.send(pb::ConsumeRequest {
+                subscribe: None,
+                acks: vec![ack],
+            });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -10,7 +10,12 @@ use tonic::Code;
 use crate::consumer::{Acks, Consumer, Seen};
 use crate::harness::*;
 
-async fn put_policy(c: &TestCluster, via: u64, namespace: &str, policy: pb::NamespacePolicy) {
+pub(crate) async fn put_policy(
+    c: &TestCluster,
+    via: u64,
+    namespace: &str,
+    policy: pb::NamespacePolicy,
+) {
     c.namespaces(via)
         .await
         .put_namespace(pb::PutNamespaceRequest {
@@ -22,7 +27,7 @@ async fn put_policy(c: &TestCluster, via: u64, namespace: &str, policy: pb::Name
 }
 
 /// Schedules `ids` in `namespace`, the i-th due at `base + i * step_ms`, in batches.
-async fn schedule_many(
+pub(crate) async fn schedule_many(
     c: &TestCluster,
     via: u64,
     namespace: &str,
@@ -50,7 +55,7 @@ async fn schedule_many(
 }
 
 /// Waits until `n` timers of `namespace` are in `state`; returns them.
-async fn wait_count(
+pub(crate) async fn wait_count(
     c: &TestCluster,
     via: u64,
     namespace: &str,
@@ -142,7 +147,7 @@ async fn settle(consumers: &[&Consumer], n: usize) {
     }
 }
 
-fn ids(prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i:04}")).collect()
 }
 

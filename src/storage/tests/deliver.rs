@@ -1,11 +1,10 @@
-//! The delivery cycle on a real state machine: ready queue, Deliver, Ack, Nack, ack deadlines,
-//! backoff, DEAD, Redrive and retention purge, each at exact replicated times.
-
-use std::collections::HashSet;
+//! The delivery cycle on a real state machine: leases, Ack (alone and of a whole lease), Nack,
+//! ack deadlines, backoff, DEAD, Redrive and the purge after retention, each at exact
+//! replicated times; and what a timer's life costs in key writes.
 
 use super::*;
 use crate::namespace::Policy;
-use crate::timer::Phase;
+use crate::timer::{Grant, Granted, LeaseRef, Phase};
 
 const ACK_MS: i64 = 1000;
 const RETENTION_MS: i64 = 60_000;
@@ -31,11 +30,25 @@ fn k(id: &str) -> TimerKey {
     TimerKey::new("ns", id)
 }
 
-fn deliver(now_ms: i64, ids: &[&str]) -> Command {
-    Command::Deliver {
-        now_ms,
-        keys: ids.iter().map(|id| k(id)).collect(),
+fn grant(room: u32) -> Grant {
+    Grant {
+        namespace: "ns".into(),
+        room,
     }
+}
+
+/// A Deliver of up to `room` timers of `ns`; the lease it made, if any.
+async fn deliver(s: &mut Sm, now_ms: i64, room: u32) -> Option<Granted> {
+    let r = s
+        .apply(Command::Deliver {
+            now_ms,
+            grants: vec![grant(room)],
+        })
+        .await;
+    let Response::Delivered(mut leases) = r else {
+        panic!("{r:?}")
+    };
+    leases.pop().unwrap()
 }
 
 fn ack(now_ms: i64, id: &str, attempt: u32) -> Command {
@@ -54,9 +67,56 @@ fn nack(now_ms: i64, id: &str, attempt: u32) -> Command {
     }
 }
 
+/// The ids of `ns`'s READY timers (fired, waiting for a consumer), in id order.
 fn ready(s: &Sm) -> Vec<String> {
-    let keys = s.store.ready("ns", 100, &HashSet::new()).unwrap();
-    keys.into_iter().map(|k| k.id).collect()
+    in_phase(s, Phase::Ready)
+}
+
+fn in_phase(s: &Sm, phase: Phase) -> Vec<String> {
+    all(s)
+        .into_iter()
+        .filter(|t| t.state == TimerState::Fired && t.phase == phase)
+        .map(|t| t.key.id)
+        .collect()
+}
+
+fn all(s: &Sm) -> Vec<Timer> {
+    let q = ListQuery {
+        namespace: "ns".into(),
+        filter: ListFilter::default(),
+        after: None,
+        limit: 10_000,
+    };
+    s.store.list(&q).unwrap().timers
+}
+
+/// Rows of `ns` on the wheel, whatever their state (a moved timer must leave none behind).
+fn rows(s: &Sm) -> usize {
+    let prefix = crate::wheel::namespace_prefix("ns");
+    s.store
+        .db()
+        .prefix_iterator_cf(cf(s.store.db(), CF_WHEEL), &prefix)
+        .filter(|i| i.as_ref().unwrap().0.starts_with(&prefix))
+        .count()
+}
+
+/// Proposes what the leader's purger would at `now_ms`; how many timers went.
+async fn purge(s: &mut Sm, now_ms: i64) -> u64 {
+    let mut purged = 0;
+    for (namespace, through, _) in s.store.purgeable(now_ms, 100_000).unwrap() {
+        let r = s
+            .apply(Command::Purge {
+                now_ms,
+                namespace,
+                through,
+            })
+            .await;
+        let Response::Purged(n) = r else {
+            panic!("{r:?}")
+        };
+        purged += n;
+    }
+    purged
 }
 
 fn refused(r: &Response, words: &str) -> bool {
@@ -70,44 +130,33 @@ async fn deliver_ack_and_purge() {
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 10)).await;
     s.apply(fire(T0 + 10, 100)).await;
-    assert_eq!(
-        ready(&s),
-        ["a", "b"],
-        "fired timers wait in the ready queue"
-    );
+    assert_eq!(ready(&s), ["a", "b"], "fired timers wait for a consumer");
     assert_eq!(
         s.timer("a").attempts,
         0,
         "no attempt is spent while waiting"
     );
 
-    // Deliver: a key twice in one entry, and a key not READY, are delivered at most once.
-    let r = s.apply(deliver(T0 + 20, &["a", "a", "zz"])).await;
-    let Response::Delivered(d) = r else {
-        panic!("{r:?}")
-    };
-    assert!(d[0].is_some() && d[1].is_none() && d[2].is_none(), "{d:?}");
+    // A lease of one takes the first fired timer; the next grant finds what is left.
+    let lease = deliver(&mut s, T0 + 20, 1).await.expect("a lease");
+    assert_eq!(lease.count, 1);
     let a = s.timer("a");
     assert_eq!(
-        (a.attempts, a.phase, a.wake_at_ms),
-        (1, Phase::InFlight, T0 + 20 + ACK_MS)
+        (a.attempts, a.phase, a.wake_at_ms, a.last_delivered_at_ms),
+        (1, Phase::InFlight, T0 + 20 + ACK_MS, T0 + 20)
     );
     assert_eq!(ready(&s), ["b"]);
-    let again = s.apply(deliver(T0 + 21, &["a"])).await;
-    assert_eq!(
-        again,
-        Response::Delivered(vec![None]),
-        "in flight is not READY"
-    );
+    let Some(second) = deliver(&mut s, T0 + 21, 5).await else {
+        panic!("b was ready")
+    };
+    assert_eq!(second.count, 1, "in flight is not handed out again");
+    assert_eq!(deliver(&mut s, T0 + 22, 5).await, None, "nothing left");
+    assert_eq!(in_phase(&s, Phase::InFlight), ["a", "b"]);
 
     // Ack: a never-made attempt is refused, the real one acks, a retry is harmless.
     assert!(refused(
         &s.apply(ack(T0 + 30, "a", 2)).await,
         "never delivered"
-    ));
-    assert!(refused(
-        &s.apply(ack(T0 + 30, "b", 1)).await,
-        "not delivered yet"
     ));
     let r = s.apply(ack(T0 + 30, "a", 1)).await;
     assert!(matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Acked));
@@ -116,14 +165,17 @@ async fn deliver_ack_and_purge() {
         matches!(&r, Response::Timer { timer, .. } if timer.finished_at_ms == T0 + 30),
         "a retried ack changes nothing: {r:?}"
     );
-    // The ack deadline no longer exists: passing it does nothing.
-    s.apply(fire(T0 + 20 + ACK_MS, 100)).await;
+    // The ack deadline passes: the acked timer stays acked, the other goes back.
+    s.apply(fire(T0 + 21 + ACK_MS, 100)).await;
     assert_eq!(s.timer("a").state, TimerState::Acked);
+    assert_eq!(s.timer("b").phase, Phase::Backoff, "b was not acked");
 
-    // Retention: kept until finished_at + retention, then purged; the id is free again.
-    s.apply(fire(T0 + 30 + RETENTION_MS - 1, 100)).await;
+    // Retention: kept while its lease settled (at the Fire that passed its deadline) less than
+    // a retention ago, then purged by range; the id is free again; unfinished timers stay.
+    let settled = T0 + 21 + ACK_MS;
+    assert_eq!(purge(&mut s, settled + RETENTION_MS - 1).await, 0);
     assert_eq!(s.timer("a").state, TimerState::Acked);
-    s.apply(fire(T0 + 30 + RETENTION_MS, 100)).await;
+    assert_eq!(purge(&mut s, settled + RETENTION_MS).await, 1);
     assert!(s.store.get(&k("a")).unwrap().is_none(), "not purged");
     assert_eq!(
         s.timer("b").state,
@@ -131,6 +183,78 @@ async fn deliver_ack_and_purge() {
         "unfinished timers stay"
     );
     assert!(created(&s.apply(schedule("a", T0 + 99_999)).await));
+    assert_eq!(s.store.meta().unwrap().stored, 2);
+}
+
+#[tokio::test]
+async fn a_lease_acked_whole_acks_every_delivery_in_one_write() {
+    let mut s = Sm::new();
+    s.apply(policy(5)).await;
+    for id in ["a", "b", "c"] {
+        s.apply(schedule(id, T0)).await;
+    }
+    s.apply(fire(T0, 100)).await;
+    let lease = deliver(&mut s, T0 + 1, 10).await.unwrap();
+    assert_eq!(lease.count, 3);
+    let l = LeaseRef {
+        namespace: "ns".into(),
+        to: lease.to,
+    };
+    // One of them is nacked first: it is not in flight under the lease any more.
+    s.apply(nack(T0 + 2, "c", 1)).await;
+    let before = s.sm.store.keys_written();
+    let r = s
+        .apply(Command::Acks {
+            now_ms: T0 + 3,
+            leases: vec![l.clone()],
+            acks: vec![(k("a"), 1)],
+        })
+        .await;
+    assert_eq!(
+        r,
+        Response::Acked {
+            leases: vec![true],
+            acks: vec![Response::Timer {
+                timer: s.timer("a"),
+                created: false
+            }],
+        }
+    );
+    // The lease record, its deadline, the entry's progress: not a write per timer.
+    let written = s.sm.store.keys_written() - before;
+    assert!(written <= 5, "{written} keys for acking a lease");
+    for id in ["a", "b"] {
+        let t = s.timer(id);
+        assert_eq!(
+            (t.state, t.attempts, t.finished_at_ms),
+            (TimerState::Acked, 1, T0 + 3)
+        );
+    }
+    assert_eq!(
+        s.timer("c").phase,
+        Phase::Backoff,
+        "the nacked one is not acked"
+    );
+    // A second ack of the lease is refused (the caller then acks one by one, harmlessly).
+    let r = s
+        .apply(Command::Acks {
+            now_ms: T0 + 4,
+            leases: vec![l],
+            acks: vec![(k("b"), 1)],
+        })
+        .await;
+    assert!(matches!(&r, Response::Acked { leases, .. } if leases == &[false]));
+    // Its deadline passes without moving anything; its timers are purged after retention.
+    s.apply(fire(T0 + 1 + ACK_MS, 100)).await;
+    assert_eq!(s.timer("b").state, TimerState::Acked);
+    assert_eq!(purge(&mut s, T0 + 3 + RETENTION_MS).await, 2);
+    assert_eq!(
+        all(&s)
+            .iter()
+            .map(|t| t.key.id.as_str())
+            .collect::<Vec<_>>(),
+        ["c"]
+    );
 }
 
 #[tokio::test]
@@ -141,7 +265,7 @@ async fn unacked_deliveries_back_off_then_go_dead_and_redrive_revives() {
     s.apply(fire(T0, 100)).await;
     let first_index = s.timer("a").fire_index;
     let t1 = T0 + 5;
-    s.apply(deliver(t1, &["a"])).await;
+    deliver(&mut s, t1, 1).await.unwrap();
 
     // Attempt 1 times out at exactly t1 + ack timeout, then backs off 100 ms.
     s.apply(fire(t1 + ACK_MS - 1, 100)).await;
@@ -154,15 +278,20 @@ async fn unacked_deliveries_back_off_then_go_dead_and_redrive_revives() {
     s.apply(fire(t2, 100)).await;
     let a = s.timer("a");
     assert_eq!(
-        (a.phase, a.timeouts, a.wake_at_ms),
-        (Phase::Backoff, 1, t2 + 100)
+        (a.phase, a.timeouts, a.wake_at_ms, a.attempts),
+        (Phase::Backoff, 1, t2 + 100, 1)
+    );
+    assert_eq!(
+        a.fire_index, first_index,
+        "the same firing, delivered again"
     );
     assert!(ready(&s).is_empty(), "redelivered before its backoff");
     s.apply(fire(t2 + 100, 100)).await;
     assert_eq!(ready(&s), ["a"]);
 
     // Attempt 2 is nacked: a late ack of attempt 1 is stale; backoff doubles to 200 ms.
-    s.apply(deliver(t2 + 110, &["a"])).await;
+    deliver(&mut s, t2 + 110, 1).await.unwrap();
+    assert_eq!(s.timer("a").attempts, 2);
     assert!(refused(&s.apply(ack(t2 + 111, "a", 1)).await, "stale"));
     s.apply(nack(t2 + 120, "a", 2)).await;
     let a = s.timer("a");
@@ -176,7 +305,7 @@ async fn unacked_deliveries_back_off_then_go_dead_and_redrive_revives() {
     // Attempt 3 is the last: its deadline makes the timer DEAD, kept for retention.
     s.apply(fire(t2 + 320, 100)).await;
     let t3 = t2 + 400;
-    s.apply(deliver(t3, &["a"])).await;
+    deliver(&mut s, t3, 1).await.unwrap();
     s.apply(fire(t3 + ACK_MS, 100)).await;
     let a = s.timer("a");
     assert_eq!(
@@ -209,7 +338,7 @@ async fn unacked_deliveries_back_off_then_go_dead_and_redrive_revives() {
     let a = s.timer("a");
     assert_eq!((a.state, a.redrives), (TimerState::Fired, 1));
     assert!(a.fire_index > first_index);
-    s.apply(deliver(t4 + 1, &["a"])).await;
+    deliver(&mut s, t4 + 1, 1).await.unwrap();
     assert_eq!(
         s.timer("a").attempts,
         4,
@@ -217,6 +346,7 @@ async fn unacked_deliveries_back_off_then_go_dead_and_redrive_revives() {
     );
     let r = s.apply(ack(t4 + 2, "a", 4)).await;
     assert!(matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Acked));
+    assert_eq!(rows(&s), 1, "every move left no row behind");
 }
 
 #[tokio::test]
@@ -225,7 +355,7 @@ async fn an_ack_after_the_deadline_still_completes_the_attempt() {
     s.apply(policy(5)).await;
     s.apply(schedule("a", T0)).await;
     s.apply(fire(T0, 100)).await;
-    s.apply(deliver(T0 + 1, &["a"])).await;
+    deliver(&mut s, T0 + 1, 1).await.unwrap();
     s.apply(fire(T0 + 1 + ACK_MS, 100)).await;
     assert_eq!(s.timer("a").phase, Phase::Backoff);
     // Not redelivered yet: attempt 1 is still the latest, and its late ack is the real thing.
@@ -233,10 +363,11 @@ async fn an_ack_after_the_deadline_still_completes_the_attempt() {
     assert!(matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Acked));
     s.apply(fire(T0 + 10 * ACK_MS, 100)).await;
     assert!(ready(&s).is_empty(), "an acked timer was made ready again");
+    assert_eq!(deliver(&mut s, T0 + 10 * ACK_MS, 5).await, None);
 }
 
 #[tokio::test]
-async fn cancelled_timers_are_purged_after_retention() {
+async fn cancelled_timers_are_purged_after_retention_without_a_consumer() {
     let mut s = Sm::new();
     s.apply(policy(5)).await;
     s.apply(schedule("c", T0 + 100_000)).await;
@@ -245,15 +376,24 @@ async fn cancelled_timers_are_purged_after_retention() {
         key: k("c"),
     })
     .await;
-    s.apply(fire(T0 + RETENTION_MS - 1, 100)).await;
+    // The cancelled row waits where it was cancelled, not at its old fire time: the next Fire
+    // passes it and lets the namespace's delivery cursor pass it too (nobody subscribes).
+    assert_eq!(s.store.next_due().unwrap(), Some(T0));
+    s.apply(fire(T0, 100)).await;
+    assert_eq!(s.store.next_due().unwrap(), None, "nothing waits any more");
+    assert_eq!(
+        purge(&mut s, T0 + RETENTION_MS - 1).await,
+        0,
+        "kept for the retention"
+    );
     assert_eq!(s.timer("c").state, TimerState::Cancelled);
-    s.apply(fire(T0 + RETENTION_MS, 100)).await;
+    assert_eq!(purge(&mut s, T0 + RETENTION_MS).await, 1);
     assert!(s.store.get(&k("c")).unwrap().is_none());
-    assert_eq!(s.store.next_bucket().unwrap(), None, "the wheel is empty");
+    assert_eq!(rows(&s), 0, "the wheel is empty");
 }
 
 /// A Multi entry applies its commands in order, each seeing the ones before it (the batch is
-/// not written yet, so reads go through the staged timers).
+/// not written yet, so reads go through the staged rows).
 #[tokio::test]
 async fn multi_commands_see_each_other() {
     let mut s = Sm::new();
@@ -289,6 +429,7 @@ async fn multi_commands_see_each_other() {
         1,
         "one timer still pending"
     );
+    assert_eq!(rows(&s), 2, "moved rows left nothing behind");
     s.apply(fire(T0 + 499, 100)).await;
     assert_eq!(
         s.timer("m2").state,
@@ -297,10 +438,175 @@ async fn multi_commands_see_each_other() {
     );
     s.apply(fire(T0 + 500, 100)).await;
     assert_eq!(s.timer("m2").state, TimerState::Fired);
-    // Only m1's purge entry is left on the wheel: the old m2 entry was really removed.
-    let next = s.store.next_bucket().unwrap().unwrap();
+    assert_eq!(s.store.next_due().unwrap(), None);
+}
+
+/// Fire entries with grants: the entry that fires timers hands them out, up to the room.
+#[tokio::test]
+async fn fire_hands_out_what_it_fires() {
+    let mut s = Sm::new();
+    s.apply(policy(5)).await;
+    for i in 0..5 {
+        s.apply(schedule(&format!("t{i}"), T0 + i)).await;
+    }
+    let before = s.sm.store.keys_written();
+    let r = s
+        .apply(Command::Fire {
+            now_ms: T0 + 10,
+            max: 100,
+            grants: vec![grant(3), grant(10)],
+        })
+        .await;
+    let Response::Fired {
+        count: 5,
+        more: false,
+        leases,
+    } = r
+    else {
+        panic!("{r:?}")
+    };
     assert_eq!(
-        next as i64,
-        T0 + RETENTION_MS.max(Policy::default().retention_ms as i64)
+        leases
+            .iter()
+            .map(|l| l.as_ref().unwrap().count)
+            .collect::<Vec<_>>(),
+        [3, 2]
     );
+    let written = s.sm.store.keys_written() - before;
+    assert!(
+        written <= 10,
+        "firing and handing out 5 timers wrote {written} keys: per entry, not per timer"
+    );
+    let leased = s.store.leased(leases[0].as_ref().unwrap()).unwrap();
+    let ids: Vec<_> = leased.iter().map(|t| t.key.id.as_str()).collect();
+    assert_eq!(ids, ["t0", "t1", "t2"], "in fire order");
+    assert!(leased
+        .iter()
+        .all(|t| t.attempts == 1 && t.fire_index == s.next - 1));
+}
+
+/// What a timer costs in key writes from Schedule to purge, per node: within the budget.
+#[tokio::test]
+async fn a_timers_whole_life_costs_at_most_four_key_writes() {
+    const N: usize = 2000;
+    for whole_lease in [false, true] {
+        let mut s = Sm::new();
+        s.apply(policy(5)).await;
+        let before = s.sm.store.keys_written();
+        let specs = (0..N).map(|i| spec(&format!("t{i}"), T0, "p")).collect();
+        s.apply(Command::ScheduleBatch { now_ms: T0, specs }).await;
+        let r = s
+            .apply(Command::Fire {
+                now_ms: T0,
+                max: 100_000,
+                grants: vec![grant(N as u32)],
+            })
+            .await;
+        let Response::Fired { leases, .. } = r else {
+            panic!("{r:?}")
+        };
+        let lease = leases[0].clone().unwrap();
+        let (leases, acks) = if whole_lease {
+            let l = LeaseRef {
+                namespace: "ns".into(),
+                to: lease.to,
+            };
+            (vec![l], Vec::new())
+        } else {
+            (
+                Vec::new(),
+                (0..N).map(|i| (k(&format!("t{i}")), 1)).collect(),
+            )
+        };
+        s.apply(Command::Acks {
+            now_ms: T0 + 1,
+            leases,
+            acks,
+        })
+        .await;
+        s.apply(fire(T0 + ACK_MS, 100)).await;
+        assert_eq!(purge(&mut s, T0 + ACK_MS + RETENTION_MS).await, N as u64);
+        let per_timer = (s.sm.store.keys_written() - before) as f64 / N as f64;
+        println!("whole_lease={whole_lease}: {per_timer:.3} key writes per timer");
+        assert!(per_timer <= 4.0, "{per_timer} key writes per timer");
+        assert_eq!(rows(&s), 0);
+    }
+}
+
+/// Purged timers' index entries are dead at once and gone from disk once compacted; replicas
+/// that compacted and ones that did not hold the same state (digests, snapshots), and the id
+/// can be used again either way.
+#[tokio::test]
+async fn compaction_drops_dead_index_entries_without_changing_the_state() {
+    const N: usize = 50;
+    let (mut one, mut two) = (Sm::new(), Sm::new());
+    for s in [&mut one, &mut two] {
+        s.apply(policy(5)).await;
+        let specs = (0..N).map(|i| spec(&format!("t{i}"), T0, "p")).collect();
+        s.apply(Command::ScheduleBatch { now_ms: T0, specs }).await;
+        s.apply(Command::Fire {
+            now_ms: T0,
+            max: 1000,
+            grants: vec![grant(N as u32)],
+        })
+        .await;
+        let acks = (0..N).map(|i| (k(&format!("t{i}")), 1)).collect();
+        s.apply(Command::Acks {
+            now_ms: T0 + 1,
+            leases: Vec::new(),
+            acks,
+        })
+        .await;
+        s.apply(fire(T0 + ACK_MS, 100)).await;
+    }
+    // The purge is decided on one replica and applied to both, as the log would.
+    let due = one
+        .store
+        .purgeable(T0 + ACK_MS + RETENTION_MS, 100_000)
+        .unwrap();
+    for s in [&mut one, &mut two] {
+        for (namespace, through, _) in due.clone() {
+            let cmd = Command::Purge {
+                now_ms: T0 + ACK_MS + RETENTION_MS,
+                namespace,
+                through,
+            };
+            assert_eq!(s.apply(cmd).await, Response::Purged(N as u64));
+        }
+    }
+    let index_rows = |s: &Sm| {
+        let db = s.store.db();
+        db.iterator_cf(cf(db, CF_INDEX), rocksdb::IteratorMode::Start)
+            .count()
+    };
+    assert_eq!(index_rows(&one), N, "dead entries wait for compaction");
+    let db = one.store.db().clone();
+    db.flush_cf(cf(&db, CF_INDEX)).unwrap();
+    db.compact_range_cf(cf(&db, CF_INDEX), None::<&[u8]>, None::<&[u8]>);
+    assert_eq!(index_rows(&one), 0, "compaction dropped the dead entries");
+    assert_eq!(index_rows(&two), N);
+    assert_eq!(one.store.digest().unwrap(), two.store.digest().unwrap());
+    let (from_one, _) = replica_from_snapshot(&mut one.sm).await;
+    let (from_two, _) = replica_from_snapshot(&mut two.sm).await;
+    assert_eq!(
+        from_one.store.digest().unwrap(),
+        from_two.store.digest().unwrap()
+    );
+    assert_eq!(
+        from_two.store.digest().unwrap(),
+        two.store.digest().unwrap()
+    );
+    for s in [&mut one, &mut two] {
+        assert!(s.store.get(&k("t7")).unwrap().is_none());
+        assert!(all(s).is_empty(), "List shows no purged timer");
+        assert!(
+            created(&s.apply(schedule("t7", T0 + 9_999_999)).await),
+            "the id is free"
+        );
+    }
+    assert_eq!(one.store.digest().unwrap(), two.store.digest().unwrap());
+    // A live entry survives compaction.
+    db.flush_cf(cf(&db, CF_INDEX)).unwrap();
+    db.compact_range_cf(cf(&db, CF_INDEX), None::<&[u8]>, None::<&[u8]>);
+    assert_eq!(one.timer("t7").state, TimerState::Pending);
 }

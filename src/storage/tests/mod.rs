@@ -11,7 +11,9 @@ use tempfile::TempDir;
 
 use super::*;
 use crate::cluster::{FireSignal, TypeConfig};
-use crate::timer::{Command, Rejection, Response, TimerSpec, When};
+use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::wheel::Wheel;
+use crate::Error;
 
 struct Builder;
 
@@ -28,8 +30,9 @@ fn open(dir: &TempDir) -> (LogStore, StateMachine) {
 }
 
 fn open_at(dir: &Path) -> (LogStore, StateMachine) {
-    let db = open_db(dir).unwrap();
-    let store = Store::new(db.clone(), Wheel::default());
+    let gc = IndexGc::new();
+    let db = open_db(dir, &gc).unwrap();
+    let store = Store::new(db.clone(), Wheel::default(), gc);
     let sm = StateMachine::open(store, dir, Arc::new(FireSignal::default())).unwrap();
     (LogStore::new(db), sm)
 }
@@ -70,7 +73,20 @@ fn schedule(id: &str, at: i64) -> Command {
 }
 
 fn fire(now_ms: i64, max: u32) -> Command {
-    Command::Fire { now_ms, max }
+    Command::Fire {
+        now_ms,
+        max,
+        grants: Vec::new(),
+    }
+}
+
+/// A Fire response with no leases.
+fn fired(count: u32, more: bool) -> Response {
+    Response::Fired {
+        count,
+        more,
+        leases: Vec::new(),
+    }
 }
 
 /// A state machine in a tempdir that applies commands at consecutive log indexes.
@@ -85,7 +101,7 @@ impl Sm {
     fn new() -> Self {
         let dir = TempDir::new().unwrap();
         let (_, sm) = open(&dir);
-        let store = Store::new(sm.store.db().clone(), Wheel::default());
+        let store = sm.store.clone();
         Sm {
             _dir: dir,
             sm,
@@ -151,26 +167,14 @@ async fn fires_never_early_and_records_index() {
     let mut s = Sm::new();
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 20)).await;
-    assert_eq!(
-        s.apply(fire(T0 + 9, 100)).await,
-        Response::Fired {
-            count: 0,
-            more: false
-        }
-    );
+    assert_eq!(s.apply(fire(T0 + 9, 100)).await, fired(0, false));
     assert_eq!(
         s.timer("a").state,
         TimerState::Pending,
         "fired before its time"
     );
     let idx = s.next;
-    assert_eq!(
-        s.apply(fire(T0 + 10, 100)).await,
-        Response::Fired {
-            count: 1,
-            more: false
-        }
-    );
+    assert_eq!(s.apply(fire(T0 + 10, 100)).await, fired(1, false));
     let a = s.timer("a");
     assert_eq!(
         (a.state, a.fired_at_ms, a.fire_index),
@@ -178,19 +182,17 @@ async fn fires_never_early_and_records_index() {
     );
     assert_eq!(s.timer("b").state, TimerState::Pending);
     // A lagging leader's Fire fires nothing new and does not move the cursor back.
-    assert_eq!(
-        s.apply(fire(T0 + 5, 100)).await,
-        Response::Fired {
-            count: 0,
-            more: false
-        }
-    );
+    assert_eq!(s.apply(fire(T0 + 5, 100)).await, fired(0, false));
     assert_eq!(s.store.meta().unwrap().cursor_ms, T0 + 10);
     assert_eq!(s.timer("a").fire_index, idx, "a timer must fire once");
     s.apply(fire(T0 + 30, 100)).await;
     assert_eq!(s.timer("b").state, TimerState::Fired);
     assert_eq!(s.store.meta().unwrap().pending, 0);
-    assert_eq!(s.store.next_bucket().unwrap(), None);
+    assert_eq!(
+        s.store.next_due().unwrap(),
+        None,
+        "nothing waits for the cursor"
+    );
 }
 
 #[tokio::test]
@@ -200,33 +202,16 @@ async fn fire_is_bounded_per_entry_in_key_order() {
         s.apply(schedule(&format!("t{i:02}"), T0 + (i % 3))).await;
     }
     let r1 = s.apply(fire(T0 + 100, 10)).await;
-    assert_eq!(
-        r1,
-        Response::Fired {
-            count: 10,
-            more: true
-        }
-    );
-    // Key order: the 9 timers of bucket T0 (t00, t03, … t24) first, then bucket T0+1 in id
-    // order (t01, t04, …): the 10th fire is t01 and t04 waits for the next entry.
+    assert_eq!(r1, fired(10, true));
+    // Slot order: the 9 timers of bucket T0 (t00, t03, … t24) first, then bucket T0+1 in the
+    // order they were scheduled (t01, t04, …): the 10th fire is t01 and t04 waits for the next
+    // entry.
     assert_eq!(s.timer("t24").state, TimerState::Fired);
     assert_eq!(s.timer("t01").state, TimerState::Fired);
     assert_eq!(s.timer("t04").state, TimerState::Pending);
     assert_eq!(s.timer("t02").state, TimerState::Pending);
-    assert_eq!(
-        s.apply(fire(T0 + 100, 10)).await,
-        Response::Fired {
-            count: 10,
-            more: true
-        }
-    );
-    assert_eq!(
-        s.apply(fire(T0 + 100, 10)).await,
-        Response::Fired {
-            count: 5,
-            more: false
-        }
-    );
+    assert_eq!(s.apply(fire(T0 + 100, 10)).await, fired(10, true));
+    assert_eq!(s.apply(fire(T0 + 100, 10)).await, fired(5, false));
     assert_eq!(s.store.meta().unwrap().pending, 0);
 }
 
@@ -234,7 +219,7 @@ async fn fire_is_bounded_per_entry_in_key_order() {
 async fn schedule_in_the_past_fires_at_next_fire() {
     let mut s = Sm::new();
     s.apply(schedule("x", T0 + 100)).await;
-    s.apply(fire(T0 + 100, 10)).await; // the floor is now at T0 + 100
+    s.apply(fire(T0 + 100, 10)).await; // the cursor has passed bucket T0 + 100 whole
     let r = s.apply(schedule("past", T0 - 5000)).await;
     let Response::Timer { timer, .. } = r else {
         panic!("{r:?}")
@@ -245,9 +230,9 @@ async fn schedule_in_the_past_fires_at_next_fire() {
         "the timer keeps the time it was given"
     );
     assert_eq!(
-        s.store.next_bucket().unwrap(),
-        Some((T0 + 100) as u64),
-        "placed at the floor"
+        s.store.next_due().unwrap(),
+        Some(T0 + 101),
+        "placed in the first bucket after the cursor"
     );
     s.apply(fire(T0 + 101, 10)).await;
     assert_eq!(s.timer("past").state, TimerState::Fired);
@@ -325,7 +310,7 @@ async fn reschedule_rules() {
         when: When::After(500),
     })
     .await;
-    assert_eq!(s.store.next_bucket().unwrap(), Some((T0 + 10) as u64));
+    assert_eq!(s.store.next_due().unwrap(), Some(T0 + 10));
     s.apply(fire(T0 + 100, 10)).await;
     assert_eq!(s.timer("a").state, TimerState::Fired, "earlier reschedule");
     assert_eq!(s.timer("b").state, TimerState::Pending, "later reschedule");
@@ -412,7 +397,10 @@ fn workload() -> Vec<Command> {
     let b = |i: i64| TimerKey::new("ns", format!("b{i}"));
     cmds.push(Command::Deliver {
         now_ms: T0 + 40,
-        keys: (0..20).map(b).collect(),
+        grants: vec![crate::timer::Grant {
+            namespace: "ns".into(),
+            room: 20,
+        }],
     });
     for i in 0..5 {
         let (now_ms, key, attempt) = (T0 + 41, b(i), 1);
@@ -428,6 +416,13 @@ fn workload() -> Vec<Command> {
         attempt: 1,
     });
     cmds.push(fire(T0 + 40 + 31_000, 1000));
+    // More acks, one of a lease acked whole (the second lease: its end is found by the
+    // replicas alike, from the same log).
+    cmds.push(Command::Acks {
+        now_ms: T0 + 40 + 31_000,
+        leases: Vec::new(),
+        acks: vec![(b(1), 1), (b(19), 1), (b(30), 1)],
+    });
     cmds.push(Command::Redrive {
         now_ms: T0 + 40 + 31_001,
         keys: (5..10).map(b).collect(),
@@ -603,10 +598,12 @@ async fn list_filters_and_pages() {
 fn a_data_dir_keeps_its_bucket_width() {
     let dir = TempDir::new().unwrap();
     let signal = || Arc::new(FireSignal::default());
-    let db = open_db(dir.path()).unwrap();
-    StateMachine::open(Store::new(db.clone(), Wheel::new(1)), dir.path(), signal()).unwrap();
-    StateMachine::open(Store::new(db.clone(), Wheel::new(1)), dir.path(), signal()).unwrap();
-    let err = StateMachine::open(Store::new(db, Wheel::new(10)), dir.path(), signal())
+    let gc = IndexGc::new();
+    let db = open_db(dir.path(), &gc).unwrap();
+    let store = |w| Store::new(db.clone(), Wheel::new(w), gc.clone());
+    StateMachine::open(store(1), dir.path(), signal()).unwrap();
+    StateMachine::open(store(1), dir.path(), signal()).unwrap();
+    let err = StateMachine::open(store(10), dir.path(), signal())
         .err()
         .expect("reopened with another bucket width");
     assert!(err.to_string().contains("bucket width 1 ms"), "{err}");

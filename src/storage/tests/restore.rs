@@ -55,7 +55,7 @@ async fn a_restored_node_holds_the_backup_under_a_new_membership() {
     let timers = src
         .store
         .db()
-        .iterator_cf(cf(src.store.db(), CF_TIMERS), rocksdb::IteratorMode::Start)
+        .iterator_cf(cf(src.store.db(), CF_WHEEL), rocksdb::IteratorMode::Start)
         .count() as u64;
     assert!(timers > 200, "the workload made {timers} timers");
     assert_eq!(summary.timers, timers);

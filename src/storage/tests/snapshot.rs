@@ -25,13 +25,13 @@ async fn an_interrupted_install_is_finished_on_open() {
         )
         .unwrap();
         let victims: Vec<_> = db
-            .iterator_cf(cf(db, CF_TIMERS), rocksdb::IteratorMode::Start)
+            .iterator_cf(cf(db, CF_WHEEL), rocksdb::IteratorMode::Start)
             .step_by(2)
             .map(|kv| kv.unwrap().0)
             .collect();
         assert!(!victims.is_empty());
         for k in victims {
-            db.delete_cf(cf(db, CF_TIMERS), k).unwrap();
+            db.delete_cf(cf(db, CF_WHEEL), k).unwrap();
         }
         assert_ne!(sm.store.digest().unwrap(), want);
     }

@@ -1,0 +1,341 @@
+//! The ack coalescer: acks that arrive on delivery streams (`Consume`), from every stream of
+//! this node, go out together as shared `Acks` entries.
+//!
+//! A consumer that acks on its stream does not wait for the ack to commit: it sends it and reads
+//! the next delivery. The coalescer takes whatever acks have queued up, proposes them as one
+//! command through the proposer (which packs it with other client commands), and, while that
+//! commits, queues the next ones; so a thousand acks a second cost a few entries, not a thousand.
+//! A whole lease acked on one stream goes as one lease ack (one write for all its timers); if
+//! that lease is no longer open (its deadline passed first), its deliveries are acked one by
+//! one instead, which is what an ack of each would have done.
+//!
+//! Stream acks are at-least-once like deliveries: an ack lost with a failing leader leaves the
+//! timer in flight, and it is delivered again after its deadline. A consumer that needs to know
+//! an ack took effect uses `Ack` or `AckBatch`, which answer.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Semaphore};
+
+use super::Proposer;
+use crate::clock::Clock;
+use crate::timer::{Command, LeaseRef, Response, TimerKey};
+
+/// Most acks in one command (a lease counts as one).
+const MAX_ACKS: usize = 10_000;
+/// Ack commands outstanding at once.
+const IN_FLIGHT: usize = 2;
+
+/// What a stream acked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckItem {
+    /// One delivery: (timer, attempt).
+    One(TimerKey, u32),
+    /// Every delivery of a lease; `deliveries` are acked one by one if the lease is not open.
+    Lease {
+        lease: LeaseRef,
+        deliveries: Vec<(TimerKey, u32)>,
+    },
+}
+
+/// The queue into the coalescer task.
+#[derive(Clone)]
+pub struct Acker {
+    tx: mpsc::UnboundedSender<AckItem>,
+}
+
+impl Acker {
+    pub fn start(proposer: Proposer, clock: Clock) -> Acker {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(proposer, clock, rx, tx.clone()));
+        Acker { tx }
+    }
+
+    pub fn ack(&self, item: AckItem) {
+        let _ = self.tx.send(item);
+    }
+}
+
+async fn run(
+    proposer: Proposer,
+    clock: Clock,
+    mut rx: mpsc::UnboundedReceiver<AckItem>,
+    again: mpsc::UnboundedSender<AckItem>,
+) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut items = vec![first];
+        while items.len() < MAX_ACKS {
+            match rx.try_recv() {
+                Ok(next) => items.push(next),
+                Err(_) => break,
+            }
+        }
+        let (proposer, again) = (proposer.clone(), again.clone());
+        let now_ms = clock.now_ms();
+        tokio::spawn(async move {
+            propose(&proposer, now_ms, items, &again).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn propose(
+    proposer: &Proposer,
+    now_ms: i64,
+    items: Vec<AckItem>,
+    again: &mpsc::UnboundedSender<AckItem>,
+) {
+    let (mut leases, mut fallbacks, mut acks) = (Vec::new(), Vec::new(), Vec::new());
+    for item in items {
+        match item {
+            AckItem::One(key, attempt) => acks.push((key, attempt)),
+            AckItem::Lease { lease, deliveries } => {
+                leases.push(lease);
+                fallbacks.push(deliveries);
+            }
+        }
+    }
+    let cmd = Command::Acks {
+        now_ms,
+        leases,
+        acks,
+    };
+    match proposer.propose(cmd).await {
+        Ok(Response::Acked { leases, .. }) => {
+            for (whole, deliveries) in leases.into_iter().zip(fallbacks) {
+                if !whole {
+                    for (key, attempt) in deliveries {
+                        let _ = again.send(AckItem::One(key, attempt));
+                    }
+                }
+            }
+        }
+        Ok(other) => tracing::warn!(?other, "acks: unexpected response"),
+        // Not the leader any more, or no quorum: these acks are lost; their timers are
+        // delivered again after their deadline (at-least-once).
+        Err(e) => tracing::debug!(error = %e, "acks: proposal failed"),
+    }
+}
+
+/// How long a stream holds the acks of a lease it has not heard every ack of, before it sends
+/// them one by one (and no later than this before the lease's deadline).
+pub const HOLD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// What one stream has sent and heard back: acks of a lease are held until every delivery of
+/// it was acked (then one lease ack goes out) or until [`HOLD`] has passed (then they go one by
+/// one). Deliveries that did not come in a whole lease are acked one by one at once.
+pub struct StreamAcks {
+    namespace: String,
+    /// Id → (attempt, lease) of each delivery sent and not yet acked.
+    sent: std::collections::HashMap<String, (u32, Option<super::LeaseTag>)>,
+    held: std::collections::HashMap<LeaseRef, Held>,
+}
+
+struct Held {
+    deadline_ms: i64,
+    remaining: u32,
+    acked: Vec<(TimerKey, u32)>,
+    /// When the first ack was held; `None` while none is.
+    since: Option<std::time::Instant>,
+    /// A delivery of it was nacked, or its acks were sent one by one: no lease ack any more.
+    broken: bool,
+}
+
+impl StreamAcks {
+    pub fn new(namespace: &str) -> Self {
+        StreamAcks {
+            namespace: namespace.to_string(),
+            sent: Default::default(),
+            held: Default::default(),
+        }
+    }
+
+    /// A delivery went out on the stream.
+    pub fn sent(&mut self, d: &super::Delivery) {
+        if let Some(tag) = &d.lease {
+            self.held.entry(tag.lease.clone()).or_insert(Held {
+                deadline_ms: tag.deadline_ms,
+                remaining: tag.count,
+                acked: Vec::new(),
+                since: None,
+                broken: false,
+            });
+        }
+        self.sent
+            .insert(d.timer.key.id.clone(), (d.attempt, d.lease.clone()));
+    }
+
+    /// The consumer acked `(id, attempt)`: what to submit now.
+    pub fn acked(&mut self, id: &str, attempt: u32, now: std::time::Instant) -> Vec<AckItem> {
+        let key = TimerKey::new(self.namespace.clone(), id);
+        let lease = match self.sent.get(id) {
+            Some((a, Some(tag))) if *a == attempt => Some(tag.lease.clone()),
+            _ => None,
+        };
+        if self.sent.get(id).is_some_and(|(a, _)| *a == attempt) {
+            self.sent.remove(id);
+        }
+        let Some(held) = lease.as_ref().and_then(|l| self.held.get_mut(l)) else {
+            return vec![AckItem::One(key, attempt)];
+        };
+        if held.broken {
+            return vec![AckItem::One(key, attempt)];
+        }
+        held.acked.push((key, attempt));
+        held.since.get_or_insert(now);
+        held.remaining = held.remaining.saturating_sub(1);
+        if held.remaining > 0 {
+            return Vec::new();
+        }
+        let lease = lease.expect("held");
+        let held = self.held.remove(&lease).expect("held");
+        vec![AckItem::Lease {
+            lease,
+            deliveries: held.acked,
+        }]
+    }
+
+    /// The consumer nacked `(id, attempt)`: its lease cannot be acked whole any more, so what
+    /// is held of it goes one by one. (The caller proposes the nack itself.)
+    pub fn nacked(&mut self, id: &str, attempt: u32) -> Vec<AckItem> {
+        let lease = match self.sent.remove(id) {
+            Some((a, Some(tag))) if a == attempt => tag.lease,
+            _ => return Vec::new(),
+        };
+        match self.held.get_mut(&lease) {
+            Some(held) => release(held),
+            None => Vec::new(),
+        }
+    }
+
+    /// Held acks that waited [`HOLD`] (or whose lease's deadline is near): one by one now.
+    pub fn flush_due(&mut self, now: std::time::Instant, now_ms: i64) -> Vec<AckItem> {
+        let mut out = Vec::new();
+        self.held.retain(|_, held| {
+            let waited = held.since.is_some_and(|s| now.duration_since(s) >= HOLD);
+            let near_deadline = now_ms + HOLD.as_millis() as i64 >= held.deadline_ms;
+            if waited || (near_deadline && !held.acked.is_empty()) {
+                out.extend(release(held));
+            }
+            // A lease past its deadline will never be acked whole: forget it.
+            now_ms <= held.deadline_ms
+        });
+        out
+    }
+
+    /// Everything held, as single acks (the stream ended or moves to another leader).
+    pub fn drain(&mut self) -> Vec<(TimerKey, u32)> {
+        self.sent.clear();
+        let held = std::mem::take(&mut self.held);
+        held.into_values().flat_map(|h| h.acked).collect()
+    }
+}
+
+/// Sends what `held` holds one by one, and marks it broken.
+fn release(held: &mut Held) -> Vec<AckItem> {
+    held.broken = true;
+    held.since = None;
+    std::mem::take(&mut held.acked)
+        .into_iter()
+        .map(|(k, a)| AckItem::One(k, a))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{Delivery, LeaseTag};
+    use crate::timer::{Timer, TimerSpec, When};
+    use crate::wheel::Slot;
+    use std::time::{Duration, Instant};
+
+    fn delivery(id: &str, attempt: u32, lease: Option<&LeaseTag>) -> Delivery {
+        let spec = TimerSpec {
+            key: TimerKey::new("ns", id),
+            when: When::At(0),
+            payload: vec![],
+        };
+        Delivery {
+            timer: Timer::pending(spec, 0),
+            attempt,
+            lease: lease.cloned(),
+        }
+    }
+
+    fn tag(to: u64, count: u32) -> LeaseTag {
+        LeaseTag {
+            lease: LeaseRef {
+                namespace: "ns".into(),
+                to: Slot { bucket: to, seq: 0 },
+            },
+            count,
+            deadline_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn a_lease_acked_whole_is_one_item() {
+        let mut s = StreamAcks::new("ns");
+        let (t, now) = (tag(1, 2), Instant::now());
+        s.sent(&delivery("a", 1, Some(&t)));
+        s.sent(&delivery("b", 1, Some(&t)));
+        s.sent(&delivery("c", 3, None));
+        assert_eq!(
+            s.acked("a", 1, now),
+            vec![],
+            "held until the lease is whole"
+        );
+        assert_eq!(
+            s.acked("c", 3, now),
+            vec![AckItem::One(TimerKey::new("ns", "c"), 3)],
+            "not from a whole lease: at once"
+        );
+        let items = s.acked("b", 1, now);
+        assert_eq!(
+            items,
+            vec![AckItem::Lease {
+                lease: t.lease.clone(),
+                deliveries: vec![(TimerKey::new("ns", "a"), 1), (TimerKey::new("ns", "b"), 1)],
+            }]
+        );
+        assert!(s.drain().is_empty());
+    }
+
+    #[test]
+    fn held_acks_go_one_by_one_after_the_hold_or_a_nack() {
+        let mut s = StreamAcks::new("ns");
+        let (t, now) = (tag(1, 3), Instant::now());
+        for id in ["a", "b", "c"] {
+            s.sent(&delivery(id, 1, Some(&t)));
+        }
+        assert!(s.acked("a", 1, now).is_empty());
+        assert!(s.flush_due(now + Duration::from_millis(10), 0).is_empty());
+        let flushed = s.flush_due(now + HOLD, 0);
+        assert_eq!(flushed, vec![AckItem::One(TimerKey::new("ns", "a"), 1)]);
+        // Broken now: later acks of the lease go at once.
+        assert_eq!(
+            s.acked("b", 1, now),
+            vec![AckItem::One(TimerKey::new("ns", "b"), 1)]
+        );
+        // A stale attempt is passed on as it is (the state machine refuses it).
+        assert_eq!(
+            s.acked("c", 7, now),
+            vec![AckItem::One(TimerKey::new("ns", "c"), 7)]
+        );
+
+        let mut s = StreamAcks::new("ns");
+        let t = tag(2, 2);
+        s.sent(&delivery("x", 1, Some(&t)));
+        s.sent(&delivery("y", 1, Some(&t)));
+        assert!(s.acked("x", 1, now).is_empty());
+        assert_eq!(
+            s.nacked("y", 1),
+            vec![AckItem::One(TimerKey::new("ns", "x"), 1)],
+            "a nack releases the held acks of its lease"
+        );
+    }
+}

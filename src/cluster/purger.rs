@@ -1,0 +1,80 @@
+//! The purger: the leader's worker that deletes finished timers once their retention passed.
+//!
+//! When it runs: while this node leads, once a second. What it does: asks the store, per
+//! namespace, how far the leases from the purge floor have all settled a retention ago, and
+//! proposes `Purge { namespace, through }` for each such range (at most [`MAX_ROWS`] timers per
+//! entry, so one apply stays short). Apply checks the rule again; the purger only reads, so an
+//! idle cluster with nothing to purge writes nothing. Its awaits are cancel-safe: a proposal
+//! dropped when leadership moves may still commit, and a second purge of the same range finds
+//! nothing to do.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::driver::while_leader;
+use super::{Hold, NodeId, Raft};
+use crate::clock::Clock;
+use crate::storage::Store;
+use crate::timer::{Command, Response};
+
+/// How often the purger looks.
+const PERIOD: Duration = Duration::from_secs(1);
+/// Most timers one Purge entry deletes.
+pub const MAX_ROWS: u64 = 20_000;
+
+pub struct Purger {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub store: Store,
+    pub clock: Clock,
+    pub hold: Hold,
+}
+
+impl Purger {
+    /// Runs until `shutdown` turns true, purging while this node leads.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        while_leader(self.id, &self.raft, "purger", shutdown, || self.lead()).await;
+    }
+
+    async fn lead(&self) {
+        loop {
+            if let Err(e) = self.round().await {
+                tracing::warn!(error = %e, "purger: round failed");
+            }
+            tokio::time::sleep(PERIOD).await;
+        }
+    }
+
+    async fn round(&self) -> crate::Result<()> {
+        loop {
+            let now_ms = self.clock.now_ms();
+            let due = self.store.purgeable(now_ms, MAX_ROWS)?;
+            if due.is_empty() {
+                return Ok(());
+            }
+            for (namespace, through, _) in due {
+                self.hold.pass().await;
+                let cmd = Command::Purge {
+                    now_ms,
+                    namespace: namespace.clone(),
+                    through,
+                };
+                let reply = self
+                    .raft
+                    .client_write(cmd)
+                    .await
+                    .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
+                match reply.data {
+                    Response::Purged(0) => return Ok(()), // not allowed after all: next round
+                    Response::Purged(n) => tracing::debug!(namespace, n, "purged"),
+                    other => {
+                        return Err(crate::Error::Internal(format!(
+                            "unexpected Purge response {other:?}"
+                        )))
+                    }
+                }
+            }
+        }
+    }
+}

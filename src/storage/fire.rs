@@ -1,0 +1,216 @@
+//! Applying a Fire entry: the fire cursor passes every row due, expired leases give their
+//! unacked timers back, and subscribers with room get leases, all in one entry.
+//!
+//! Firing writes no timer. The cursor moves over the due rows of every namespace whose head
+//! (first row after the cursor) it reaches, in slot order across namespaces (a merge of one
+//! iterator per namespace), at most `max` rows per entry; a `Pending` row it passes has fired,
+//! with this entry's index as its fire index, recorded once for the whole range in `fires`.
+//! Apply reads each passed row's header (kind and fire time) to count PENDING per namespace and
+//! the lateness metric; that is all it reads.
+//!
+//! Order inside the entry, which keeps scans and writes apart: the cursor moves first; expired
+//! leases then move their unacked rows *after the new cursor* (retry or dead); grants last read
+//! rows between a namespace's delivery cursor and the fire cursor, which nothing in this entry
+//! wrote.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use rocksdb::{DBRawIterator, ReadOptions};
+
+use super::apply::Applier;
+use super::read::slot_of_key;
+use super::row::{header, materialize, Kind, Row, Settled};
+use super::{cf, codec, CF_DEADLINES, CF_FIRES};
+use crate::timer::{Grant, Response, Timer};
+use crate::wheel::{self, Slot};
+use crate::{Error, Result};
+
+impl Applier<'_> {
+    pub(super) fn fire(&mut self, now_ms: i64, max: u32, grants: Vec<Grant>) -> Result<Response> {
+        let max = max.max(1) as usize;
+        self.progress.cursor_ms = self.progress.cursor_ms.max(now_ms);
+        let (count, more_rows) = self.advance_cursor(now_ms, max)?;
+        let more_leases = self.expire_leases(now_ms, max)?;
+        let mut leases = Vec::with_capacity(grants.len());
+        for g in &grants {
+            leases.push(self.grant(now_ms, &g.namespace, g.room)?);
+        }
+        // Namespaces the cursor passed and nobody was granted: let the delivery cursor pass
+        // finished rows, so that they can be purged though nobody consumes the namespace.
+        for ns in self.visited.clone() {
+            if !grants.iter().any(|g| g.namespace == ns) {
+                self.grant(now_ms, &ns, 0)?;
+            }
+        }
+        Ok(Response::Fired {
+            count,
+            more: more_rows || more_leases,
+            leases,
+        })
+    }
+
+    /// Moves the cursor over the rows due at `now_ms`, at most `max`; returns how many timers
+    /// fired and whether due rows remain.
+    fn advance_cursor(&mut self, now_ms: i64, max: usize) -> Result<(u32, bool)> {
+        let old = self.progress.cursor;
+        let Some(bucket) = self.wheel.last_due_bucket(now_ms) else {
+            return Ok((0, false));
+        };
+        let end = Slot::end_of(bucket);
+        if end <= old {
+            return Ok((0, false));
+        }
+        let namespaces = self
+            .heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .due(end);
+        let reader = self.reader();
+        let mut iters: Vec<DBRawIterator> = namespaces
+            .iter()
+            .map(|ns| reader.rows_between(ns, old, end))
+            .collect();
+        let mut heap = BinaryHeap::new();
+        for (i, it) in iters.iter().enumerate() {
+            if let Some(k) = it.key() {
+                heap.push(Reverse((slot_of_key(k)?, i)));
+            }
+        }
+        let (mut scanned, mut fired) = (0, 0u32);
+        let mut pending_by_ns: BTreeMap<usize, i64> = BTreeMap::new();
+        let (mut last, mut more) = (old, false);
+        while let Some(Reverse((slot, i))) = heap.pop() {
+            if scanned == max {
+                more = true;
+                break;
+            }
+            let it = &mut iters[i];
+            let (kind, fire_at_ms) = header(it.value().expect("positioned"))?;
+            match kind {
+                Kind::Pending => {
+                    fired += 1;
+                    *pending_by_ns.entry(i).or_default() -= 1;
+                    self.events.fired(now_ms - fire_at_ms);
+                    self.made_ready = true;
+                }
+                Kind::Retry => self.made_ready = true,
+                _ => {}
+            }
+            scanned += 1;
+            last = slot;
+            it.next();
+            if let Some(k) = it.key() {
+                heap.push(Reverse((slot_of_key(k)?, i)));
+            }
+        }
+        for it in &iters {
+            it.status()?;
+        }
+        drop(iters);
+        drop(reader);
+        let new = if more { last } else { end };
+        for (i, delta) in pending_by_ns {
+            self.count_pending(&namespaces[i], delta)?;
+        }
+        self.progress.cursor = new;
+        self.batch.put_cf(
+            cf(self.db, CF_FIRES),
+            new.encode(),
+            codec::encode(&(self.index, now_ms)),
+        );
+        self.fired = Some((old, new, now_ms));
+        self.visited = namespaces;
+        Ok((fired, more))
+    }
+
+    /// Expires leases whose deadline is at or before `now_ms`, whole leases until about `max`
+    /// rows were moved; returns whether expired leases remain.
+    fn expire_leases(&mut self, now_ms: i64, max: usize) -> Result<bool> {
+        let mut opts = ReadOptions::default();
+        let bound = (now_ms.max(0) as u64).saturating_add(1).to_be_bytes();
+        opts.set_iterate_upper_bound(bound.to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(cf(self.db, CF_DEADLINES), opts);
+        iter.seek_to_first();
+        let mut due = Vec::new();
+        while let Some(k) = iter.key() {
+            let parsed = wheel::decode_deadline_key(k)
+                .ok_or_else(|| Error::Storage("corrupt deadline key".into()))?;
+            due.push(parsed);
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        let mut moved = 0;
+        for (i, (_, ns, to)) in due.iter().enumerate() {
+            if moved >= max {
+                return Ok(i < due.len());
+            }
+            moved += self.expire_lease(now_ms, ns, *to)?;
+        }
+        Ok(false)
+    }
+
+    /// The deadline of `namespace`'s lease ending at `to` passed: every row still in flight
+    /// under it is given back (retry or dead), and the lease is settled. Returns the rows moved.
+    fn expire_lease(&mut self, now_ms: i64, namespace: &str, to: Slot) -> Result<usize> {
+        let Some(mut lease) = self.lease(namespace, to)? else {
+            return Err(Error::Storage(format!(
+                "deadline of a lease {namespace}/{to} that does not exist"
+            )));
+        };
+        let deadline = wheel::deadline_key(lease.deadline_ms, namespace, to);
+        self.batch.delete_cf(cf(self.db, CF_DEADLINES), deadline);
+        if lease.settled.is_some() {
+            return Ok(0);
+        }
+        let mut in_flight = Vec::new();
+        let reader = self.reader();
+        let mut iter = reader.rows_between(namespace, lease.from, to);
+        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+            if header(v)?.0.deliverable() {
+                in_flight.push((slot_of_key(k)?, Row::decode(v)?));
+            }
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        drop(reader);
+        let moved = in_flight.len();
+        for (slot, row) in in_flight {
+            let mut t = self.view(namespace, slot, &row)?;
+            t.timeouts += 1;
+            self.give_back(namespace, slot, t, now_ms)?;
+        }
+        lease.settled = Some(Settled {
+            at_ms: now_ms,
+            acked: false,
+        });
+        self.put_lease(namespace, to, lease);
+        Ok(moved)
+    }
+
+    /// The latest delivery of `t` (in flight at `slot`) failed, by its deadline or a nack: the
+    /// timer is DEAD at the attempt limit, else delivered again after the backoff.
+    pub(super) fn give_back(
+        &mut self,
+        namespace: &str,
+        slot: Slot,
+        t: Timer,
+        now_ms: i64,
+    ) -> Result<()> {
+        let policy = self.policy(namespace)?;
+        let made = t.attempts - t.attempt_base;
+        if made >= policy.max_attempts {
+            let mut row = materialize(&t, Kind::Dead);
+            row.body.finished_at_ms = now_ms;
+            self.move_row(namespace, slot, row, now_ms)?;
+        } else {
+            let at = now_ms.saturating_add(policy.backoff_ms(made, t.fire_index) as i64);
+            let mut row = materialize(&t, Kind::Retry);
+            row.body.wake_at_ms = at;
+            self.move_row(namespace, slot, row, at)?;
+        }
+        Ok(())
+    }
+}

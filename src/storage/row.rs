@@ -1,0 +1,344 @@
+//! A row of the wheel: one timer as it was placed, and how its state is derived from the row
+//! and the replicated cursors.
+//!
+//! A row is written when a timer is created, moved (cancel, reschedule, a deadline passed, a
+//! nack, a redrive) or acked alone; nothing else writes it. What happened to it in between is
+//! read off the cursors: a `Pending` row behind the fire cursor has fired (its fire index and
+//! time are in the `fires` record that covers its slot), a fired row behind its namespace's
+//! delivery cursor is in the lease that covers its slot (in flight until the lease's deadline,
+//! or acked if the lease was acked whole). [`derive`] turns a row into the [`Timer`] a client
+//! sees; the state machine and the read side both use it, through [`Lookup`].
+//!
+//! Encoding: `kind: u8 | fire_at_ms: i64 BE | bincode body`. The fixed header lets a scan count
+//! fired timers and their lateness without decoding ids and payloads.
+
+use serde::{Deserialize, Serialize};
+
+use super::codec;
+use crate::timer::{Phase, Timer, TimerKey, TimerState, When};
+use crate::wheel::Slot;
+use crate::{Error, Result};
+
+/// What a row waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Scheduled (or redriven): fires when the cursor passes it; then delivered from it.
+    Pending = 0,
+    /// Fired and delivered `attempts` times without an ack: delivered again once the cursor
+    /// passes it (its slot is the redelivery time).
+    Retry = 1,
+    Acked = 2,
+    Cancelled = 3,
+    Dead = 4,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            0 => Kind::Pending,
+            1 => Kind::Retry,
+            2 => Kind::Acked,
+            3 => Kind::Cancelled,
+            4 => Kind::Dead,
+            _ => return None,
+        })
+    }
+
+    /// Whether a row of this kind is handed to consumers once the cursor has passed it.
+    pub fn deliverable(self) -> bool {
+        matches!(self, Kind::Pending | Kind::Retry)
+    }
+}
+
+/// One row: a timer as placed, with the history it carried when it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub kind: Kind,
+    pub fire_at_ms: i64,
+    pub body: Body,
+}
+
+/// Everything of a row but its header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Body {
+    pub id: String,
+    pub payload: Vec<u8>,
+    pub created_at_ms: i64,
+    pub scheduled_when: When,
+    /// Deliveries made (not counting one in flight under a lease).
+    pub attempts: u32,
+    pub attempt_base: u32,
+    /// Known once a row was rewritten after its fire (0 in a `Pending` row: see `fires`).
+    pub fired_at_ms: i64,
+    pub fire_index: u64,
+    pub last_delivered_at_ms: i64,
+    pub nacks: u32,
+    pub timeouts: u32,
+    pub redrives: u32,
+    pub finished_at_ms: i64,
+    /// A `Retry` row's redelivery time (its slot's bucket may be later: the cursor's).
+    pub wake_at_ms: i64,
+}
+
+impl Row {
+    pub fn encode(&self) -> Vec<u8> {
+        let body = codec::encode(&self.body);
+        let mut out = Vec::with_capacity(9 + body.len());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.fire_at_ms.to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Row> {
+        let (kind, fire_at_ms) = header(bytes)?;
+        Ok(Row {
+            kind,
+            fire_at_ms,
+            body: codec::decode(&bytes[9..])?,
+        })
+    }
+}
+
+/// A row's kind and fire time, without decoding the rest.
+pub fn header(bytes: &[u8]) -> Result<(Kind, i64)> {
+    let corrupt = || Error::Storage(format!("corrupt row of {} bytes", bytes.len()));
+    let (&kind, rest) = bytes.split_first().ok_or_else(corrupt)?;
+    let (at, _) = rest.split_first_chunk::<8>().ok_or_else(corrupt)?;
+    Ok((
+        Kind::from_u8(kind).ok_or_else(corrupt)?,
+        i64::from_be_bytes(*at),
+    ))
+}
+
+/// A lease: fired timers of one namespace handed out together, the deliverable rows of the
+/// slots `(from, to]` (the lease's key is its namespace and `to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub from: Slot,
+    pub delivered_at_ms: i64,
+    pub deadline_ms: i64,
+    /// Deliverable rows it took (each delivered as its `attempts + 1`).
+    pub count: u32,
+    /// Rows of any kind in its range (a purge deletes them).
+    pub rows: u32,
+    /// Once settled, its rows are finished or moved away; `acked`: every delivery was acked.
+    pub settled: Option<Settled>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settled {
+    pub at_ms: i64,
+    pub acked: bool,
+}
+
+/// What [`derive`] needs besides the row: the replicated cursors, the lease covering a slot,
+/// the fire record covering a slot and the namespace's retention. Implemented over the
+/// database (the read side) and over an entry being applied (which sees its own writes).
+pub trait Lookup {
+    fn cursor(&self) -> Slot;
+    fn delivered_to(&mut self, namespace: &str) -> Result<Slot>;
+    /// The lease of `namespace` whose range holds `slot`: its end and the lease.
+    fn lease_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>>;
+    /// The (fire index, fired_at) of the Fire entry that passed `slot`.
+    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)>;
+    fn retention_ms(&mut self, namespace: &str) -> Result<u64>;
+}
+
+/// The timer a client sees for the row of `namespace` at `slot`.
+pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> Result<Timer> {
+    let b = &row.body;
+    let mut t = Timer {
+        key: TimerKey::new(namespace, b.id.clone()),
+        fire_at_ms: row.fire_at_ms,
+        payload: b.payload.clone(),
+        state: TimerState::Fired,
+        attempts: b.attempts,
+        created_at_ms: b.created_at_ms,
+        fired_at_ms: b.fired_at_ms,
+        fire_index: b.fire_index,
+        finished_at_ms: b.finished_at_ms,
+        scheduled_when: b.scheduled_when,
+        phase: Phase::Ready,
+        wake_at_ms: 0,
+        attempt_base: b.attempt_base,
+        last_delivered_at_ms: b.last_delivered_at_ms,
+        nacks: b.nacks,
+        timeouts: b.timeouts,
+        redrives: b.redrives,
+    };
+    match row.kind {
+        Kind::Acked | Kind::Cancelled | Kind::Dead => {
+            t.state = match row.kind {
+                Kind::Acked => TimerState::Acked,
+                Kind::Cancelled => TimerState::Cancelled,
+                _ => TimerState::Dead,
+            };
+            let retention = lk.retention_ms(namespace)?;
+            t.wake_at_ms = t.finished_at_ms.saturating_add(retention as i64);
+        }
+        Kind::Pending if slot > lk.cursor() => {
+            t.state = TimerState::Pending;
+            t.wake_at_ms = row.fire_at_ms;
+        }
+        Kind::Retry if slot > lk.cursor() => {
+            t.phase = Phase::Backoff;
+            t.wake_at_ms = b.wake_at_ms;
+        }
+        Kind::Pending | Kind::Retry => {
+            if row.kind == Kind::Pending {
+                (t.fire_index, t.fired_at_ms) = lk.fire_at(slot)?;
+            }
+            if slot > lk.delivered_to(namespace)? {
+                return Ok(t); // READY
+            }
+            let Some((_, lease)) = lk.lease_at(namespace, slot)? else {
+                return Err(Error::Storage(format!(
+                    "row {namespace}/{} at {slot} is handed out but no lease holds it",
+                    b.id
+                )));
+            };
+            t.attempts += 1;
+            t.last_delivered_at_ms = lease.delivered_at_ms;
+            match lease.settled {
+                None => {
+                    t.phase = Phase::InFlight;
+                    t.wake_at_ms = lease.deadline_ms;
+                }
+                Some(Settled { at_ms, acked: true }) => {
+                    t.state = TimerState::Acked;
+                    t.finished_at_ms = at_ms;
+                    let retention = lk.retention_ms(namespace)?;
+                    t.wake_at_ms = at_ms.saturating_add(retention as i64);
+                }
+                Some(Settled { acked: false, .. }) => {
+                    return Err(Error::Storage(format!(
+                        "row {namespace}/{} at {slot} outlived its settled lease",
+                        b.id
+                    )))
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// The row of a timer as `t` shows it, ready to be written as `kind`: what the cursors and
+/// leases said of it becomes part of the row (it moves, or is acked alone).
+pub fn materialize(t: &Timer, kind: Kind) -> Row {
+    Row {
+        kind,
+        fire_at_ms: t.fire_at_ms,
+        body: Body {
+            id: t.key.id.clone(),
+            payload: t.payload.clone(),
+            created_at_ms: t.created_at_ms,
+            scheduled_when: t.scheduled_when,
+            attempts: t.attempts,
+            attempt_base: t.attempt_base,
+            fired_at_ms: t.fired_at_ms,
+            fire_index: t.fire_index,
+            last_delivered_at_ms: t.last_delivered_at_ms,
+            nacks: t.nacks,
+            timeouts: t.timeouts,
+            redrives: t.redrives,
+            finished_at_ms: t.finished_at_ms,
+            wake_at_ms: 0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(kind: Kind) -> Row {
+        Row {
+            kind,
+            fire_at_ms: 1_800_000_000_000,
+            body: Body {
+                id: "id-1".into(),
+                payload: b"payload".to_vec(),
+                created_at_ms: 7,
+                scheduled_when: When::After(50),
+                attempts: 2,
+                attempt_base: 1,
+                fired_at_ms: 9,
+                fire_index: 10,
+                last_delivered_at_ms: 11,
+                nacks: 1,
+                timeouts: 1,
+                redrives: 1,
+                finished_at_ms: 12,
+                wake_at_ms: 13,
+            },
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_and_headers_read_alone() {
+        for kind in [
+            Kind::Pending,
+            Kind::Retry,
+            Kind::Acked,
+            Kind::Cancelled,
+            Kind::Dead,
+        ] {
+            let r = row(kind);
+            let bytes = r.encode();
+            assert_eq!(Row::decode(&bytes).unwrap(), r);
+            assert_eq!(header(&bytes).unwrap(), (kind, r.fire_at_ms));
+        }
+        assert!(
+            header(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err(),
+            "unknown kind"
+        );
+        assert!(header(&[0, 1, 2]).is_err(), "truncated");
+        assert!(Row::decode(&row(Kind::Acked).encode()[..12]).is_err());
+    }
+
+    #[test]
+    fn materialize_keeps_the_history() {
+        let r = row(Kind::Retry);
+        struct NoLookup;
+        impl Lookup for NoLookup {
+            fn cursor(&self) -> Slot {
+                Slot::ZERO
+            }
+            fn delivered_to(&mut self, _: &str) -> Result<Slot> {
+                unreachable!()
+            }
+            fn lease_at(&mut self, _: &str, _: Slot) -> Result<Option<(Slot, Lease)>> {
+                unreachable!()
+            }
+            fn fire_at(&mut self, _: Slot) -> Result<(u64, i64)> {
+                unreachable!()
+            }
+            fn retention_ms(&mut self, _: &str) -> Result<u64> {
+                unreachable!()
+            }
+        }
+        // After the cursor: backing off, due at its redelivery time.
+        let t = derive("ns", Slot { bucket: 5, seq: 1 }, &r, &mut NoLookup).unwrap();
+        assert_eq!(
+            (t.state, t.phase, t.wake_at_ms),
+            (TimerState::Fired, Phase::Backoff, 13)
+        );
+        let back = materialize(&t, Kind::Retry);
+        assert_eq!(
+            back.body.wake_at_ms, 0,
+            "the caller sets a new redelivery time"
+        );
+        assert_eq!(
+            Row {
+                body: Body {
+                    wake_at_ms: 13,
+                    ..back.body
+                },
+                ..back
+            },
+            r
+        );
+    }
+}

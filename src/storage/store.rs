@@ -1,0 +1,482 @@
+//! The read side of the state machine, for the API and the leader's workers.
+//!
+//! Every question is answered from one RocksDB snapshot ([`Reader`]), because a timer's state
+//! is derived from several keys (its row, the fire cursor, its namespace's delivery cursor, the
+//! lease and the fire record covering it) that must come from one applied state. The heads
+//! (each namespace's first row after the cursor) are shared with the state machine, which
+//! keeps them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rocksdb::{Direction, IteratorMode, ReadOptions, DB};
+
+use super::gc::{self, IndexGc};
+use super::heads::Heads;
+use super::meta::{self, NsMeta};
+use super::read::{slot_of_key, Reader};
+use super::row::{derive, header, Lease, Lookup, Row};
+use super::{
+    cf, codec, decode, prefix_end, Fnv64, CF_DEADLINES, CF_INDEX, CF_META, CF_NAMESPACES,
+    CF_NSMETA, CF_WHEEL, SM_CFS,
+};
+use crate::namespace::{Namespace, Policy};
+use crate::timer::{Granted, Timer, TimerKey, TimerState};
+use crate::wheel::{self, Slot, Wheel};
+use crate::{Error, Result};
+
+/// What List filters on.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<TimerState>,
+    /// Inclusive lower bound on `fire_at_ms`; `None`: unbounded.
+    pub fire_from_ms: Option<i64>,
+    /// Exclusive upper bound on `fire_at_ms`; `None`: unbounded.
+    pub fire_to_ms: Option<i64>,
+}
+
+impl ListFilter {
+    fn matches(&self, t: &Timer) -> bool {
+        self.state.is_none_or(|s| s == t.state)
+            && self.fire_from_ms.is_none_or(|f| t.fire_at_ms >= f)
+            && self.fire_to_ms.is_none_or(|to| t.fire_at_ms < to)
+    }
+}
+
+/// A List request, validated: which namespace, what filter, where to resume, how many.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    pub namespace: String,
+    pub filter: ListFilter,
+    /// Resume after this id (from the previous page's `next_after`).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// One page of a List.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    pub timers: Vec<Timer>,
+    /// The id to continue after; `None` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// Most timers one List call examines, so a sparse filter over a huge namespace answers with a
+/// short page and a token instead of scanning for ever.
+const LIST_SCAN_BUDGET: usize = 100_000;
+
+/// Read access to the state machine.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<DB>,
+    wheel: Wheel,
+    /// Keys the state machine has written through this store since it was opened.
+    pub(super) keys_written: Arc<AtomicU64>,
+    /// FIRED → ACKED transitions the state machine applied since it was opened.
+    pub(super) acked: Arc<AtomicU64>,
+    /// Each namespace's first row after the fire cursor (kept by the state machine).
+    pub(super) heads: Arc<Mutex<Heads>>,
+    /// Which index entries compaction may drop; pinned while a digest reads.
+    pub(super) gc: Arc<IndexGc>,
+}
+
+/// The state machine seen through one snapshot, for deriving timers.
+struct Snap<'a> {
+    reader: Reader<'a>,
+    cursor: Slot,
+    nsmeta: HashMap<String, NsMeta>,
+    retention: HashMap<String, u64>,
+}
+
+impl<'a> Snap<'a> {
+    fn new(db: &'a DB) -> Result<Snap<'a>> {
+        let reader = Reader::snapshot(db);
+        let progress: meta::Progress = match reader.get(CF_META, meta::PROGRESS)? {
+            Some(v) => decode(&v)?,
+            None => Default::default(),
+        };
+        Ok(Snap {
+            reader,
+            cursor: progress.cursor,
+            nsmeta: HashMap::new(),
+            retention: HashMap::new(),
+        })
+    }
+
+    fn ns(&mut self, namespace: &str) -> Result<NsMeta> {
+        if let Some(m) = self.nsmeta.get(namespace) {
+            return Ok(*m);
+        }
+        let m = match self.reader.get(CF_NSMETA, namespace.as_bytes())? {
+            Some(v) => decode(&v)?,
+            None => NsMeta::default(),
+        };
+        self.nsmeta.insert(namespace.to_string(), m);
+        Ok(m)
+    }
+
+    fn row(&self, namespace: &str, slot: Slot) -> Result<Option<Row>> {
+        let raw = self
+            .reader
+            .get(CF_WHEEL, &wheel::slot_key(namespace, slot))?;
+        raw.map(|v| Row::decode(&v)).transpose()
+    }
+
+    fn timer(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
+        let Some(raw) = self.reader.get(CF_INDEX, &wheel::timer_key(key))? else {
+            return Ok(None);
+        };
+        let slot =
+            Slot::decode(&raw).ok_or_else(|| Error::Storage(format!("corrupt index of {key}")))?;
+        if !gc::live(slot, self.ns(&key.namespace)?.purged_to) {
+            return Ok(None); // purged
+        }
+        let row = self.row(&key.namespace, slot)?.ok_or_else(|| {
+            Error::Storage(format!("{key} is indexed at {slot} but no row is there"))
+        })?;
+        derive(&key.namespace, slot, &row, self).map(Some)
+    }
+}
+
+impl Lookup for Snap<'_> {
+    fn cursor(&self) -> Slot {
+        self.cursor
+    }
+    fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {
+        Ok(self.ns(namespace)?.delivered_to)
+    }
+    fn lease_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>> {
+        self.reader.lease_covering(namespace, slot)
+    }
+    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)> {
+        self.reader.fire_record(slot)
+    }
+    fn retention_ms(&mut self, namespace: &str) -> Result<u64> {
+        if let Some(r) = self.retention.get(namespace) {
+            return Ok(*r);
+        }
+        let policy: Policy = match self.reader.get(CF_NAMESPACES, namespace.as_bytes())? {
+            Some(v) => decode(&v)?,
+            None => Policy::default(),
+        };
+        self.retention
+            .insert(namespace.to_string(), policy.retention_ms);
+        Ok(policy.retention_ms)
+    }
+}
+
+impl Store {
+    /// The store of `db`, which was opened with `gc` (see [`super::open_db`]).
+    pub fn new(db: Arc<DB>, wheel: Wheel, gc: Arc<IndexGc>) -> Self {
+        Store {
+            db,
+            wheel,
+            keys_written: Arc::default(),
+            acked: Arc::default(),
+            heads: Arc::default(),
+            gc,
+        }
+    }
+
+    /// Keys (puts, deletes, range deletes) the state machine has written since the node
+    /// started: the cost of every timer in storage writes, which the benchmarks divide by the
+    /// timers that went through.
+    pub fn keys_written(&self) -> u64 {
+        self.keys_written.load(Ordering::Relaxed)
+    }
+
+    /// FIRED → ACKED transitions applied since the node started.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
+    pub fn db(&self) -> &Arc<DB> {
+        &self.db
+    }
+
+    pub fn wheel(&self) -> Wheel {
+        self.wheel
+    }
+
+    /// Reads every namespace's head again (the state machine opened or installed a snapshot).
+    pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
+        let heads = Heads::load(&self.db, cursor)?;
+        *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = heads;
+        Ok(())
+    }
+
+    /// The timer at `key`, if any.
+    pub fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
+        Snap::new(&self.db)?.timer(key)
+    }
+
+    /// One page of `q.namespace`'s timers matching its filter, in id order.
+    pub fn list(&self, q: &ListQuery) -> Result<Page> {
+        let (namespace, filter, limit) = (q.namespace.as_str(), &q.filter, q.limit);
+        let prefix = wheel::namespace_prefix(namespace);
+        let start = match q.after.as_deref() {
+            // The smallest key strictly after `after`: append a zero byte.
+            Some(id) => {
+                let mut k = wheel::timer_key(&TimerKey::new(namespace, id));
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut snap = Snap::new(&self.db)?;
+        // The ids first (one more than can be examined, to know whether a page follows),
+        // then their timers: deriving a timer reads the same snapshot.
+        let unfiltered =
+            filter.state.is_none() && filter.fire_from_ms.is_none() && filter.fire_to_ms.is_none();
+        let wanted = if unfiltered { limit } else { LIST_SCAN_BUDGET };
+        let mut iter = snap.reader.iter(CF_INDEX, start, Some(prefix_end(&prefix)));
+        let mut keys = Vec::new();
+        while let Some(k) = iter.key() {
+            if keys.len() > wanted {
+                break;
+            }
+            keys.push(k.to_vec());
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        let mut page = Page::default();
+        let mut last_id = None;
+        for (scanned, k) in keys.into_iter().enumerate() {
+            if scanned >= LIST_SCAN_BUDGET || page.timers.len() >= limit {
+                page.next_after = last_id;
+                return Ok(page);
+            }
+            let key = wheel::decode_timer_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt index key".into()))?;
+            last_id = Some(key.id.clone());
+            let Some(timer) = snap.timer(&key)? else {
+                continue; // purged: its index entry waits for compaction
+            };
+            if filter.matches(&timer) {
+                page.timers.push(timer);
+            }
+        }
+        Ok(page)
+    }
+
+    /// The timers a lease handed out, still in flight under it (each with its attempt in
+    /// `attempts`), in slot order.
+    pub fn leased(&self, g: &Granted) -> Result<Vec<Timer>> {
+        let mut snap = Snap::new(&self.db)?;
+        let mut rows = Vec::new();
+        let mut iter = snap.reader.rows_between(&g.namespace, g.from, g.to);
+        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+            if header(v)?.0.deliverable() {
+                rows.push((slot_of_key(k)?, Row::decode(v)?));
+            }
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        let mut out = Vec::with_capacity(rows.len());
+        for (slot, row) in rows {
+            let t = derive(&g.namespace, slot, &row, &mut snap)?;
+            if t.phase == crate::timer::Phase::InFlight {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether `namespace` has a fired timer waiting for a consumer (READY).
+    pub fn has_ready(&self, namespace: &str) -> Result<bool> {
+        let mut snap = Snap::new(&self.db)?;
+        let from = snap.ns(namespace)?.delivered_to;
+        if from >= snap.cursor {
+            return Ok(false);
+        }
+        let mut iter = snap.reader.rows_between(namespace, from, snap.cursor);
+        while let Some(v) = iter.value() {
+            if header(v)?.0.deliverable() {
+                return Ok(true);
+            }
+            iter.next();
+        }
+        iter.status()?;
+        Ok(false)
+    }
+
+    /// When the fire driver must next propose a Fire: the earliest bucket a row waits in after
+    /// the cursor, or the earliest lease deadline; `None` when nothing waits.
+    pub fn next_due(&self) -> Result<Option<i64>> {
+        let head = self
+            .heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first()
+            .map(|slot| self.wheel.due_ms(slot.bucket));
+        let reader = Reader::live(&self.db);
+        let iter = reader.iter(CF_DEADLINES, Vec::new(), None);
+        iter.status()?;
+        let deadline = match iter.key() {
+            Some(k) => Some(
+                wheel::decode_deadline_key(k)
+                    .ok_or_else(|| Error::Storage("corrupt deadline key".into()))?
+                    .0,
+            ),
+            None => None,
+        };
+        Ok([head, deadline].into_iter().flatten().min())
+    }
+
+    /// Per namespace with timers: how far a purge may go now (`through`, rows), for the
+    /// leader's purger.
+    pub fn purgeable(&self, now_ms: i64, max_rows: u64) -> Result<Vec<(String, Slot, u64)>> {
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(cf(&self.db, CF_NSMETA), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let ns = String::from_utf8(k.to_vec())
+                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            let m: NsMeta = decode(&v)?;
+            if m.purged_to >= m.delivered_to {
+                continue;
+            }
+            let retention = self.namespace(&ns)?.policy.retention_ms;
+            let found = super::purge::purgeable_through(
+                &self.db,
+                &ns,
+                m.purged_to,
+                retention,
+                now_ms,
+                max_rows,
+            )?;
+            if let Some((through, rows)) = found {
+                out.push((ns, through, rows));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A namespace's policy: its own if configured, the default otherwise.
+    pub fn namespace(&self, name: &str) -> Result<Namespace> {
+        let raw = self
+            .db
+            .get_cf(cf(&self.db, CF_NAMESPACES), name.as_bytes())?;
+        Ok(match raw {
+            Some(v) => Namespace {
+                name: name.into(),
+                policy: decode(&v)?,
+                configured: true,
+            },
+            None => Namespace {
+                name: name.into(),
+                policy: Policy::default(),
+                configured: false,
+            },
+        })
+    }
+
+    /// Up to `limit` configured namespaces in name order, after `after`.
+    pub fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
+        let start = after.map_or_else(Vec::new, |a| [a.as_bytes(), &[0]].concat());
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_NAMESPACES),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut out = Vec::new();
+        for item in iter.take(limit) {
+            let (k, v) = item?;
+            let name = String::from_utf8(k.to_vec())
+                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            out.push(Namespace {
+                name,
+                policy: decode(&v)?,
+                configured: true,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The replicated counters and cursors as last applied.
+    pub fn meta(&self) -> Result<meta::SmMeta> {
+        meta::SmMeta::load(&self.db)
+    }
+
+    /// PENDING timers per namespace (every namespace that ever had one).
+    pub fn pending_by_namespace(&self) -> Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(cf(&self.db, CF_NSMETA), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let ns = String::from_utf8_lossy(&k).into_owned();
+            let m: NsMeta = decode(&v)?;
+            out.push((ns, m.pending));
+        }
+        Ok(out)
+    }
+
+    /// Bytes the Raft log takes on disk and in memtables (RocksDB's estimate).
+    pub fn log_bytes(&self) -> u64 {
+        let log = cf(&self.db, super::CF_LOG);
+        [
+            "rocksdb.total-sst-files-size",
+            "rocksdb.size-all-mem-tables",
+        ]
+        .iter()
+        .filter_map(|p| self.db.property_int_value_cf(log, *p).ok().flatten())
+        .sum()
+    }
+
+    /// A digest of the whole state machine and the applied index it describes, read from one
+    /// consistent RocksDB snapshot. Equal applied index ⇒ equal digest on every correct replica.
+    pub fn digest(&self) -> Result<(u64, u64)> {
+        let _pin = self.gc.pin();
+        let snap = self.db.snapshot();
+        let mut floors = floors_of(&self.db, &snap);
+        let mut h = Fnv64::new();
+        for name in SM_CFS {
+            h.write(name.as_bytes());
+            let mut opts = ReadOptions::default();
+            opts.set_snapshot(&snap);
+            let iter = self
+                .db
+                .iterator_cf_opt(cf(&self.db, name), opts, IteratorMode::Start);
+            for item in iter {
+                let (k, v) = item?;
+                if name == CF_INDEX && !gc::live_row(&k, &v, &mut floors)? {
+                    continue; // purged: logically gone, physically maybe not yet
+                }
+                h.write(&(k.len() as u64).to_be_bytes());
+                h.write(&k);
+                h.write(&(v.len() as u64).to_be_bytes());
+                h.write(&v);
+            }
+        }
+        let applied = match snap.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)? {
+            Some(v) => codec::decode::<Option<openraft::LogId<u64>>>(&v)?.map_or(0, |l| l.index),
+            None => 0,
+        };
+        Ok((applied, h.finish()))
+    }
+}
+
+/// Each namespace's purge floor as `snap` has it, read on demand.
+pub(super) fn floors_of<'a>(
+    db: &'a DB,
+    snap: &'a rocksdb::Snapshot<'a>,
+) -> impl FnMut(&str) -> Result<Slot> + 'a {
+    let mut cache: HashMap<String, Slot> = HashMap::new();
+    move |ns: &str| {
+        if let Some(f) = cache.get(ns) {
+            return Ok(*f);
+        }
+        let floor = match snap.get_cf(cf(db, CF_NSMETA), ns.as_bytes())? {
+            Some(v) => decode::<NsMeta>(&v)?.purged_to,
+            None => Slot::ZERO,
+        };
+        cache.insert(ns.to_string(), floor);
+        Ok(floor)
+    }
+}

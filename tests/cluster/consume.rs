@@ -1,0 +1,157 @@
+//! Consume on real clusters: acks on the delivery stream, through a follower, across a leader
+//! kill; and bad stream messages refused with a clear status.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use timerdb::api::pb;
+use tonic::Code;
+
+use crate::consumer::Consumer;
+use crate::delivery::{ids, put_policy, schedule_many, wait_count};
+use crate::harness::*;
+
+const NS: &str = "consume";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_acks_through_a_follower_ack_every_timer_across_a_leader_kill() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let follower = c.follower().await;
+    let policy = pb::NamespacePolicy {
+        ack_timeout_ms: 2_000,
+        max_attempts: 20,
+        backoff_min_ms: 100,
+        backoff_jitter_percent: Some(0),
+        ..Default::default()
+    };
+    put_policy(&c, follower, NS, policy).await;
+
+    // Phase 1: one consumer on a follower acks on its stream; 2,000 timers fall due over 3 s.
+    let n = 2_000;
+    let consumer = Consumer::start_consume(&c, follower, NS, 100).await;
+    schedule_many(&c, follower, NS, &ids("s", n), now_ms() + 300, 1).await;
+
+    // Phase 2: the leader is killed while deliveries and acks flow.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let before = consumer.seen().len();
+    c.stop(leader).await;
+    assert!(
+        before > 0 && before < n,
+        "the kill was not during delivery: {before} delivered"
+    );
+
+    // Phase 3: every timer ends ACKED, each delivered at least once, none early, each firing
+    // with one fire index whatever stream or attempt it came on.
+    let acked = wait_count(
+        &c,
+        follower,
+        NS,
+        pb::TimerState::Acked,
+        n,
+        Duration::from_secs(60),
+    )
+    .await;
+    let seen = consumer.seen();
+    let delivered: HashSet<&str> = seen.iter().map(|s| s.id.as_str()).collect();
+    for t in &acked {
+        assert!(
+            delivered.contains(t.id.as_str()),
+            "{} ACKED, never delivered",
+            t.id
+        );
+        assert!(t.attempts >= 1);
+        for s in seen.iter().filter(|s| s.id == t.id) {
+            assert_eq!(s.fire_index, t.fire_index, "{} fired twice", t.id);
+            assert!(s.received_ms >= t.fire_at_ms, "{} delivered early", t.id);
+        }
+    }
+    let again = seen.len() - delivered.len();
+    eprintln!("stream acks across a leader kill: {before} delivered before the kill, {again} deliveries again after it");
+
+    // Phase 4: the old leader rejoins; every replica holds the same state.
+    c.restart(leader).await;
+    c.converged().await;
+    consumer.stop();
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_consume_messages_are_refused_with_a_clear_status() {
+    let c = TestCluster::start(1).await;
+    let mut client = c.client(1).await;
+    let open = |msgs: Vec<pb::ConsumeRequest>| {
+        let mut client = client.clone();
+        async move { client.consume(tokio_stream::iter(msgs)).await }
+    };
+    let sub = || pb::SubscribeRequest {
+        namespace: NS.into(),
+        consumer: "bad".into(),
+        max_in_flight: 0,
+    };
+    let acks = |id: &str, attempt| pb::ConsumeRequest {
+        subscribe: None,
+        acks: vec![pb::DeliveryAck {
+            id: id.into(),
+            attempt,
+            nack: false,
+        }],
+    };
+
+    // No subscribe in the first message (or no message at all): refused before streaming.
+    let err = open(vec![acks("a", 1)]).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("first Consume message"), "{err}");
+    let err = open(Vec::new()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // A bad ack later ends the stream with INVALID_ARGUMENT naming it; so does a second
+    // subscribe.
+    for (bad, words) in [
+        (acks("a", 0), "attempt must be at least 1"),
+        (acks("", 1), "id"),
+        (
+            pb::ConsumeRequest {
+                subscribe: Some(sub()),
+                acks: Vec::new(),
+            },
+            "only the first",
+        ),
+    ] {
+        let first = pb::ConsumeRequest {
+            subscribe: Some(sub()),
+            acks: Vec::new(),
+        };
+        let mut stream = open(vec![first, bad]).await.unwrap().into_inner();
+        let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("the stream was not ended");
+        let status = end.expect_err("a bad message must end the stream");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+        assert!(status.message().contains(words), "{status}");
+    }
+    // An ack of a delivery that does not exist is harmless: the stream goes on.
+    let first = pb::ConsumeRequest {
+        subscribe: Some(sub()),
+        acks: vec![pb::DeliveryAck {
+            id: "never-delivered".into(),
+            attempt: 3,
+            nack: false,
+        }],
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(first).unwrap();
+    let mut stream = client
+        .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    schedule_many(&c, 1, NS, &ids("ok", 1), now_ms(), 1).await;
+    let d = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("no delivery")
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.timer.unwrap().id, "ok0000");
+    c.shutdown().await;
+}
