@@ -1,6 +1,9 @@
-//! Consumers for the fire workloads: Subscribe streams that record when each timer arrived
-//! (lateness = receive time − fire_at, on the machine's one clock) and ack every delivery.
-//! A consumer whose stream breaks subscribes again through the next node of its list.
+//! Consumers for the fire workloads: delivery streams that record when each timer arrived
+//! (lateness = receive time − fire_at, on the machine's one clock) and ack every delivery,
+//! either with AckBatch calls (`batch`: answered, so each ack is known to have applied) or on
+//! the stream itself (`stream`: Consume; not answered, so the workload then waits until the
+//! cluster has applied as many acks, read from `Cluster.Status`). A consumer whose stream
+//! breaks subscribes again through the next node of its list.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,11 +29,23 @@ pub struct Seen {
     pub acked_us: i64,
 }
 
+/// How the consumers ack.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AckWith {
+    /// AckBatch calls of whatever has queued up.
+    Batch,
+    /// Acks on the Consume stream, several per message.
+    Stream,
+}
+
 #[derive(Default)]
 pub struct Log {
     pub seen: HashMap<String, Seen>,
     pub deliveries: u64,
+    /// Acks answered OK (batch) or sent (stream).
     pub acked: u64,
+    /// When the cluster had applied every stream ack (stream only; 0 before).
+    pub confirmed_us: i64,
     pub ack_errors: u64,
     pub first_ack_error: Option<String>,
 }
@@ -52,7 +67,8 @@ impl Log {
     }
 
     pub fn last_ack_us(&self) -> i64 {
-        self.seen.values().map(|s| s.acked_us).max().unwrap_or(0)
+        let last = self.seen.values().map(|s| s.acked_us).max().unwrap_or(0);
+        last.max(self.confirmed_us)
     }
 
     pub fn last_recv_us(&self) -> i64 {
@@ -68,13 +84,22 @@ pub type Shared = Arc<Mutex<Log>>;
 
 pub struct Consumers {
     pub log: Shared,
+    pub with: AckWith,
+    /// Acks the cluster had applied before (most of any node), for stream acks.
+    baseline: u64,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Consumers {
     /// One consumer per entry of `homes`; consumer i subscribes through `homes[i]` first.
-    pub fn start(target: &Target, ns: &str, homes: &[u64]) -> anyhow::Result<Consumers> {
+    pub async fn start(
+        target: &Target,
+        ns: &str,
+        homes: &[u64],
+        with: AckWith,
+    ) -> anyhow::Result<Consumers> {
+        let baseline = applied_acks(target).await;
         let log = Shared::default();
         let (stop, rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -91,9 +116,38 @@ impl Consumers {
                 clients,
                 log: log.clone(),
             };
-            tasks.push(tokio::spawn(c.run(rx.clone())));
+            tasks.push(match with {
+                AckWith::Batch => tokio::spawn(c.run(rx.clone())),
+                AckWith::Stream => tokio::spawn(c.run_stream(rx.clone())),
+            });
         }
-        Ok(Consumers { log, stop, tasks })
+        Ok(Consumers {
+            log,
+            with,
+            baseline,
+            stop,
+            tasks,
+        })
+    }
+
+    /// With stream acks: waits until the cluster has applied `count` acks since the consumers
+    /// started and notes when; false if `within` passes first. With AckBatch: true at once
+    /// (every counted ack was answered).
+    pub async fn confirm(&self, target: &Target, count: u64, within: Duration) -> bool {
+        if self.with == AckWith::Batch {
+            return true;
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if applied_acks(target).await.saturating_sub(self.baseline) >= count {
+                self.log.lock().expect("log lock").confirmed_us = now_us();
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub fn acked(&self) -> u64 {
@@ -157,6 +211,73 @@ impl Consumer {
         }
         drop(ack_tx);
         let _ = acker.await;
+    }
+
+    /// Like `run`, with acks sent on the stream: a sender task puts every ack queued since its
+    /// last message into one message, as a consumer acking as it goes would.
+    async fn run_stream(self, mut stop: watch::Receiver<bool>) {
+        let mut turn = 0;
+        while !*stop.borrow() {
+            let mut client = self.clients[turn % self.clients.len()].clone();
+            turn += 1;
+            let (msgs, msgs_rx) = mpsc::unbounded_channel();
+            let _ = msgs.send(pb::ConsumeRequest {
+                subscribe: Some(pb::SubscribeRequest {
+                    namespace: self.ns.clone(),
+                    consumer: self.name.clone(),
+                    max_in_flight: MAX_IN_FLIGHT,
+                }),
+                acks: Vec::new(),
+            });
+            let (acks, mut acks_rx) = mpsc::unbounded_channel::<pb::DeliveryAck>();
+            let sender = tokio::spawn(async move {
+                while let Some(first) = acks_rx.recv().await {
+                    let mut batch = vec![first];
+                    while let Ok(next) = acks_rx.try_recv() {
+                        batch.push(next);
+                    }
+                    let msg = pb::ConsumeRequest {
+                        subscribe: None,
+                        acks: batch,
+                    };
+                    if msgs.send(msg).is_err() {
+                        return;
+                    }
+                }
+            });
+            let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(msgs_rx);
+            let opened = tokio::select! {
+                r = client.consume(outbound) => r,
+                _ = stop.changed() => break,
+            };
+            if let Ok(stream) = opened {
+                let mut stream = stream.into_inner();
+                loop {
+                    let msg = tokio::select! {
+                        m = stream.message() => m,
+                        _ = stop.changed() => break,
+                    };
+                    let Ok(Some(d)) = msg else { break };
+                    let t = d.timer.unwrap_or_default();
+                    self.record(&t);
+                    let _ = acks.send(pb::DeliveryAck {
+                        id: t.id.clone(),
+                        attempt: d.attempt,
+                        nack: false,
+                    });
+                    let mut log = self.log.lock().expect("log lock");
+                    if let Some(s) = log.seen.get_mut(&t.id).filter(|s| s.acked_us == 0) {
+                        s.acked_us = now_us();
+                        log.acked += 1;
+                    }
+                }
+            }
+            drop(acks);
+            let _ = sender.await;
+            if !*stop.borrow() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     fn record(&self, t: &pb::Timer) {
@@ -278,4 +399,15 @@ pub async fn wait_acked(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The most FIRED → ACKED transitions any node reports having applied since it started.
+async fn applied_acks(target: &Target) -> u64 {
+    let mut most = 0;
+    for id in target.addrs.keys() {
+        if let Some(s) = target.status(*id).await {
+            most = most.max(s.timers_acked);
+        }
+    }
+    most
 }

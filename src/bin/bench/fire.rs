@@ -31,11 +31,18 @@ pub async fn fire(
 ) -> anyhow::Result<()> {
     let leader = target.wait_leader(Duration::from_secs(10)).await?;
     let ns = format!("fire-{}", now_ms());
-    let consumers = Consumers::start(target, &ns, &vec![leader; opts.consumers])?;
+    let consumers = Consumers::start(
+        target,
+        &ns,
+        &vec![leader; opts.consumers],
+        opts.consumer_ack,
+    )
+    .await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (count, late_sends) = produce(target, opts, &ns, leader, rate).await?;
     let bar = crate::progress::counted(&format!("fire {rate}/s: acks"), count);
     let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
+    let all = all && consumers.confirm(target, count, drain_time(count)).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     let log = log.lock().expect("log lock");
@@ -114,7 +121,13 @@ pub async fn burst(
 ) -> anyhow::Result<()> {
     let leader = target.wait_leader(Duration::from_secs(10)).await?;
     let ns = format!("burst-{}", now_ms());
-    let consumers = Consumers::start(target, &ns, &vec![leader; opts.consumers])?;
+    let consumers = Consumers::start(
+        target,
+        &ns,
+        &vec![leader; opts.consumers],
+        opts.consumer_ack,
+    )
+    .await?;
     // Loading must end before the burst is due; allow for a slow loader.
     let lead_ms = 5_000 + (count / 50) as i64;
     let due_ms = now_ms() + lead_ms;
@@ -133,6 +146,7 @@ pub async fn burst(
     }
     let bar = crate::progress::counted("burst: acks", count);
     let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
+    let all = all && consumers.confirm(target, count, drain_time(count)).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     if !all {
@@ -167,7 +181,8 @@ pub async fn failover(
     // Deliveries the killed leader committed but never sent come again after the ack timeout;
     // a short one keeps the wait for them short (the gap is measured on first receipts).
     short_ack_timeout(target, leader, &ns).await?;
-    let consumers = Consumers::start(target, &ns, &target.followers(leader))?;
+    let consumers =
+        Consumers::start(target, &ns, &target.followers(leader), opts.consumer_ack).await?;
     let window_ms = opts.window.as_millis() as i64;
     let count = rate * opts.window.as_secs();
     let start_ms = now_ms() + 3_000 + (count / 20) as i64;
@@ -180,6 +195,7 @@ pub async fn failover(
     target.procs("failover")?.kill(leader);
     let bar = crate::progress::counted("failover: acks", count);
     let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
+    let all = all && consumers.confirm(target, count, drain_time(count)).await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     target.procs("failover")?.restart(leader, 0)?;

@@ -59,7 +59,9 @@ pub async fn keys(
             policy: Some(policy),
         })
         .await?;
-    let consumers = crate::consume::Consumers::start(target, &ns, &vec![leader; opts.consumers])?;
+    let homes = vec![leader; opts.consumers];
+    let consumers =
+        crate::consume::Consumers::start(target, &ns, &homes, opts.consumer_ack).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = keys_written(target).await?;
     let due_ms = now_ms() + 3_000 + (count / 50) as i64;
@@ -80,6 +82,10 @@ pub async fn keys(
         &bar,
     )
     .await;
+    let all = all
+        && consumers
+            .confirm(target, count, Duration::from_secs(60))
+            .await;
     bar.finish_and_clear();
     let log = consumers.stop().await;
     anyhow::ensure!(
@@ -133,11 +139,40 @@ async fn wait_empty(
     Ok(false)
 }
 
+/// Waits until `ns` holds no timer still waiting for an ack (every one ACKED).
+async fn wait_acked_state(
+    target: &Target,
+    leader: u64,
+    ns: &str,
+    within: Duration,
+) -> anyhow::Result<bool> {
+    let mut client = target.timers(leader, 1)?.remove(0);
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        let req = pb::ListRequest {
+            namespace: ns.into(),
+            state: pb::TimerState::Fired as i32,
+            limit: 1,
+            ..Default::default()
+        };
+        if let Ok(page) = client.list(req).await {
+            let page = page.into_inner();
+            if page.timers.is_empty() && page.next_page_token.is_empty() {
+                return Ok(true);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
 /// How the naive consumer acks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AckMode {
     /// A unary Ack call per delivery, awaited before the next delivery is read.
     Unary,
+    /// An ack sent on the Consume stream, not awaited.
+    Stream,
 }
 
 pub async fn naive(
@@ -163,6 +198,11 @@ pub async fn naive(
         .await
         .map_err(|_| anyhow::anyhow!("the naive consumer did not finish within {within:?}"))??;
     let seen = seen?;
+    if mode == AckMode::Stream {
+        // Sent, not answered: wait until the cluster has applied them all.
+        let acked = wait_acked_state(target, leader, &ns, Duration::from_secs(60)).await?;
+        anyhow::ensure!(acked, "not every stream ack was applied within 60 s");
+    }
     let mut late = histogram();
     let mut early = 0;
     let (mut first_due, mut last_ack) = (i64::MAX, 0);
@@ -217,6 +257,32 @@ async fn consume(
                         attempt: d.attempt,
                     };
                     client.ack(ack).await?;
+                    note(&mut seen, t, recv_us);
+                    if seen.len() as u64 >= total {
+                        break;
+                    }
+                }
+            }
+            AckMode::Stream => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let _ = tx.send(pb::ConsumeRequest {
+                    subscribe: Some(sub),
+                    acks: Vec::new(),
+                });
+                let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+                let mut stream = client.consume(outbound).await?.into_inner();
+                while let Ok(Some(d)) = stream.message().await {
+                    let t = d.timer.unwrap_or_default();
+                    let recv_us = now_us();
+                    let ack = pb::DeliveryAck {
+                        id: t.id.clone(),
+                        attempt: d.attempt,
+                        nack: false,
+                    };
+                    let _ = tx.send(pb::ConsumeRequest {
+                        subscribe: None,
+                        acks: vec![ack],
+                    });
                     note(&mut seen, t, recv_us);
                     if seen.len() as u64 >= total {
                         break;

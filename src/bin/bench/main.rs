@@ -91,6 +91,10 @@ struct Args {
     /// Timers due per second for the naive consumer, one configuration each.
     #[arg(long, value_delimiter = ',', default_value = "500,5000")]
     naive_rates: Vec<u64>,
+    /// How the fire, burst, failover and keys consumers ack: on the stream (Consume; needs a
+    /// build that has it) or with AckBatch calls.
+    #[arg(long, value_enum, default_value = "stream")]
+    consumer_ack: consume::AckWith,
     /// How the naive consumer acks each delivery.
     #[arg(long, value_enum, default_value = "unary")]
     naive_ack: life::AckMode,
@@ -128,6 +132,7 @@ pub struct Opts {
     pub payload_bytes: usize,
     pub load_batch: usize,
     pub naive_ack: life::AckMode,
+    pub consumer_ack: consume::AckWith,
 }
 
 #[tokio::main]
@@ -160,6 +165,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         payload_bytes: args.payload_bytes,
         load_batch: args.load_batch,
         naive_ack: args.naive_ack,
+        consumer_ack: args.consumer_ack,
     };
     let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     let base = args.dir.clone().unwrap_or_else(|| {
