@@ -17,6 +17,12 @@
 //! relayed to the leader's stream. Acks that arrive while the stream is between leaders are
 //! carried to the next one.
 //!
+//! A Consume client finishes by ending its side of the stream (half-close): the leader stops
+//! handing it deliveries, applies every ack it received (waiting for the ack coalescer), and
+//! then ends the stream with OK, so a consumer that read to the end knows its acks took effect.
+//! A relaying follower passes the half-close on and ends the client's stream when the leader's
+//! ends.
+//!
 //! A forwarded stream whose node stops leading ends with UNAVAILABLE, so the follower that
 //! relays it re-subscribes at the new leader. The task ends when the client goes away or the
 //! node shuts down.
@@ -130,6 +136,7 @@ pub fn start(
         tx,
         acks,
         carried: Vec::new(),
+        half_closed: false,
     };
     tokio::spawn(stream.run());
     Ok(Box::pin(ReceiverStream::new(rx)))
@@ -160,6 +167,8 @@ struct Pump {
     acks: Option<Inbound>,
     /// Acks received but not yet taken by a leader, for the next leg.
     carried: Vec<StreamAck>,
+    /// The client ended its side of a Consume stream: finish once its acks are applied.
+    half_closed: bool,
 }
 
 impl Pump {
@@ -194,19 +203,19 @@ impl Pump {
         }
     }
 
-    /// The next acks from the client; pends for ever on a Subscribe or once the client has
-    /// stopped sending. `Err` ends the stream (a bad message).
-    async fn next_acks(&mut self) -> Result<Vec<StreamAck>, Status> {
+    /// The next acks from the client: `None` once a Consume client has ended its side (at
+    /// once on later calls); pends for ever on a Subscribe. `Err` ends the stream (a bad
+    /// message).
+    async fn next_acks(&mut self) -> Option<Result<Vec<StreamAck>, Status>> {
+        if self.half_closed {
+            return None;
+        }
         let Some(rx) = self.acks.as_mut() else {
             return std::future::pending().await;
         };
-        match rx.recv().await {
-            Some(r) => r,
-            None => {
-                self.acks = None; // half-closed: deliveries go on
-                std::future::pending().await
-            }
-        }
+        let next = rx.recv().await;
+        self.half_closed = next.is_none();
+        next
     }
 
     fn carry(&mut self, acks: impl IntoIterator<Item = StreamAck>) {
@@ -242,11 +251,12 @@ impl Pump {
                     None => break End::Moved,
                 },
                 acks = self.next_acks() => match acks {
-                    Ok(acks) => take_acks(node, &ns, &mut tracker, acks),
-                    Err(status) => {
+                    Some(Ok(acks)) => take_acks(node, &ns, &mut tracker, acks),
+                    Some(Err(status)) => {
                         let _ = tx.send(Err(status)).await;
                         break End::Done;
                     }
+                    None => break End::Done, // half-closed: finish below
                 },
                 _ = flush.tick() => {
                     let now_ms = node.config.clock.now_ms();
@@ -268,8 +278,15 @@ impl Pump {
                 _ = stopping(shutdown) => break End::Done,
             }
         };
+        drop(sub); // no more deliveries for this stream
         for (key, attempt) in tracker.drain() {
             node.acker.ack(AckItem::One(key, attempt));
+        }
+        if self.half_closed && !node.acker.applied().await {
+            let msg = "leadership moved while the acks of this stream were being applied; \
+                       some may not have been (their deliveries come again after their ack \
+                       timeout)";
+            let _ = tx.send(Err(Status::unavailable(msg))).await;
         }
         end
     }
@@ -280,13 +297,16 @@ impl Pump {
             return End::Moved;
         };
         let mut client = forward::timers(channel);
-        let (up, up_rx) = mpsc::unbounded_channel();
+        let (mut up, up_rx) = mpsc::unbounded_channel();
         let opened = if self.acks.is_some() {
             let first = pb::ConsumeRequest {
                 subscribe: Some(self.req.clone()),
                 acks: to_pb_acks(std::mem::take(&mut self.carried)),
             };
             let _ = up.send(first);
+            if self.half_closed {
+                drop(std::mem::replace(&mut up, mpsc::unbounded_channel().0));
+            }
             let outbound = UnboundedReceiverStream::new(up_rx);
             client.consume(forward::stream_request(outbound)).await
         } else {
@@ -310,20 +330,24 @@ impl Pump {
                             return End::Done;
                         }
                     }
+                    Ok(None) if self.half_closed => return End::Done,
                     Ok(None) | Err(_) => return End::Moved,
                 },
-                acks = self.next_acks() => match acks {
-                    Ok(acks) => {
+                acks = self.next_acks(), if !self.half_closed => match acks {
+                    Some(Ok(acks)) => {
                         let msg = pb::ConsumeRequest { subscribe: None, acks: to_pb_acks(acks.clone()) };
                         if up.send(msg).is_err() {
                             self.carry(acks);
                             return End::Moved;
                         }
                     }
-                    Err(status) => {
+                    Some(Err(status)) => {
                         let _ = tx.send(Err(status)).await;
                         return End::Done;
                     }
+                    // Half-closed: pass it on; the leader ends its stream once the acks are
+                    // applied, and then this one ends.
+                    None => drop(std::mem::replace(&mut up, mpsc::unbounded_channel().0)),
                 },
                 _ = tx.closed() => return End::Done,
                 _ = stopping(shutdown) => return End::Done,

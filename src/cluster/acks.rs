@@ -10,8 +10,9 @@
 //! one instead, which is what an ack of each would have done.
 //!
 //! Stream acks are at-least-once like deliveries: an ack lost with a failing leader leaves the
-//! timer in flight, and it is delivered again after its deadline. A consumer that needs to know
-//! an ack took effect uses `Ack` or `AckBatch`, which answer.
+//! timer in flight, and it is delivered again after its deadline. A stream that finishes
+//! cleanly waits for [`Acker::applied`], a barrier behind everything queued before it; a
+//! consumer that needs to know one ack took effect uses `Ack` or `AckBatch`, which answer.
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ const MAX_ACKS: usize = 10_000;
 const IN_FLIGHT: usize = 2;
 
 /// What a stream acked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum AckItem {
     /// One delivery: (timer, attempt).
     One(TimerKey, u32),
@@ -36,23 +37,57 @@ pub enum AckItem {
         lease: LeaseRef,
         deliveries: Vec<(TimerKey, u32)>,
     },
+    /// Answered once every item queued before it was proposed and answered.
+    Barrier(tokio::sync::oneshot::Sender<()>),
+}
+
+impl PartialEq for AckItem {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (AckItem::One(k, a), AckItem::One(l, b)) => k == l && a == b,
+            (
+                AckItem::Lease { lease, deliveries },
+                AckItem::Lease {
+                    lease: l,
+                    deliveries: d,
+                },
+            ) => lease == l && deliveries == d,
+            _ => false,
+        }
+    }
 }
 
 /// The queue into the coalescer task.
 #[derive(Clone)]
 pub struct Acker {
     tx: mpsc::UnboundedSender<AckItem>,
+    /// Ack proposals that failed, ever.
+    failed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Acker {
     pub fn start(proposer: Proposer, clock: Clock) -> Acker {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(proposer, clock, rx, tx.clone()));
-        Acker { tx }
+        let failed = Arc::<std::sync::atomic::AtomicU64>::default();
+        tokio::spawn(run(proposer, clock, rx, failed.clone()));
+        Acker { tx, failed }
     }
 
     pub fn ack(&self, item: AckItem) {
         let _ = self.tx.send(item);
+    }
+
+    /// Resolves once every ack queued before the call was proposed and answered: true if
+    /// no ack proposal failed meanwhile (then they all applied), false if one did (then some
+    /// may be lost: possibly others', the answer errs on the safe side).
+    pub async fn applied(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let failed = self.failed.load(Ordering::Acquire);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.tx.send(AckItem::Barrier(tx)).is_err() || rx.await.is_err() {
+            return false;
+        }
+        self.failed.load(Ordering::Acquire) == failed
     }
 }
 
@@ -60,35 +95,53 @@ async fn run(
     proposer: Proposer,
     clock: Clock,
     mut rx: mpsc::UnboundedReceiver<AckItem>,
-    again: mpsc::UnboundedSender<AckItem>,
+    failed: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = rx.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut items = vec![first];
-        while items.len() < MAX_ACKS {
-            match rx.try_recv() {
-                Ok(next) => items.push(next),
-                Err(_) => break,
+        let mut items = Vec::new();
+        let mut barrier = None;
+        let mut next = Some(first);
+        while let Some(item) = next.take() {
+            match item {
+                AckItem::Barrier(done) => {
+                    barrier = Some(done);
+                    break;
+                }
+                item => items.push(item),
+            }
+            if items.len() < MAX_ACKS {
+                next = rx.try_recv().ok();
             }
         }
-        let (proposer, again) = (proposer.clone(), again.clone());
-        let now_ms = clock.now_ms();
-        tokio::spawn(async move {
-            propose(&proposer, now_ms, items, &again).await;
+        if items.is_empty() {
             drop(slot);
-        });
+        } else {
+            let (proposer, failed) = (proposer.clone(), failed.clone());
+            tokio::spawn(async move {
+                if !propose(&proposer, &clock, items).await {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::Release);
+                }
+                drop(slot);
+            });
+        }
+        if let Some(done) = barrier {
+            // Every proposal spawned before it has finished once all slots are free again.
+            if let Ok(all) = slots.acquire_many(IN_FLIGHT as u32).await {
+                drop(all);
+            }
+            let _ = done.send(());
+        }
     }
 }
 
-async fn propose(
-    proposer: &Proposer,
-    now_ms: i64,
-    items: Vec<AckItem>,
-    again: &mpsc::UnboundedSender<AckItem>,
-) {
+/// Proposes `items` as one Acks command; the deliveries of leases that were not open any more
+/// are then acked one by one, in a second command, before this returns. False if a proposal
+/// failed.
+async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> bool {
     let (mut leases, mut fallbacks, mut acks) = (Vec::new(), Vec::new(), Vec::new());
     for item in items {
         match item {
@@ -97,28 +150,44 @@ async fn propose(
                 leases.push(lease);
                 fallbacks.push(deliveries);
             }
+            AckItem::Barrier(_) => unreachable!("barriers are not proposed"),
         }
     }
     let cmd = Command::Acks {
-        now_ms,
+        now_ms: clock.now_ms(),
         leases,
         acks,
     };
-    match proposer.propose(cmd).await {
-        Ok(Response::Acked { leases, .. }) => {
-            for (whole, deliveries) in leases.into_iter().zip(fallbacks) {
-                if !whole {
-                    for (key, attempt) in deliveries {
-                        let _ = again.send(AckItem::One(key, attempt));
-                    }
-                }
-            }
+    let one_by_one: Vec<(TimerKey, u32)> = match proposer.propose(cmd).await {
+        Ok(Response::Acked { leases, .. }) => leases
+            .into_iter()
+            .zip(fallbacks)
+            .filter(|(whole, _)| !whole)
+            .flat_map(|(_, deliveries)| deliveries)
+            .collect(),
+        Ok(other) => {
+            tracing::warn!(?other, "acks: unexpected response");
+            return false;
         }
-        Ok(other) => tracing::warn!(?other, "acks: unexpected response"),
         // Not the leader any more, or no quorum: these acks are lost; their timers are
         // delivered again after their deadline (at-least-once).
-        Err(e) => tracing::debug!(error = %e, "acks: proposal failed"),
+        Err(e) => {
+            tracing::debug!(error = %e, "acks: proposal failed");
+            return false;
+        }
+    };
+    if !one_by_one.is_empty() {
+        let cmd = Command::Acks {
+            now_ms: clock.now_ms(),
+            leases: Vec::new(),
+            acks: one_by_one,
+        };
+        if let Err(e) = proposer.propose(cmd).await {
+            tracing::debug!(error = %e, "acks: proposal failed");
+            return false;
+        }
     }
+    true
 }
 
 /// How long a stream holds the acks of a lease it has not heard every ack of, before it sends

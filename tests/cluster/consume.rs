@@ -155,3 +155,63 @@ async fn bad_consume_messages_are_refused_with_a_clear_status() {
     assert_eq!(d.timer.unwrap().id, "ok0000");
     c.shutdown().await;
 }
+
+/// A consumer that ends its side of the stream, and reads on until the server ends it, finds
+/// every ack it sent applied: through a follower (which passes the half-close on) and on the
+/// leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ending_the_stream_applies_every_ack_before_it_ends() {
+    let c = TestCluster::start(3).await;
+    let (leader, follower) = (c.leader().await, c.follower().await);
+    for (round, via) in [follower, leader].into_iter().enumerate() {
+        let ns = format!("drain-{round}");
+        let n = 300;
+        let mut client = c.client(via).await;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(pb::ConsumeRequest {
+            subscribe: Some(pb::SubscribeRequest {
+                namespace: ns.clone(),
+                consumer: "drain".into(),
+                max_in_flight: 50,
+            }),
+            acks: Vec::new(),
+        })
+        .unwrap();
+        let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut stream = client.consume(outbound).await.unwrap().into_inner();
+        schedule_many(&c, via, &ns, &ids("d", n), now_ms(), 0).await;
+        let mut got = HashSet::new();
+        while got.len() < n {
+            let d = tokio::time::timeout(Duration::from_secs(20), stream.message())
+                .await
+                .expect("deliveries stopped")
+                .unwrap()
+                .unwrap();
+            let t = d.timer.unwrap();
+            got.insert(t.id.clone());
+            let ack = pb::DeliveryAck {
+                id: t.id,
+                attempt: d.attempt,
+                nack: false,
+            };
+            tx.send(pb::ConsumeRequest {
+                subscribe: None,
+                acks: vec![ack],
+            })
+            .unwrap();
+        }
+        drop(tx); // the consumer is done
+        let end = tokio::time::timeout(Duration::from_secs(20), stream.message())
+            .await
+            .expect("the server did not end the stream");
+        assert!(matches!(end, Ok(None)), "ended with {end:?}, not OK");
+        // No waiting: every ack took effect before the stream ended.
+        let acked = list_in(&mut client, &ns, pb::TimerState::Acked).await;
+        assert_eq!(
+            acked.len(),
+            n,
+            "via node {via}: acks missing after a clean end"
+        );
+    }
+    c.shutdown().await;
+}

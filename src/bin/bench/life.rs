@@ -288,6 +288,10 @@ async fn consume(
                         break;
                     }
                 }
+                // Done: end our side and read on until the server has applied every ack and
+                // ends the stream (acks on a stream that is just dropped may be lost with it).
+                drop(tx);
+                while let Ok(Some(_)) = stream.message().await {}
             }
         }
     }
