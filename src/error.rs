@@ -32,6 +32,10 @@ pub enum Error {
     /// The cluster cannot serve right now (no leader, shutting down); retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// This node leads but has heard from no quorum for a while (it is probably cut off): retry
+    /// through another node. Unlike `Unavailable`, waiting here for a new leader is pointless.
+    #[error("{0}")]
+    NoQuorum(String),
     /// Local storage failed.
     #[error("storage error: {0}")]
     Storage(String),
@@ -43,7 +47,10 @@ pub enum Error {
 impl Error {
     /// Whether the same request may succeed if retried (possibly on another node).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::NotLeader | Error::Unavailable(_))
+        matches!(
+            self,
+            Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_)
+        )
     }
 }
 

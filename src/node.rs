@@ -76,6 +76,45 @@ pub struct Node {
     pub snapshots: Arc<crate::storage::Snapshots>,
 }
 
+/// How long a leader may go without an answer from a quorum before it refuses writes and
+/// reads, and fails those in flight: long enough that a loaded follower's slow answers (100 ms
+/// heartbeats, AppendEntries timed out after one) do not trip it, short enough that an isolated
+/// leader answers UNAVAILABLE within about a second. A partitioned leader's followers elect a
+/// new one after 0.5–0.75 s of silence, so by then it is no longer the leader anyway.
+pub const QUORUM_LOST_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// A leader cut off from its quorum for `.0` ms.
+struct QuorumLost(u64);
+
+impl QuorumLost {
+    /// For a write that may already be in the log: its outcome is unknown.
+    fn unknown_outcome(self) -> Error {
+        Error::NoQuorum(format!(
+            "this leader has heard from no quorum for {} ms; the write's outcome is unknown, \
+             retrying it is safe",
+            self.0
+        ))
+    }
+}
+
+impl From<QuorumLost> for Error {
+    fn from(q: QuorumLost) -> Error {
+        Error::NoQuorum(format!(
+            "this leader has heard from no quorum for {} ms (is it cut off?); try another node",
+            q.0
+        ))
+    }
+}
+
+/// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
+/// longer than [`QUORUM_LOST_AFTER`].
+fn quorum_lost(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> Option<QuorumLost> {
+    let voters = m.membership_config.membership().voter_ids().count();
+    let since = m.millis_since_quorum_ack?;
+    (m.state == ServerState::Leader && voters > 1 && since > QUORUM_LOST_AFTER.as_millis() as u64)
+        .then_some(QuorumLost(since))
+}
+
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
 const REDRIVE_CHUNK: usize = 1000;
 
@@ -100,16 +139,18 @@ impl Node {
 
     /// Proposes `cmd` on this node (which must lead) and waits for it to apply.
     pub async fn write(&self, cmd: Command) -> Result<Response> {
+        self.check_quorum()?;
         let proposal = self.proposer.propose(cmd);
-        let reply = tokio::time::timeout(self.config.write_timeout, proposal)
-            .await
-            .map_err(|_| {
+        let reply = tokio::select! {
+            r = tokio::time::timeout(self.config.write_timeout, proposal) => r.map_err(|_| {
                 Error::Unavailable(
                     "the write was not committed in time (no quorum?); its outcome is unknown, \
                      retrying it is safe"
                         .into(),
                 )
-            })??;
+            })??,
+            e = self.quorum_lost() => return Err(e.unknown_outcome()),
+        };
         match reply {
             Response::Rejected(r) => Err(r.into_error()),
             other => Ok(other),
@@ -119,12 +160,40 @@ impl Node {
     /// Waits until this node (the leader) has applied everything committed before the call.
     pub async fn read_barrier(&self) -> Result<()> {
         self.hold.pass().await;
+        self.check_quorum()?;
         let barrier = self.raft.ensure_linearizable();
-        tokio::time::timeout(self.config.write_timeout, barrier)
-            .await
-            .map_err(|_| Error::Unavailable("could not confirm leadership in time".into()))?
-            .map_err(read_error)?;
+        tokio::select! {
+            r = tokio::time::timeout(self.config.write_timeout, barrier) => {
+                r.map_err(|_| Error::Unavailable("could not confirm leadership in time".into()))?
+                    .map_err(read_error)?;
+            }
+            e = self.quorum_lost() => return Err(e.into()),
+        }
         Ok(())
+    }
+
+    /// Refuses at once when this node leads but has not heard from a quorum for
+    /// [`QUORUM_LOST_AFTER`] (openraft 0.9 has no CheckQuorum: an isolated leader would keep
+    /// taking proposals that can never commit, each waiting out the write timeout).
+    fn check_quorum(&self) -> Result<()> {
+        let lost = quorum_lost(&self.raft.metrics().borrow());
+        match lost {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves once this leader has gone [`QUORUM_LOST_AFTER`] without a quorum.
+    async fn quorum_lost(&self) -> QuorumLost {
+        let mut metrics = self.raft.metrics();
+        let lost = match metrics.wait_for(|m| quorum_lost(m).is_some()).await {
+            Ok(m) => quorum_lost(&m),
+            Err(_) => None,
+        };
+        match lost {
+            Some(lost) => lost,
+            None => std::future::pending().await, // Raft stopped: other errors will say so
+        }
     }
 
     fn now_ms(&self) -> i64 {

@@ -67,7 +67,7 @@ impl TimerState {
 /// Where a FIRED timer is in its delivery cycle (meaningless in other states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Phase {
-    /// Waiting in the ready queue for a subscriber with room; no attempt is spent meanwhile.
+    /// Fired, waiting for a subscriber with room; no attempt is spent meanwhile.
     Ready,
     /// Delivered as attempt `attempts`; `wake_at_ms` is the ack deadline.
     InFlight,

@@ -24,7 +24,7 @@ impl From<Error> for Status {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::NotLeader | Error::Unavailable(_) => Code::Unavailable,
+            Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_) => Code::Unavailable,
             Error::Storage(_) | Error::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -123,6 +123,9 @@ impl Router {
         loop {
             match self.node.leader() {
                 Leader::Me => match local().await {
+                    // Cut off from its quorum, this node will not learn of a new leader by
+                    // waiting: the caller hears it at once and tries another node.
+                    Err(e @ crate::Error::NoQuorum(_)) => return Err(e.into()),
                     Err(e) if e.is_retryable() => last = e.to_string(),
                     other => return other.map_err(Status::from),
                 },

@@ -176,7 +176,40 @@ impl RaftLogReader<TypeConfig> for LogStore {
         }
         Ok(entries)
     }
+
+    /// What replication sends in one AppendEntries: the entries of `[start, end)` up to
+    /// [`MAX_APPEND_BYTES`] encoded (at least one, whatever its size). openraft 0.9 answers
+    /// every AppendEntries within one heartbeat or sends it again; a byte bound keeps a loaded
+    /// follower able to take each one in time however large the entries (a ScheduleBatch entry
+    /// can hold megabytes), where a count bound alone did not.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StResult<Vec<Entry<TypeConfig>>> {
+        let key = log_key(start);
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_LOG),
+            IteratorMode::From(&key, Direction::Forward),
+        );
+        let (mut entries, mut bytes) = (Vec::new(), 0usize);
+        for item in iter {
+            let (k, v) = item.map_err(read_err)?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
+                StorageIOError::<u64>::read_logs(&io::Error::other("corrupt log key"))
+            })?);
+            if index >= end || (!entries.is_empty() && bytes + v.len() > MAX_APPEND_BYTES) {
+                break;
+            }
+            bytes += v.len();
+            entries.push(codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        Ok(entries)
+    }
 }
+
+/// Most encoded entry bytes one AppendEntries carries (beyond its first entry).
+pub const MAX_APPEND_BYTES: usize = 2 << 20;
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;

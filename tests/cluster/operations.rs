@@ -242,3 +242,43 @@ async fn reflection_services(c: &TestCluster, id: u64) -> Vec<String> {
         other => panic!("unexpected reflection reply {other:?}"),
     }
 }
+
+/// A leader cut off from both followers keeps believing it leads (openraft 0.9 has no
+/// CheckQuorum), but refuses writes and reads within about a second instead of letting each
+/// wait out the write timeout (10 s); a write already waiting is failed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_leader_answers_unavailable_within_about_a_second() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    client
+        .schedule(schedule_req("before", now_ms() + 60_000))
+        .await
+        .unwrap();
+    for id in c.running().into_iter().filter(|id| *id != leader) {
+        c.stop(id).await;
+    }
+    let started = std::time::Instant::now();
+    let e = client
+        .schedule(schedule_req("cut-off", now_ms() + 60_000))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("no quorum"), "{}", e.message());
+    assert!(
+        took < Duration::from_millis(2_000),
+        "answered after {took:?}"
+    );
+    // Now that it knows, it refuses at once, reads too.
+    let started = std::time::Instant::now();
+    let e = get(&mut client, "before").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    eprintln!("isolated leader: the first write failed after {took:?}");
+    c.shutdown().await;
+}

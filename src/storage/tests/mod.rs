@@ -48,6 +48,54 @@ fn openraft_storage_suite() {
     Suite::test_all(Builder).unwrap();
 }
 
+/// AppendEntries are bounded in bytes: big entries go a few at a time, a huge one alone, and
+/// small ones up to the range asked for.
+#[tokio::test]
+async fn log_reads_for_replication_are_bounded_in_bytes() {
+    use openraft::RaftLogReader;
+    let dir = TempDir::new().unwrap();
+    let (mut log, sm) = open(&dir);
+    let payload = |bytes: usize| Command::Schedule {
+        now_ms: T0,
+        spec: spec("x", T0, &"p".repeat(bytes)),
+    };
+    let sizes = [
+        700_000, 700_000, 700_000, 700_000, 5_000_000, 10, 10, 10, 10, 10,
+    ];
+    // Written as `append` writes them (its flush callback cannot be made outside openraft).
+    let db = sm.store.db();
+    for (i, b) in sizes.iter().enumerate() {
+        let index = i as u64 + 1;
+        let e = entry(index, payload(*b));
+        db.put_cf(cf(db, CF_LOG), index.to_be_bytes(), encode(&e))
+            .unwrap();
+    }
+    let indexes = |v: Vec<Entry<TypeConfig>>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+    let cap = log_store::MAX_APPEND_BYTES;
+    assert!(
+        (2 * 700_000..3 * 700_000).contains(&cap),
+        "the test assumes a 2 MiB cap"
+    );
+    assert_eq!(
+        indexes(log.limited_get_log_entries(1, 11).await.unwrap()),
+        [1, 2]
+    );
+    assert_eq!(
+        indexes(log.limited_get_log_entries(3, 11).await.unwrap()),
+        [3, 4]
+    );
+    assert_eq!(
+        indexes(log.limited_get_log_entries(5, 11).await.unwrap()),
+        [5],
+        "an entry over the cap goes alone"
+    );
+    assert_eq!(
+        indexes(log.limited_get_log_entries(6, 9).await.unwrap()),
+        [6, 7, 8],
+        "small entries up to the end asked for"
+    );
+}
+
 const T0: i64 = 1_800_000_000_000;
 
 fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
