@@ -117,12 +117,18 @@ struct Args {
     /// The timerd binary (default: next to this binary).
     #[arg(long)]
     timerd: Option<PathBuf>,
+    /// Compare with this older timerd: every configuration of every run is measured with it
+    /// and with `--timerd`, one after the other, and the table shows both side by side. Its
+    /// consumers ack with AckBatch and unary Ack (builds before Consume have nothing else).
+    #[arg(long)]
+    compare: Option<PathBuf>,
     /// Where local clusters keep their data dirs and logs (default: a temporary dir).
     #[arg(long)]
     dir: Option<PathBuf>,
 }
 
 /// What every workload reads.
+#[derive(Clone)]
 pub struct Opts {
     pub window: Duration,
     pub warmup: Duration,
@@ -168,6 +174,19 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         consumer_ack: args.consumer_ack,
     };
     let timerd = cluster::timerd_path(args.timerd.as_deref())?;
+    // The builds measured, in the order each run takes them: (label, timerd, options).
+    let mut builds = vec![(String::new(), timerd.clone(), opts.clone())];
+    if let Some(old) = &args.compare {
+        let old_opts = Opts {
+            consumer_ack: consume::AckWith::Batch,
+            naive_ack: life::AckMode::Unary,
+            ..opts.clone()
+        };
+        builds = vec![
+            ("old".to_string(), old.clone(), old_opts),
+            ("new".to_string(), timerd.clone(), opts.clone()),
+        ];
+    }
     let base = args.dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("timerdb-bench-{}", std::process::id()))
     });
@@ -181,23 +200,29 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
     for run in 1..=args.runs {
         println!("run {run} of {}", args.runs);
         for (w, param) in configurations(&args) {
-            n += 1;
-            let mut target = if args.connect.is_empty() {
-                anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
-                Target::start(&base.join(format!("m{n}")), &timerd).await?
-            } else {
-                Target::connect(&args.connect).await?
-            };
-            measure(&mut target, &opts, w, param, &mut results)
-                .await
-                .with_context(|| format!("{w:?} {param} (run {run})"))?;
-            drop(target);
-            if args.dir.is_none() {
-                let _ = std::fs::remove_dir_all(base.join(format!("m{n}")));
+            for (label, timerd, opts) in &builds {
+                n += 1;
+                let mut target = if args.connect.is_empty() {
+                    anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
+                    Target::start(&base.join(format!("m{n}")), timerd).await?
+                } else {
+                    Target::connect(&args.connect).await?
+                };
+                measure(&mut target, opts, label, w, param, &mut results)
+                    .await
+                    .with_context(|| format!("{w:?} {param} {label} (run {run})"))?;
+                drop(target);
+                if args.dir.is_none() {
+                    let _ = std::fs::remove_dir_all(base.join(format!("m{n}")));
+                }
             }
         }
     }
-    println!("\n{}", results.table());
+    if args.compare.is_some() {
+        println!("\n{}", results.compare_table("old", "new"));
+    } else {
+        println!("\n{}", results.table());
+    }
     if let Some(path) = &args.json {
         results.write_json(path, &machine)?;
         println!("results written to {}", path.display());
@@ -230,44 +255,45 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
 async fn measure(
     target: &mut Target,
     opts: &Opts,
+    build: &str,
     w: Workload,
     p: u64,
     results: &mut Results,
 ) -> anyhow::Result<()> {
     match w {
         Workload::Schedule => {
-            let mut rec = results.recorder("schedule", format!("{p} in flight"));
+            let mut rec = results.recorder_for(build, "schedule", format!("{p} in flight"));
             write::schedule(target, opts, p as usize, &mut rec).await
         }
         Workload::Batch => {
             let params = format!("{p} per call, {} in flight", opts.batch_in_flight);
-            let mut rec = results.recorder("batch", params);
+            let mut rec = results.recorder_for(build, "batch", params);
             write::batch(target, opts, p as usize, &mut rec).await
         }
         Workload::Fire => {
             let params = format!("{p}/s for {}s", opts.window.as_secs());
-            let mut rec = results.recorder("fire", params);
+            let mut rec = results.recorder_for(build, "fire", params);
             fire::fire(target, opts, p, &mut rec).await
         }
         Workload::Burst => {
-            let mut rec = results.recorder("burst", format!("{p} due at once"));
+            let mut rec = results.recorder_for(build, "burst", format!("{p} due at once"));
             fire::burst(target, opts, p, &mut rec).await
         }
         Workload::Failover => {
-            let mut rec = results.recorder("failover", format!("{p}/s, leader SIGKILL"));
+            let mut rec = results.recorder_for(build, "failover", format!("{p}/s, leader SIGKILL"));
             fire::failover(target, opts, p, &mut rec).await
         }
         Workload::Keys => {
-            let mut rec = results.recorder("keys", format!("{p} timers, whole life"));
+            let mut rec = results.recorder_for(build, "keys", format!("{p} timers, whole life"));
             life::keys(target, opts, p, &mut rec).await
         }
         Workload::Naive => {
             let params = format!("{p}/s, {:?} acks", opts.naive_ack).to_lowercase();
-            let mut rec = results.recorder("naive", params);
+            let mut rec = results.recorder_for(build, "naive", params);
             life::naive(target, opts, p, opts.naive_ack, &mut rec).await
         }
         Workload::Pending => {
-            let mut rec = results.recorder("pending", format!("{p} timers"));
+            let mut rec = results.recorder_for(build, "pending", format!("{p} timers"));
             pending::pending(target, opts, p, &mut rec).await
         }
     }

@@ -9,6 +9,8 @@ use serde::Serialize;
 /// One measured value of one run.
 #[derive(Debug, Clone)]
 pub struct Sample {
+    /// Which build was measured ("" unless two are compared).
+    pub build: String,
     pub workload: String,
     pub params: String,
     pub metric: &'static str,
@@ -19,6 +21,7 @@ pub struct Sample {
 /// A row of the result table: one metric of one configuration, over all runs.
 #[derive(Debug, Serialize)]
 pub struct Row {
+    pub build: String,
     pub workload: String,
     pub params: String,
     pub metric: &'static str,
@@ -35,6 +38,7 @@ pub struct Results {
 /// Collects the samples of one measurement under its workload and parameters.
 pub struct Recorder<'a> {
     results: &'a mut Results,
+    build: String,
     workload: String,
     params: String,
 }
@@ -42,13 +46,15 @@ pub struct Recorder<'a> {
 impl Recorder<'_> {
     pub fn put(&mut self, metric: &'static str, unit: &'static str, value: f64) {
         println!(
-            "  {:<10} {:<22} {:<22} {} {unit}",
+            "  {}{:<10} {:<22} {:<22} {} {unit}",
+            self.build,
             self.workload,
             self.params,
             metric,
             fmt(value)
         );
         self.results.samples.push(Sample {
+            build: self.build.clone(),
             workload: self.workload.clone(),
             params: self.params.clone(),
             metric,
@@ -59,9 +65,11 @@ impl Recorder<'_> {
 }
 
 impl Results {
-    pub fn recorder(&mut self, workload: &str, params: String) -> Recorder<'_> {
+    /// A recorder for the measurements of `build` ("" unless two builds are compared).
+    pub fn recorder_for(&mut self, build: &str, workload: &str, params: String) -> Recorder<'_> {
         Recorder {
             results: self,
+            build: build.to_string(),
             workload: workload.to_string(),
             params,
         }
@@ -70,9 +78,15 @@ impl Results {
     /// Rows in the order their first sample was taken, each with the median of its runs.
     pub fn rows(&self) -> Vec<Row> {
         let mut order = Vec::new();
-        let mut runs: BTreeMap<(String, String, &str), (&str, Vec<f64>)> = BTreeMap::new();
+        type Key<'a> = (String, String, String, &'a str);
+        let mut runs: BTreeMap<Key, (&str, Vec<f64>)> = BTreeMap::new();
         for s in &self.samples {
-            let key = (s.workload.clone(), s.params.clone(), s.metric);
+            let key = (
+                s.build.clone(),
+                s.workload.clone(),
+                s.params.clone(),
+                s.metric,
+            );
             let entry = runs.entry(key.clone()).or_insert_with(|| {
                 order.push(key);
                 (s.unit, Vec::new())
@@ -85,9 +99,10 @@ impl Results {
                 let (unit, values) = runs.remove(&key).expect("collected above");
                 Row {
                     median: median(&values),
-                    workload: key.0,
-                    params: key.1,
-                    metric: key.2,
+                    build: key.0,
+                    workload: key.1,
+                    params: key.2,
+                    metric: key.3,
                     unit,
                     runs: values,
                 }
@@ -110,6 +125,51 @@ impl Results {
                 fmt(r.median),
                 r.unit,
                 runs.join(" / ")
+            );
+        }
+        out
+    }
+
+    /// Two builds side by side (`a` the old, `b` the new): each metric's medians, their ratio
+    /// b ÷ a, and the runs of each.
+    pub fn compare_table(&self, a: &str, b: &str) -> String {
+        let rows = self.rows();
+        let mut out = format!(
+            "| workload | parameters | metric | {a} | {b} | {b} ÷ {a} | unit | runs {a} | runs {b} |\n\
+             |---|---|---|---:|---:|---:|---|---|---|\n"
+        );
+        let find = |build: &str, r: &Row| {
+            rows.iter().find(|x| {
+                x.build == build
+                    && x.workload == r.workload
+                    && x.params == r.params
+                    && x.metric == r.metric
+            })
+        };
+        let runs = |r: Option<&Row>| {
+            r.map(|r| {
+                r.runs
+                    .iter()
+                    .map(|v| fmt(*v))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            })
+            .unwrap_or_default()
+        };
+        for r in rows.iter().filter(|r| r.build == a) {
+            let other = find(b, r);
+            let med_b = other.map_or(f64::NAN, |o| o.median);
+            out += &format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                r.workload,
+                r.params,
+                r.metric,
+                fmt(r.median),
+                fmt(med_b),
+                ratio(r.median, med_b),
+                r.unit,
+                runs(Some(r)),
+                runs(other)
             );
         }
         out
@@ -164,6 +224,19 @@ impl Machine {
             runs,
             started: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         }
+    }
+}
+
+/// `b ÷ a` as "×1.23", or "-" when it means nothing.
+fn ratio(a: f64, b: f64) -> String {
+    if a == 0.0 || !a.is_finite() || !b.is_finite() {
+        return "-".into();
+    }
+    let r = b / a;
+    if r >= 10.0 {
+        format!("×{r:.0}")
+    } else {
+        format!("×{r:.2}")
     }
 }
 
@@ -224,10 +297,16 @@ mod tests {
     fn rows_keep_first_seen_order_and_take_medians() {
         let mut r = Results::default();
         for run in 0..3 {
-            r.recorder("schedule", "in_flight=1".into())
-                .put("rate", "/s", 10.0 + run as f64);
-            r.recorder("batch", "size=100".into())
-                .put("rate", "/s", 100.0 * (3 - run) as f64);
+            r.recorder_for("", "schedule", "in_flight=1".into()).put(
+                "rate",
+                "/s",
+                10.0 + run as f64,
+            );
+            r.recorder_for("", "batch", "size=100".into()).put(
+                "rate",
+                "/s",
+                100.0 * (3 - run) as f64,
+            );
         }
         let rows = r.rows();
         assert_eq!(rows.len(), 2);
@@ -235,5 +314,22 @@ mod tests {
         assert_eq!(rows[0].median, 11.0);
         assert_eq!(rows[1].runs, vec![300.0, 200.0, 100.0]);
         assert_eq!(rows[1].median, 200.0);
+    }
+
+    #[test]
+    fn two_builds_side_by_side() {
+        let mut r = Results::default();
+        for (build, v) in [("old", 10.0), ("new", 25.0), ("old", 12.0), ("new", 30.0)] {
+            r.recorder_for(build, "fire", "1/s".into())
+                .put("rate", "/s", v);
+        }
+        let t = r.compare_table("old", "new");
+        assert!(
+            t.contains(
+                "| fire | 1/s | rate | 11.0 | 27.5 | ×2.50 | /s | 10.0 / 12.0 | 25.0 / 30.0 |"
+            ),
+            "{t}"
+        );
+        assert_eq!(ratio(0.0, 1.0), "-");
     }
 }
