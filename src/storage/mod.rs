@@ -80,18 +80,10 @@ pub(crate) const SM_CFS: [&str; 8] = [
     CF_NSMETA,
     CF_NAMESPACES,
 ];
-const ALL_CFS: [&str; 10] = [
-    CF_LOG,
-    CF_RAFT,
-    CF_WHEEL,
-    CF_INDEX,
-    CF_FIRES,
-    CF_LEASES,
-    CF_DEADLINES,
-    CF_META,
-    CF_NSMETA,
-    CF_NAMESPACES,
-];
+/// Every column family: the log store's, then the state machine's.
+fn all_cfs() -> impl Iterator<Item = &'static str> {
+    [CF_LOG, CF_RAFT].into_iter().chain(SM_CFS)
+}
 
 /// Opens (or creates) a node's database under `dir`; `gc` judges which index entries the
 /// compaction of the `index` family may drop (see `gc.rs`).
@@ -109,7 +101,7 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
     // All memtables together stay under one budget, whatever the number of column families.
     opts.set_db_write_buffer_size(WRITE_BUFFERS_BYTES);
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-    let cfs = ALL_CFS.map(|name| {
+    let cfs = all_cfs().map(|name| {
         let mut opts = cf_options(name, &cache);
         if name == CF_INDEX {
             opts.set_compaction_filter("timerdb-dead-index-entries", gc.filter());

@@ -95,7 +95,7 @@ pub async fn keys(
     );
     let acked_keys = keys_written(target).await? - before;
     // Purged: the namespace lists nothing any more.
-    let purged = wait_empty(target, leader, &ns, Duration::from_secs(120)).await?;
+    let purged = wait_none(target, leader, &ns, None, Duration::from_secs(120)).await?;
     anyhow::ensure!(purged, "the timers were not purged within 120 s");
     // Followers apply the purge a moment after the leader.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -114,11 +114,13 @@ pub async fn keys(
     Ok(())
 }
 
-/// Waits until `ns` lists no timer (every one purged); false if `within` passes first.
-async fn wait_empty(
+/// Waits until `ns` lists no timer in `state` (`None`: in any state, i.e. all purged); false
+/// if `within` passes first.
+async fn wait_none(
     target: &Target,
     leader: u64,
     ns: &str,
+    state: Option<pb::TimerState>,
     within: Duration,
 ) -> anyhow::Result<bool> {
     let mut client = target.timers(leader, 1)?.remove(0);
@@ -126,32 +128,7 @@ async fn wait_empty(
     while tokio::time::Instant::now() < deadline {
         let req = pb::ListRequest {
             namespace: ns.into(),
-            limit: 1,
-            ..Default::default()
-        };
-        if let Ok(page) = client.list(req).await {
-            if page.into_inner().timers.is_empty() {
-                return Ok(true);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(false)
-}
-
-/// Waits until `ns` holds no timer still waiting for an ack (every one ACKED).
-async fn wait_acked_state(
-    target: &Target,
-    leader: u64,
-    ns: &str,
-    within: Duration,
-) -> anyhow::Result<bool> {
-    let mut client = target.timers(leader, 1)?.remove(0);
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        let req = pb::ListRequest {
-            namespace: ns.into(),
-            state: pb::TimerState::Fired as i32,
+            state: state.map_or(0, |s| s as i32),
             limit: 1,
             ..Default::default()
         };
@@ -200,7 +177,14 @@ pub async fn naive(
     let seen = seen?;
     if mode == AckMode::Stream {
         // Sent, not answered: wait until the cluster has applied them all.
-        let acked = wait_acked_state(target, leader, &ns, Duration::from_secs(60)).await?;
+        let acked = wait_none(
+            target,
+            leader,
+            &ns,
+            Some(pb::TimerState::Fired),
+            Duration::from_secs(60),
+        )
+        .await?;
         anyhow::ensure!(acked, "not every stream ack was applied within 60 s");
     }
     let mut late = histogram();
