@@ -62,3 +62,34 @@ for config in "1 1" "16 1" "64 1" "200 1" "4 1000"; do
     "$(printf '%s\n' "${p99[@]}" | median)" \
     "$(printf '%s ' "${rps[@]}")"
 done
+
+# The fire path on Redis: N members all due, moved by a Lua poller (ZRANGEBYSCORE, ZREM and
+# RPUSH onto a ready list, in one script, up to 100,000 per call) until none is left. No
+# consumer, no acks, no replication: the most a single Redis does for what timerdb's burst
+# workload measures.
+N=${POLL_N:-1000000}
+POLLER='local m = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, ARGV[2])
+for i = 1, #m, 5000 do
+  local j = math.min(i + 4999, #m)
+  redis.call("ZREM", KEYS[1], unpack(m, i, j))
+  redis.call("RPUSH", KEYS[2], unpack(m, i, j))
+end
+return #m'
+poll() {
+  redis-cli -p "$PORT" del due ready >/dev/null
+  awk -v n="$N" 'BEGIN { for (i = 0; i < n; i++) { m = "m" i
+    printf "*4\r\n$4\r\nZADD\r\n$3\r\ndue\r\n$1\r\n1\r\n$%d\r\n%s\r\n", length(m), m } }' |
+    redis-cli -p "$PORT" --pipe >/dev/null
+  local start end moved
+  start=$(date +%s%N)
+  while moved=$(redis-cli -p "$PORT" EVAL "$POLLER" 2 due ready 2 100000) && [ "$moved" != 0 ]; do :; done
+  end=$(date +%s%N)
+  echo "$N $start $end" | awk '{printf "%.0f\n", $1 / (($3 - $2) / 1e9)}'
+}
+rates=()
+for _ in $(seq "$RUNS"); do rates+=("$(poll)"); done
+echo
+echo "| Redis Lua poller, $N members due (appendfsync always) | median moved/s | runs (moved/s) |"
+echo "|---|---:|---|"
+printf '| ZRANGEBYSCORE + ZREM + RPUSH, 100,000 per call | %.0f | %s |\n' \
+  "$(printf '%s\n' "${rates[@]}" | median)" "$(printf '%s ' "${rates[@]}")"
