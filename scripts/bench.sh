@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Reproduces every figure of docs/benchmarks.md: builds release timerd and timerdb-bench, runs
-# the schedule, batch, fire, burst and failover workloads (3 runs of each configuration, taken
-# side by side, reported as medians), the 10,000,000-timer pending workload (one run: it takes
-# minutes), and the Redis sorted-set comparison. Results go to bench-results/ as Markdown tables
-# and JSON. Takes about 35 minutes on a 2-core machine.
+# the schedule, batch, fire, burst, failover, keys and naive workloads (3 runs of each
+# configuration, taken side by side, reported as medians), the 10,000,000-timer pending workload
+# (one run: it takes minutes), and the Redis comparison. Results go to bench-results/ as
+# Markdown tables and JSON. Takes about 40 minutes on a 2-core machine, about 90 with --compare.
 #
 #   scripts/bench.sh                  everything
+#   scripts/bench.sh --compare OLD    the same, each configuration also measured with the timerd
+#                                     binary OLD (built from an older commit), side by side
 #   scripts/bench.sh --quick          one run of each, smaller sizes (a few minutes; a smoke test)
 #   scripts/bench.sh --no-pending --no-redis
 #   scripts/bench.sh -- fire --fire-rates 5000      anything after -- goes to timerdb-bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 pending=1 redis=1 extra=()
+quick=0 pending=1 redis=1 extra=() compare=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --compare) shift; compare=(--compare "$1") ;;
     --no-pending) pending=0 ;;
     --no-redis) redis=0 ;;
     --) shift; extra=("$@"); break ;;
@@ -42,11 +45,14 @@ if [ "$quick" = 1 ]; then
   if [ "$redis" = 1 ]; then RUNS=1 bash scripts/redis-bench.sh | tee "$out/quick-redis.md"; fi
   exit 0
 fi
-echo "== timerdb: schedule, batch, fire, burst, failover (3 side-by-side runs)"
-"$BIN/timerdb-bench" --runs 3 --json "$out/main.json" | tee "$out/main.md"
+echo "== timerdb: schedule, batch, fire, burst, failover, keys, naive (3 side-by-side runs)"
+"$BIN/timerdb-bench" --runs 3 --fire-rates 1000,20000,50000 --burst 200000 \
+  --naive-rates 500,5000 --naive-ack stream "${compare[@]}" --json "$out/main.json" |
+  tee "$out/main.md"
 if [ "$pending" = 1 ]; then
   echo "== timerdb: 10,000,000 pending timers"
-  "$BIN/timerdb-bench" pending --runs 1 --json "$out/pending.json" | tee "$out/pending.md"
+  "$BIN/timerdb-bench" pending --runs 1 "${compare[@]}" --json "$out/pending.json" |
+    tee "$out/pending.md"
 fi
 if [ "$redis" = 1 ]; then
   echo "== Redis sorted-set delay queue, appendfsync always"
