@@ -48,8 +48,9 @@ pub(super) struct Applier<'a> {
     pub earliest_new_due: Option<i64>,
     /// Whether this entry made timers deliverable, to wake the delivery dispatcher.
     pub made_ready: bool,
-    /// Rows placed after the cursor, for the heads once the batch is written.
-    pub placed: Vec<(String, Slot)>,
+    /// Per namespace, the earliest row this entry placed after the cursor, for the heads once
+    /// the batch is written.
+    pub placed: HashMap<String, Slot>,
     /// Namespaces whose head must be read again once the batch is written (Fire passed them).
     pub visited: Vec<String>,
     /// Purge floors this entry moved, for the index's compaction filter.
@@ -60,8 +61,10 @@ pub(super) struct Applier<'a> {
     pub(super) fired: Option<(Slot, Slot, i64)>,
     policies: HashMap<String, Policy>,
     nsmeta: HashMap<String, NsMeta>,
-    rows: HashMap<(String, Slot), Option<Row>>,
-    index_staged: HashMap<TimerKey, Option<Slot>>,
+    /// Rows written by this entry, by slot (slots are unique across namespaces).
+    rows: HashMap<Slot, Option<Row>>,
+    /// Index entries written by this entry, by their encoded key.
+    index_staged: HashMap<Vec<u8>, Option<Slot>>,
     leases: HashMap<(String, Slot), Lease>,
 }
 
@@ -84,7 +87,7 @@ impl<'a> Applier<'a> {
             next_pos: 0,
             earliest_new_due: None,
             made_ready: false,
-            placed: Vec::new(),
+            placed: HashMap::new(),
             visited: Vec::new(),
             purged: Vec::new(),
             events: Default::default(),
@@ -194,12 +197,11 @@ impl<'a> Applier<'a> {
     /// The slot of `key`'s row, if it has one (an index entry of a purged timer is dead:
     /// see `gc.rs`).
     fn slot_of(&mut self, key: &TimerKey) -> Result<Option<Slot>> {
-        let slot = match self.index_staged.get(key) {
+        let k = wheel::timer_key(key);
+        let slot = match self.index_staged.get(&k) {
             Some(staged) => *staged,
             None => {
-                let raw = self
-                    .db
-                    .get_cf(cf(self.db, CF_INDEX), wheel::timer_key(key))?;
+                let raw = self.db.get_cf(cf(self.db, CF_INDEX), &k)?;
                 let decode = |v: Vec<u8>| {
                     Slot::decode(&v)
                         .ok_or_else(|| Error::Storage(format!("corrupt index of {key}")))
@@ -212,7 +214,7 @@ impl<'a> Applier<'a> {
     }
 
     pub(super) fn row_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<Row>> {
-        if let Some(staged) = self.rows.get(&(namespace.to_string(), slot)) {
+        if let Some(staged) = self.rows.get(&slot) {
             return Ok(staged.clone());
         }
         let raw = self
@@ -262,22 +264,22 @@ impl<'a> Applier<'a> {
             wheel::slot_key(namespace, slot),
             row.encode(),
         );
-        self.rows.insert((namespace.to_string(), slot), Some(row));
+        self.rows.insert(slot, Some(row));
     }
 
     pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
         self.batch
             .delete_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot));
-        self.rows.insert((namespace.to_string(), slot), None);
+        self.rows.insert(slot, None);
     }
 
     pub(super) fn set_index(&mut self, key: &TimerKey, slot: Option<Slot>) {
         let k = wheel::timer_key(key);
         match slot {
-            Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), k, s.encode()),
-            None => self.batch.delete_cf(cf(self.db, CF_INDEX), k),
+            Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), &k, s.encode()),
+            None => self.batch.delete_cf(cf(self.db, CF_INDEX), &k),
         }
-        self.index_staged.insert(key.clone(), slot);
+        self.index_staged.insert(k, slot);
     }
 
     pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
@@ -303,7 +305,12 @@ impl<'a> Applier<'a> {
         let key = TimerKey::new(namespace, row.body.id.clone());
         self.put_row(namespace, slot, row);
         self.set_index(&key, Some(slot));
-        self.placed.push((namespace.to_string(), slot));
+        match self.placed.get_mut(namespace) {
+            Some(first) => *first = (*first).min(slot),
+            None => {
+                self.placed.insert(namespace.to_string(), slot);
+            }
+        }
         self.wakes_at(self.wheel.due_ms(slot.bucket));
         Ok(slot)
     }
@@ -357,12 +364,15 @@ impl<'a> Applier<'a> {
 
     fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Timer> {
         let timer = Timer::pending(spec, now_ms);
-        let ns = timer.key.namespace.clone();
-        self.count_pending(&ns, 1)?;
-        self.count_stored(&ns, 1)?;
+        let ns = &timer.key.namespace;
+        self.progress.pending += 1;
+        self.progress.stored += 1;
+        let meta = self.ns(ns)?;
+        meta.pending += 1;
+        meta.stored += 1;
         self.events.scheduled();
         let row = super::row::materialize(&timer, Kind::Pending);
-        self.place(&ns, row, timer.fire_at_ms)?;
+        self.place(ns, row, timer.fire_at_ms)?;
         Ok(timer)
     }
 

@@ -10,6 +10,7 @@
 //! - The bucket width is fixed when the database is created: a node refuses to reopen it with
 //!   a different one, because replicas with different widths would write different keys.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -149,7 +150,7 @@ impl StateMachine {
 struct AfterWrite {
     earliest_new_due: Option<i64>,
     made_ready: bool,
-    placed: Vec<(String, Slot)>,
+    placed: HashMap<String, Slot>,
     visited: Vec<String>,
     purged: Vec<(String, Slot)>,
     events: crate::metrics::Events,

@@ -288,7 +288,10 @@ async fn measure(
             life::keys(target, opts, p, &mut rec).await
         }
         Workload::Naive => {
-            let params = format!("{p}/s, {:?} acks", opts.naive_ack).to_lowercase();
+            // The ack mode is not in the parameters, so that two builds acking differently (an
+            // old one has no Consume) line up; it is printed with every run.
+            println!("  naive consumer acks: {:?}", opts.naive_ack);
+            let params = format!("{p}/s");
             let mut rec = results.recorder_for(build, "naive", params);
             life::naive(target, opts, p, opts.naive_ack, &mut rec).await
         }
