@@ -17,8 +17,9 @@
 //! This file holds the machinery and the client commands (Schedule, ScheduleBatch, Cancel,
 //! Reschedule, PutNamespace); `fire.rs`, `deliver.rs` and `purge.rs` hold the rest.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use rocksdb::{WriteBatch, DB};
 
@@ -51,6 +52,8 @@ pub(super) struct Applier<'a> {
     /// Per namespace, the earliest row this entry placed after the cursor, for the heads once
     /// the batch is written.
     pub placed: HashMap<String, Slot>,
+    /// Whether writes are staged for the entry's later reads (see `command`).
+    stage: bool,
     /// Namespaces whose head must be read again once the batch is written (Fire passed them).
     pub visited: Vec<String>,
     /// Purge floors this entry moved, for the index's compaction filter.
@@ -87,20 +90,29 @@ impl<'a> Applier<'a> {
             next_pos: 0,
             earliest_new_due: None,
             made_ready: false,
-            placed: HashMap::new(),
+            placed: HashMap::default(),
+            stage: true,
             visited: Vec::new(),
             purged: Vec::new(),
             events: Default::default(),
             fired: None,
-            policies: HashMap::new(),
-            nsmeta: HashMap::new(),
-            rows: HashMap::new(),
-            index_staged: HashMap::new(),
-            leases: HashMap::new(),
+            policies: HashMap::default(),
+            nsmeta: HashMap::default(),
+            rows: HashMap::default(),
+            index_staged: HashMap::default(),
+            leases: HashMap::default(),
         }
     }
 
-    pub fn command(&mut self, cmd: Command) -> Result<Response> {
+    /// Applies the entry's command. A ScheduleBatch alone in its entry reads nothing it
+    /// writes (an id twice in it is handled by the batch itself), so its thousands of rows are
+    /// not also copied into the staging maps.
+    pub fn apply(&mut self, cmd: Command) -> Result<Response> {
+        self.stage = !matches!(cmd, Command::ScheduleBatch { .. });
+        self.command(cmd)
+    }
+
+    fn command(&mut self, cmd: Command) -> Result<Response> {
         match cmd {
             Command::Schedule { now_ms, spec } => self.schedule(now_ms, spec),
             Command::ScheduleBatch { now_ms, specs } => self.schedule_batch(now_ms, specs),
@@ -264,7 +276,9 @@ impl<'a> Applier<'a> {
             wheel::slot_key(namespace, slot),
             row.encode(),
         );
-        self.rows.insert(slot, Some(row));
+        if self.stage {
+            self.rows.insert(slot, Some(row));
+        }
     }
 
     pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
@@ -279,7 +293,9 @@ impl<'a> Applier<'a> {
             Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), &k, s.encode()),
             None => self.batch.delete_cf(cf(self.db, CF_INDEX), &k),
         }
-        self.index_staged.insert(k, slot);
+        if self.stage {
+            self.index_staged.insert(k, slot);
+        }
     }
 
     pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
@@ -401,7 +417,7 @@ impl<'a> Applier<'a> {
     /// All or none: any conflicting key rejects the whole batch before anything is staged.
     fn schedule_batch(&mut self, now_ms: i64, specs: Vec<TimerSpec>) -> Result<Response> {
         let mut existing: Vec<Option<Timer>> = Vec::with_capacity(specs.len());
-        let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::new();
+        let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::default();
         for (i, spec) in specs.iter().enumerate() {
             if let Some(&j) = first_in_batch.get(&spec.key) {
                 if specs[j] != *spec {

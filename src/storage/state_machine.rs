@@ -10,7 +10,7 @@
 //! - The bucket width is fixed when the database is created: a node refuses to reopen it with
 //!   a different one, because replicas with different widths would write different keys.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -90,7 +90,7 @@ impl StateMachine {
                     entry.log_id.index,
                     self.store.heads.clone(),
                 );
-                let response = applier.command(cmd)?;
+                let response = applier.apply(cmd)?;
                 applier.finish();
                 after = AfterWrite {
                     earliest_new_due: applier.earliest_new_due,
