@@ -204,7 +204,15 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
                 n += 1;
                 let mut target = if args.connect.is_empty() {
                     anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
-                    Target::start(&base.join(format!("m{n}")), timerd).await?
+                    let dir = base.join(format!("m{n}"));
+                    // A cluster's data names its peers' addresses: one left by an earlier
+                    // run would wait for peers on ports nobody listens on (no quorum).
+                    anyhow::ensure!(
+                        !dir.exists(),
+                        "{} holds data of an earlier run: give --dir an empty directory",
+                        dir.display()
+                    );
+                    Target::start(&dir, timerd).await?
                 } else {
                     Target::connect(&args.connect).await?
                 };
