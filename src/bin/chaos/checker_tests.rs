@@ -2,7 +2,7 @@
 //! guarantee is reported under its own kind.
 
 use super::*;
-use crate::workload::Seen;
+use crate::workload::{AckPath, Seen};
 
 const T: i64 = 1_800_000_000_000;
 
@@ -48,6 +48,7 @@ fn seen(id: &str, fire_index: u64, received_ms: i64) -> Seen {
         fire_index,
         fire_at_ms: T,
         received_ms,
+        path: AckPath::Unary,
     }
 }
 

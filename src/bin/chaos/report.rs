@@ -7,7 +7,7 @@ use std::time::Duration;
 use timerdb::api::pb;
 
 use crate::run::{RunReport, Window};
-use crate::workload::{Kind, Outcome};
+use crate::workload::{AckPath, Kind, Outcome};
 
 /// A timer's fire counts as "under faults" if due from a fault's start to this long after its
 /// end (a restarted node, an election, a backlog of due timers).
@@ -115,7 +115,16 @@ impl Totals {
             f.violations.len()
         );
         println!("  faults in order: {}", plan.join(", "));
-        println!("  redeliveries (attempt > 1): {redeliveries}");
+        let on_stream = r
+            .history
+            .deliveries
+            .iter()
+            .filter(|d| d.path == AckPath::Stream)
+            .count();
+        println!(
+            "  redeliveries (attempt > 1): {redeliveries}; deliveries acked on their stream \
+             (Consume): {on_stream}"
+        );
         let mut unknown: Vec<&str> = r
             .history
             .ops

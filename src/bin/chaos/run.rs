@@ -72,9 +72,13 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         workers.push(tokio::spawn(workload::worker(w, c, h, cfg.seed, rx)));
     }
     let mut consumers = Vec::new();
-    for c in 0..2 {
+    // One consumer acks with unary calls, the other on its delivery stream.
+    for (c, path) in [workload::AckPath::Unary, workload::AckPath::Stream]
+        .into_iter()
+        .enumerate()
+    {
         let (cl, h, rx) = (clients.clone(), history.clone(), consumers_rx.clone());
-        consumers.push(tokio::spawn(workload::consumer(c, cl, h, rx)));
+        consumers.push(tokio::spawn(workload::consumer(c, path, cl, h, rx)));
     }
 
     let steps = plan::plan(cfg.seed, cfg.length, cfg.mix);

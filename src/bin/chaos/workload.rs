@@ -60,6 +60,8 @@ pub struct Seen {
     pub fire_index: u64,
     pub fire_at_ms: i64,
     pub received_ms: i64,
+    /// How the consumer that received it acks.
+    pub path: AckPath,
 }
 
 /// Everything the clients observed.
@@ -231,10 +233,22 @@ fn schedule_req(id: &str, at: i64) -> pb::ScheduleRequest {
     }
 }
 
+/// How a consumer acks: each delivery with a unary Ack of its own (through any node, after a
+/// Subscribe), or on the delivery stream itself (Consume): the two paths reach the state
+/// machine through different code (the proposer directly, or the stream's ack coalescer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckPath {
+    Unary,
+    Stream,
+}
+
 /// Runs one consumer until `stop`: subscribes through the nodes in turn (moving on when a
-/// stream breaks) and acks every delivery.
+/// stream breaks) and acks every delivery. Stream acks have no answer of their own; one lost
+/// with a broken stream is redelivered after the ack timeout, and liveness checks that every
+/// timer ends ACKED.
 pub async fn consumer(
     c: usize,
+    path: AckPath,
     clients: Vec<(u64, TimersClient<Channel>)>,
     history: Shared,
     mut stop: watch::Receiver<bool>,
@@ -243,13 +257,25 @@ pub async fn consumer(
     while !*stop.borrow() {
         let (_, mut client) = clients[turn % clients.len()].clone();
         turn += 1;
-        let req = pb::SubscribeRequest {
+        let sub = pb::SubscribeRequest {
             namespace: NAMESPACE.into(),
             consumer: format!("chaos-{c}"),
             max_in_flight: 200,
         };
+        // Stream acks go up this channel; it lives as long as this stream.
+        let (acks, upstream) = tokio::sync::mpsc::unbounded_channel::<pb::ConsumeRequest>();
         let opened = tokio::select! {
-            r = client.subscribe(req) => r,
+            r = async {
+                match path {
+                    AckPath::Unary => client.subscribe(sub).await,
+                    AckPath::Stream => {
+                        let first = pb::ConsumeRequest { subscribe: Some(sub), acks: vec![] };
+                        let _ = acks.send(first);
+                        let up = tokio_stream::wrappers::UnboundedReceiverStream::new(upstream);
+                        client.consume(up).await
+                    }
+                }
+            } => r,
             _ = stop.changed() => return,
         };
         if let Ok(stream) = opened {
@@ -267,8 +293,24 @@ pub async fn consumer(
                     fire_index: t.fire_index,
                     fire_at_ms: t.fire_at_ms,
                     received_ms: now_ms(),
+                    path,
                 });
-                tokio::spawn(ack(clients.clone(), t.id, d.attempt, history.clone()));
+                match path {
+                    AckPath::Unary => {
+                        tokio::spawn(ack(clients.clone(), t.id, d.attempt, history.clone()));
+                    }
+                    AckPath::Stream => {
+                        let ack = pb::DeliveryAck {
+                            id: t.id,
+                            attempt: d.attempt,
+                            nack: false,
+                        };
+                        let _ = acks.send(pb::ConsumeRequest {
+                            subscribe: None,
+                            acks: vec![ack],
+                        });
+                    }
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
