@@ -3,7 +3,7 @@
 # the schedule, batch, fire, burst, failover, keys and naive workloads (3 runs of each
 # configuration, taken side by side, reported as medians), the 10,000,000-timer pending workload
 # (one run: it takes minutes), and the Redis comparison. Results go to bench-results/ as
-# Markdown tables and JSON. Takes about 40 minutes on a 2-core machine, about 90 with --compare.
+# Markdown tables and JSON. With --compare it took 42 minutes on a 2-core machine (2026-11-23).
 #
 #   scripts/bench.sh                  everything
 #   scripts/bench.sh --compare OLD    the same, each configuration also measured with the timerd
