@@ -100,6 +100,11 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
     let mut opts = opts.get_options_from_string("allow_fallocate=false")?;
     // All memtables together stay under one budget, whatever the number of column families.
     opts.set_db_write_buffer_size(WRITE_BUFFERS_BYTES);
+    // A restart replays the WAL from the oldest memtable not yet flushed. By default RocksDB
+    // lets the WAL grow to 4x the memtable budget before it flushes the column families that
+    // pin its oldest file (the quiet ones: raft state, metadata), so a SIGKILLed node could
+    // replay 512 MiB. Capped at the memtable budget, it replays at most about that.
+    opts.set_max_total_wal_size(WRITE_BUFFERS_BYTES as u64);
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES);
     let cfs = all_cfs().map(|name| {
         let mut opts = cf_options(name, &cache);
