@@ -35,6 +35,7 @@ mod heads;
 pub mod log_store;
 pub mod meta;
 mod purge;
+pub mod quiet;
 mod read;
 pub mod restore;
 mod row;
