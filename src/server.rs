@@ -1,5 +1,5 @@
-//! Wires a node together and runs it: storage, Raft, the gRPC server, the fire driver and the
-//! delivery dispatcher.
+//! Wires a node together and runs it: storage, Raft, the gRPC server, the fire driver, the
+//! delivery dispatcher, the quiet flusher and the election gate.
 //!
 //! The listener, the clock (inside `NodeConfig`) and the shutdown signal are injected, so tests
 //! bind `127.0.0.1:0`, run three nodes in one process and stop them cleanly (mini-redis style).
@@ -90,6 +90,11 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     });
 
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
+    tasks.push(tokio::spawn(crate::cluster::elect::run(
+        node.config.clone(),
+        raft.clone(),
+        rx.clone(),
+    )));
     bootstrap(&node).await?;
     let dispatch = DispatchLoop {
         id: node.id,
@@ -120,6 +125,10 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         fire_early_ms: node.config.faults.fire_early_ms,
         hold: node.hold.clone(),
     };
+    tasks.push(tokio::spawn(storage::quiet::run(
+        db_owner.clone(),
+        rx.clone(),
+    )));
     tasks.push(tokio::spawn(crate::metrics::sample_loop(
         node.clone(),
         rx.clone(),

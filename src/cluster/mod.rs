@@ -9,11 +9,13 @@
 //! writer of Fire entries, woken through a [`FireSignal`] when something earlier comes due; the
 //! delivery dispatcher ([`dispatch`]), which plans the grants Fire entries carry and proposes
 //! Deliver entries of its own; and the [`purger`], which deletes finished timers by range once
-//! their retention passed.
+//! their retention passed. On every node, [`elect`] lets Raft campaign only while a quorum of
+//! voters is in reach (openraft 0.9 has no pre-vote).
 
 pub mod acks;
 pub mod dispatch;
 pub mod driver;
+pub mod elect;
 pub mod hold;
 pub mod network;
 pub mod propose;

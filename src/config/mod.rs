@@ -229,6 +229,8 @@ impl NodeConfig {
             // to install the whole snapshot (about 10 s for 1,000,000 timers on this machine);
             // a timeout sends the snapshot again from the start, so it must cover that.
             install_snapshot_timeout: 60_000,
+            // Off until `cluster::elect` finds a quorum in reach (our stand-in for pre-vote).
+            enable_elect: false,
             ..Default::default()
         };
         config

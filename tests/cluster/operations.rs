@@ -282,3 +282,30 @@ async fn an_isolated_leader_answers_unavailable_within_about_a_second() {
     eprintln!("isolated leader: the first write failed after {took:?}");
     c.shutdown().await;
 }
+
+/// A node with no quorum in reach does not campaign (openraft 0.9 has no pre-vote;
+/// `cluster::elect` keeps its elections off), so its term stays put while it waits, and once the
+/// others are back a leader stands. Without the gate the lone node raises its term every
+/// election timeout and deposes the leader the others restore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_without_a_quorum_in_reach_does_not_campaign() {
+    let mut c = TestCluster::start(3).await;
+    for id in 1..=3 {
+        c.stop(id).await;
+    }
+    c.restart(1).await;
+    let term = |c: &TestCluster| c.node(1).node.raft.metrics().borrow().current_term;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = term(&c);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(term(&c), before, "the lone node campaigned");
+    c.restart(2).await;
+    c.restart(3).await;
+    c.leader().await;
+    let mut client = c.client(1).await;
+    client
+        .schedule(schedule_req("after", now_ms() + 60_000))
+        .await
+        .expect("a write after the others came back");
+    c.shutdown().await;
+}
