@@ -1,7 +1,9 @@
 //! The `pending` workload: load N timers due in a month (so none fires), then report what they
-//! cost at rest (on-disk size and resident memory of each node) and how long a restart takes:
-//! a follower killed and started again until it has caught up and answers, and the whole
-//! cluster killed and started again until it takes a write.
+//! cost (on-disk size and resident memory of each node, right after the load and at rest) and
+//! how long a restart takes, at rest: a follower killed and started again until it has caught
+//! up and answers, then the whole cluster killed and started again until it takes a write. Last,
+//! the whole cluster is killed right after loading a third as many again (every WAL as full as
+//! its cap lets it get) and timed to its first write.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,19 +30,18 @@ pub async fn pending(
     let due = move |i: u64| base + (i as i64 * 7919) % (30 * DAY_MS);
     let secs = load(target, opts, ns, count, Arc::new(due), "pending: load").await?;
     rec.put("load rate", "timers/s", count as f64 / secs);
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
     let index = caught_up(target, None, Duration::from_secs(300)).await?;
-    let procs = target.procs("pending")?;
-    let mut disk = 0.0f64;
-    let mut rss = 0.0f64;
-    for id in NODES {
-        disk = disk.max(dir_bytes(&procs.data_dir(id)) as f64);
-        rss = rss.max(procs.pid(id).map_or(0, rss_bytes) as f64);
-    }
+    let (disk, rss) = footprint(target)?;
     rec.put("disk per node (max)", "MiB", disk / MIB);
-    rec.put("RSS per node (max)", "MiB", rss / MIB);
+    rec.put("RSS right after the load (max)", "MiB", rss / MIB);
 
-    // A follower: SIGKILL, start, and time until it has applied everything and answers.
+    // At rest: nothing written for a while (a build that flushes quiet memtables has by now).
+    tokio::time::sleep(REST).await;
+    let (_, rss) = footprint(target)?;
+    rec.put("RSS at rest (max)", "MiB", rss / MIB);
+
+    // A follower at rest: SIGKILL, start, and time until it has applied everything and answers.
+    let leader = target.wait_leader(Duration::from_secs(10)).await?;
     let follower = target.followers(leader)[0];
     let procs = target.procs("pending")?;
     procs.kill(follower);
@@ -56,7 +57,54 @@ pub async fn pending(
     let rss_after = procs.pid(follower).map_or(0, rss_bytes) as f64;
     rec.put("RSS after restart", "MiB", rss_after / MIB);
 
-    // The whole cluster: SIGKILL all three, start them, time until a write commits.
+    // The whole cluster at rest: SIGKILL all three, start them, time until a write commits.
+    rec.put(
+        "cluster restart at rest to first write",
+        "s",
+        cluster_restart(target).await?,
+    );
+
+    // The whole cluster SIGKILLed right after a load (a third as many again, into another
+    // namespace: enough to fill the WAL up to its cap), its WALs as full as they get.
+    let more = (count / 3).max(1);
+    let base = now_ms() + DAY_MS;
+    let due = move |i: u64| base + (i as i64 * 7919) % (30 * DAY_MS);
+    load(
+        target,
+        opts,
+        "pending-more",
+        more,
+        Arc::new(due),
+        "pending: load more",
+    )
+    .await?;
+    caught_up(target, None, Duration::from_secs(120)).await?;
+    rec.put(
+        "cluster restart right after a load to first write",
+        "s",
+        cluster_restart(target).await?,
+    );
+    Ok(())
+}
+
+/// How long the workload leaves the cluster without writes before it measures "at rest".
+const REST: Duration = Duration::from_secs(8);
+
+/// The largest data dir and the largest resident set of the three nodes, in bytes.
+fn footprint(target: &mut Target) -> anyhow::Result<(f64, f64)> {
+    let procs = target.procs("pending")?;
+    let mut disk = 0.0f64;
+    let mut rss = 0.0f64;
+    for id in NODES {
+        disk = disk.max(dir_bytes(&procs.data_dir(id)) as f64);
+        rss = rss.max(procs.pid(id).map_or(0, rss_bytes) as f64);
+    }
+    Ok((disk, rss))
+}
+
+/// SIGKILLs all three nodes, starts them again and returns the seconds until a write commits.
+async fn cluster_restart(target: &mut Target) -> anyhow::Result<f64> {
+    let procs = target.procs("pending")?;
     for id in NODES {
         procs.kill(id);
     }
@@ -65,12 +113,7 @@ pub async fn pending(
         procs.restart(id, 0)?;
     }
     first_write(target, Duration::from_secs(120)).await?;
-    rec.put(
-        "cluster restart to first write",
-        "s",
-        started.elapsed().as_secs_f64(),
-    );
-    Ok(())
+    Ok(started.elapsed().as_secs_f64())
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
