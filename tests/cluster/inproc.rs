@@ -375,8 +375,10 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
 async fn cancel_racing_fire_gets_exactly_one_outcome() {
     let c = TestCluster::start(3).await;
     let client = c.client(c.follower().await).await;
-    // Timer i is due at base + 3i ms (a 900 ms sweep upwards); the cancels sweep downwards from
-    // the last one, so the two fronts cross mid-way and both outcomes happen.
+    // Timer i is due at base + 3i ms (a 900 ms sweep upwards); the cancel of timer i is sent at
+    // base + 3(n-1-i) ms (the same sweep downwards, paced by the clock rather than by how fast
+    // cancels commit), so the two fronts cross mid-way and both outcomes happen on a fast build
+    // and on a slow machine alike.
     let n: usize = 300;
     let base = now_ms() + 300;
     let timers = (0..n)
@@ -388,13 +390,18 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
         .await
         .unwrap();
 
-    // Phase 1: cancel every timer, highest first, from 8 concurrent clients.
+    // Phase 1: cancel every timer, highest first, from 8 concurrent clients, each on its cue.
     let mut tasks = Vec::new();
     for w in 0..8 {
         let mut cl = client.clone();
         tasks.push(tokio::spawn(async move {
             let mut outcomes = BTreeMap::new();
             for i in (0..n).rev().skip(w).step_by(8) {
+                let send_at = base + 3 * (n - 1 - i) as i64;
+                let wait = send_at - now_ms();
+                if wait > 0 {
+                    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+                }
                 let id = format!("race{i}");
                 let r = cl
                     .cancel(pb::CancelRequest {
