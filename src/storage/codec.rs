@@ -15,6 +15,12 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, config()).expect("bincode encoding of timerdb types")
 }
 
+/// Appends `value`'s encoding to `out` (the same bytes `encode` returns).
+pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) {
+    bincode::serde::encode_into_std_write(value, out, config())
+        .expect("bincode encoding of timerdb types");
+}
+
 /// Decodes bytes written by `encode`.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     let (value, _) = bincode::serde::decode_from_slice(bytes, config())
