@@ -264,6 +264,18 @@ pub enum Command {
 }
 
 impl Command {
+    /// The one timer a client command names, if it names one (what its apply looks up).
+    pub fn timer_key(&self) -> Option<&TimerKey> {
+        match self {
+            Command::Schedule { spec, .. } => Some(&spec.key),
+            Command::Cancel { key, .. }
+            | Command::Reschedule { key, .. }
+            | Command::Ack { key, .. }
+            | Command::Nack { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
     /// Short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {

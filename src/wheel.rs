@@ -158,8 +158,15 @@ impl Default for Wheel {
 
 /// Encodes a timer's primary key (the `index` family).
 pub fn timer_key(key: &TimerKey) -> Vec<u8> {
-    let mut out = namespace_prefix(&key.namespace);
-    out.extend_from_slice(key.id.as_bytes());
+    timer_key_of(&key.namespace, &key.id)
+}
+
+/// `timer_key` of the timer `id` in `namespace`, without a `TimerKey` to hold them.
+pub fn timer_key_of(namespace: &str, id: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + namespace.len() + id.len());
+    out.extend_from_slice(&(namespace.len() as u16).to_be_bytes());
+    out.extend_from_slice(namespace.as_bytes());
+    out.extend_from_slice(id.as_bytes());
     out
 }
 

@@ -143,6 +143,7 @@ impl Applier<'_> {
         for l in leases {
             whole.push(self.ack_lease(now_ms, &l)?);
         }
+        self.prefetch_index(acks.iter().map(|(key, _)| key))?;
         let mut answers = Vec::with_capacity(acks.len());
         for (key, attempt) in acks {
             answers.push(self.ack(now_ms, key, attempt)?);

@@ -441,6 +441,57 @@ async fn multi_commands_see_each_other() {
     assert_eq!(s.store.next_due().unwrap(), None);
 }
 
+/// A Multi entry over timers already stored: their index entries are read in one batch before
+/// the commands run, and a command that moves a row must still be seen by the next one (the
+/// staged index entry wins over the one read before the move).
+#[tokio::test]
+async fn multi_commands_on_stored_timers_see_the_entrys_own_moves() {
+    let mut s = Sm::new();
+    s.apply(schedule("e1", T0 + 100)).await;
+    s.apply(schedule("e2", T0 + 100)).await;
+    let multi = Command::Multi(vec![
+        Command::Reschedule {
+            now_ms: T0,
+            key: k("e2"),
+            when: When::At(T0 + 700),
+        },
+        Command::Reschedule {
+            now_ms: T0,
+            key: k("e2"),
+            when: When::At(T0 + 900),
+        },
+        Command::Cancel {
+            now_ms: T0,
+            key: k("e1"),
+        },
+        schedule("e1", T0 + 100),
+        schedule("e3", T0 + 100),
+    ]);
+    let Response::Multi(rs) = s.apply(multi).await else {
+        panic!("not a Multi response")
+    };
+    assert!(matches!(&rs[0], Response::Timer { timer, .. } if timer.fire_at_ms == T0 + 700));
+    assert!(
+        matches!(&rs[1], Response::Timer { timer, .. } if timer.fire_at_ms == T0 + 900),
+        "the second move found the row where the first put it: {:?}",
+        rs[1]
+    );
+    assert!(
+        matches!(&rs[3], Response::Timer { timer, created: false }
+            if timer.state == TimerState::Cancelled),
+        "the same schedule again answers the timer as it is now, cancelled: {:?}",
+        rs[3]
+    );
+    assert!(matches!(&rs[4], Response::Timer { created: true, .. }));
+    assert_eq!(s.timer("e1").state, TimerState::Cancelled);
+    assert_eq!(s.timer("e2").fire_at_ms, T0 + 900);
+    assert_eq!(rows(&s), 3, "moved rows left nothing behind");
+    s.apply(fire(T0 + 899, 100)).await;
+    assert_eq!(s.timer("e2").state, TimerState::Pending);
+    s.apply(fire(T0 + 900, 100)).await;
+    assert_eq!(s.timer("e2").state, TimerState::Fired);
+}
+
 /// Fire entries with grants: the entry that fires timers hands them out, up to the room.
 #[tokio::test]
 async fn fire_hands_out_what_it_fires() {
