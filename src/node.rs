@@ -245,7 +245,7 @@ impl Node {
             specs,
         };
         match self.write(cmd).await? {
-            Response::Batch(results) => Ok(results),
+            Response::Batch(answer) => answer.results(),
             other => Err(unexpected(other)),
         }
     }
@@ -452,7 +452,7 @@ mod faults {
             unreachable!("only Schedule is acknowledged early");
         };
         let raft = raft.clone();
-        tokio::spawn(async move { raft.client_write(cmd).await });
+        tokio::spawn(async move { raft.client_write(cmd.into()).await });
         (Timer::pending(spec, now_ms), true)
     }
 

@@ -14,6 +14,8 @@
 //! A [`Timer`] is what clients see; the state machine stores rows and derives it (see
 //! `storage`): most transitions are a cursor or a lease passing the timer, not a write to it.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::namespace::{Namespace, Policy};
@@ -324,8 +326,8 @@ pub enum Response {
         timer: Timer,
         created: bool,
     },
-    /// ScheduleBatch: one (timer, created) per spec, in request order.
-    Batch(Vec<(Timer, bool)>),
+    /// ScheduleBatch: one answer per spec, in request order.
+    Batch(BatchAnswer),
     /// Fire: how many timers fired, whether due rows or expired leases remain past `max`,
     /// and one lease per grant, in order (`None`: nothing to hand out).
     Fired {
@@ -353,6 +355,72 @@ pub enum Response {
     /// Multi: one response per command, in order.
     Multi(Vec<Response>),
     Rejected(Rejection),
+}
+
+/// What a ScheduleBatch did with each of its specs. The timers it created are not copied into
+/// the answer: every replica applies the entry and only the proposer reads the answer, so it
+/// shares the entry's command (an `Arc`) and [`BatchAnswer::results`] builds the views there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchAnswer {
+    /// The entry's command: the ScheduleBatch, or (`at` = its place) the Multi holding it.
+    pub command: Arc<Command>,
+    pub at: Option<usize>,
+    /// One per spec, in request order.
+    pub items: Vec<Scheduled>,
+}
+
+/// A ScheduleBatch's answer for one spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Scheduled {
+    /// Created now: `Timer::pending(spec, now_ms)`.
+    Created,
+    /// It existed with the same request (a retry): as it is.
+    Existing(Timer),
+    /// The same spec earlier in the batch, at this position: the same answer, not created.
+    SameAs(usize),
+}
+
+impl BatchAnswer {
+    /// Each spec's timer as the client sees it, and whether this batch created it.
+    pub fn results(self) -> crate::Result<Vec<(Timer, bool)>> {
+        let command = match (&*self.command, self.at) {
+            (cmd, None) => cmd,
+            (Command::Multi(cmds), Some(at)) => cmds.get(at).ok_or_else(|| {
+                crate::Error::Internal(format!("a batch answer at {at} of {}", cmds.len()))
+            })?,
+            (cmd, Some(_)) => cmd,
+        };
+        let Command::ScheduleBatch { now_ms, specs } = command else {
+            return Err(crate::Error::Internal(format!(
+                "a batch answer for a {}",
+                command.name()
+            )));
+        };
+        if specs.len() != self.items.len() {
+            return Err(crate::Error::Internal(format!(
+                "a batch answer of {} for {} specs",
+                self.items.len(),
+                specs.len()
+            )));
+        }
+        let mut out: Vec<(Timer, bool)> = Vec::with_capacity(specs.len());
+        for (spec, item) in specs.iter().zip(self.items) {
+            let result = match item {
+                Scheduled::Created => (Timer::pending(spec.clone(), *now_ms), true),
+                Scheduled::Existing(timer) => (timer, false),
+                Scheduled::SameAs(j) => match out.get(j) {
+                    Some((timer, _)) => (timer.clone(), false),
+                    None => {
+                        return Err(crate::Error::Internal(format!(
+                            "a batch answer refers ahead, to {j}"
+                        )))
+                    }
+                },
+            };
+            out.push(result);
+        }
+        Ok(out)
+    }
 }
 
 impl Rejection {

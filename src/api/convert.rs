@@ -140,17 +140,19 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
             limits.max_batch
         )));
     }
-    let mut seen = std::collections::HashSet::with_capacity(req.timers.len());
     let mut out = Vec::with_capacity(req.timers.len());
     for (i, t) in req.timers.iter().enumerate() {
-        let s = spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?;
-        if !seen.insert(s.key.clone()) {
+        out.push(spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?);
+    }
+    // Keys borrowed from the specs, not copied: 10,000 of them per call.
+    let mut seen = std::collections::HashSet::with_capacity(out.len());
+    for (i, s) in out.iter().enumerate() {
+        if !seen.insert(&s.key) {
             return Err(invalid(format!(
                 "timers[{i}]: {} appears twice in the batch",
                 s.key
             )));
         }
-        out.push(s);
     }
     Ok(out)
 }

@@ -74,14 +74,22 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::ScheduleBatchResponse>, Status> {
         let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let specs = &convert::specs(&req, self.limits())?;
+        let limits = self.limits();
+        // The first attempt takes the specs; a retry (leadership moved meanwhile) converts the
+        // request again rather than every call copying 10,000 specs in case it retries.
+        let first = &std::sync::Mutex::new(Some(convert::specs(&req, limits)?));
         let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
         let reply = self
             .router
             .route(
                 forwarded,
                 move || async move {
-                    let results = node.schedule_batch(specs.clone()).await?;
+                    let taken = first.lock().expect("specs lock").take();
+                    let specs = match taken {
+                        Some(specs) => specs,
+                        None => convert::specs(req, limits)?,
+                    };
+                    let results = node.schedule_batch(specs).await?;
                     let results = results
                         .into_iter()
                         .map(|(t, created)| pb::ScheduleResponse {

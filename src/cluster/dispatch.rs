@@ -339,7 +339,7 @@ impl DispatchLoop {
             now_ms,
             grants: plan.grants.clone(),
         };
-        let reply = match self.raft.client_write(cmd).await {
+        let reply = match self.raft.client_write(cmd.into()).await {
             Ok(reply) => reply,
             Err(e) => {
                 self.dispatcher.release(plan);

@@ -202,7 +202,7 @@ impl FireDriver {
                 max: self.max_fires_per_entry,
                 grants: plan.grants.clone(),
             };
-            match self.raft.client_write(cmd).await {
+            match self.raft.client_write(cmd.into()).await {
                 Ok(reply) => match reply.data {
                     Response::Fired {
                         count,

@@ -35,9 +35,11 @@ use crate::timer::{Command, Response};
 pub type NodeId = u64;
 
 openraft::declare_raft_types!(
-    /// timerdb's openraft types: commands in, responses out, snapshots as files.
+    /// timerdb's openraft types: commands in, responses out, snapshots as files. A command is
+    /// shared (`Arc`): openraft hands an entry to the log, to replication and to apply, and the
+    /// log cache (`storage::log_cache`) gives them all the one decoded copy.
     pub TypeConfig:
-        D = Command,
+        D = std::sync::Arc<Command>,
         R = Response,
         NodeId = NodeId,
         Node = BasicNode,

@@ -108,7 +108,7 @@ async fn propose(
     if batch.len() == 1 {
         let (cmd, waiter) = batch.pop().expect("one");
         let result = raft
-            .client_write(cmd)
+            .client_write(cmd.into())
             .await
             .map(|r| r.data)
             .map_err(map_err);
@@ -117,7 +117,7 @@ async fn propose(
     }
     let (cmds, waiters): (Vec<Command>, Vec<Waiter>) = batch.into_iter().unzip();
     let count = cmds.len();
-    match raft.client_write(Command::Multi(cmds)).await {
+    match raft.client_write(Command::Multi(cmds).into()).await {
         Ok(reply) => match reply.data {
             Response::Multi(responses) if responses.len() == count => {
                 for (waiter, response) in waiters.into_iter().zip(responses) {

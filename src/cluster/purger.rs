@@ -62,7 +62,7 @@ impl Purger {
                 };
                 let reply = self
                     .raft
-                    .client_write(cmd)
+                    .client_write(cmd.into())
                     .await
                     .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
                 match reply.data {

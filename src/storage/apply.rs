@@ -29,7 +29,10 @@ use super::read::Reader;
 use super::row::{derive, Kind, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::namespace::{Namespace, Policy};
-use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    BatchAnswer, Command, Rejection, Response, Scheduled, Timer, TimerKey, TimerSpec, TimerState,
+    When,
+};
 use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
@@ -111,16 +114,57 @@ impl<'a> Applier<'a> {
 
     /// Applies the entry's command. A ScheduleBatch alone in its entry reads nothing it
     /// writes (an id twice in it is handled by the batch itself), so its thousands of rows are
-    /// not also copied into the staging maps.
-    pub fn apply(&mut self, cmd: Command) -> Result<Response> {
-        self.stage = !matches!(cmd, Command::ScheduleBatch { .. });
-        self.command(cmd)
+    /// not also copied into the staging maps. Schedule and ScheduleBatch read their specs where
+    /// they lie in the shared command (see `log_cache`); other commands are small and applied
+    /// from a copy.
+    pub fn apply(&mut self, cmd: Arc<Command>) -> Result<Response> {
+        self.stage = !matches!(*cmd, Command::ScheduleBatch { .. });
+        let Command::Multi(cmds) = &*cmd else {
+            return self.shared(&cmd, &cmd, None);
+        };
+        self.prefetch_index(cmds.iter().filter_map(Command::timer_key))?;
+        let mut out = Vec::with_capacity(cmds.len());
+        for (at, sub) in cmds.iter().enumerate() {
+            if matches!(
+                sub,
+                Command::Multi(_)
+                    | Command::Fire { .. }
+                    | Command::Deliver { .. }
+                    | Command::Purge { .. }
+            ) {
+                return Err(Error::Internal(format!(
+                    "{} inside a Multi entry",
+                    sub.name()
+                )));
+            }
+            out.push(self.shared(sub, &cmd, Some(at))?);
+        }
+        Ok(Response::Multi(out))
+    }
+
+    /// `cmd`, which is `entry` or its command at `at` (a Multi's).
+    fn shared(
+        &mut self,
+        cmd: &Command,
+        entry: &Arc<Command>,
+        at: Option<usize>,
+    ) -> Result<Response> {
+        match cmd {
+            Command::Schedule { now_ms, spec } => self.schedule(*now_ms, spec),
+            Command::ScheduleBatch { now_ms, specs } => {
+                self.schedule_batch(*now_ms, specs, entry, at)
+            }
+            other => self.command(other.clone()),
+        }
     }
 
     fn command(&mut self, cmd: Command) -> Result<Response> {
         match cmd {
-            Command::Schedule { now_ms, spec } => self.schedule(now_ms, spec),
-            Command::ScheduleBatch { now_ms, specs } => self.schedule_batch(now_ms, specs),
+            Command::Schedule { now_ms, spec } => self.schedule(now_ms, &spec),
+            Command::ScheduleBatch { .. } | Command::Multi(_) => Err(Error::Internal(format!(
+                "{} applied from a copy",
+                cmd.name()
+            ))),
             Command::Cancel { now_ms, key } => self.cancel(now_ms, key),
             Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
             Command::Fire {
@@ -151,26 +195,6 @@ impl<'a> Applier<'a> {
                 namespace,
                 through,
             } => self.purge(now_ms, &namespace, through),
-            Command::Multi(cmds) => {
-                self.prefetch_index(cmds.iter().filter_map(Command::timer_key))?;
-                let mut out = Vec::with_capacity(cmds.len());
-                for cmd in cmds {
-                    if matches!(
-                        cmd,
-                        Command::Multi(_)
-                            | Command::Fire { .. }
-                            | Command::Deliver { .. }
-                            | Command::Purge { .. }
-                    ) {
-                        return Err(Error::Internal(format!(
-                            "{} inside a Multi entry",
-                            cmd.name()
-                        )));
-                    }
-                    out.push(self.command(cmd)?);
-                }
-                Ok(Response::Multi(out))
-            }
         }
     }
 
@@ -352,6 +376,16 @@ impl<'a> Applier<'a> {
 
     /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
     pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
+        let slot = self.next_slot(due_ms)?;
+        let key = wheel::timer_key_of(namespace, &row.body.id);
+        self.put_row(namespace, slot, row);
+        self.set_index(key, Some(slot));
+        self.placed_at(namespace, slot);
+        Ok(slot)
+    }
+
+    /// The slot for the entry's next row, due at `due_ms`.
+    fn next_slot(&mut self, due_ms: i64) -> Result<Slot> {
         if self.next_pos >= MAX_ROWS_PER_ENTRY {
             return Err(Error::Internal(format!(
                 "entry {} places more than {MAX_ROWS_PER_ENTRY} rows",
@@ -360,10 +394,11 @@ impl<'a> Applier<'a> {
         }
         let seq = Slot::seq(self.index, self.next_pos);
         self.next_pos += 1;
-        let slot = self.wheel.placement(due_ms, self.progress.cursor, seq);
-        let key = wheel::timer_key_of(namespace, &row.body.id);
-        self.put_row(namespace, slot, row);
-        self.set_index(key, Some(slot));
+        Ok(self.wheel.placement(due_ms, self.progress.cursor, seq))
+    }
+
+    /// Records a row placed at `slot`, for the heads and the fire driver's wake-up.
+    fn placed_at(&mut self, namespace: &str, slot: Slot) {
         match self.placed.get_mut(namespace) {
             Some(first) => *first = (*first).min(slot),
             None => {
@@ -371,7 +406,6 @@ impl<'a> Applier<'a> {
             }
         }
         self.wakes_at(self.wheel.due_ms(slot.bucket));
-        Ok(slot)
     }
 
     /// Deletes the row at `slot` and places `row` anew, due at `due_ms`.
@@ -421,18 +455,33 @@ impl<'a> Applier<'a> {
         })
     }
 
-    fn new_timer(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Timer> {
-        let timer = Timer::pending(spec, now_ms);
-        let ns = &timer.key.namespace;
+    /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
+    /// only an entry whose later commands may read it (`stage`) also keeps a `Row`.
+    fn create(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<()> {
+        let ns = &spec.key.namespace;
         self.progress.pending += 1;
         self.progress.stored += 1;
         let meta = self.ns(ns)?;
         meta.pending += 1;
         meta.stored += 1;
         self.events.scheduled();
-        let row = super::row::materialize(&timer, Kind::Pending);
-        self.place(ns, row, timer.fire_at_ms)?;
-        Ok(timer)
+        if self.stage {
+            self.place(
+                ns,
+                super::row::pending(spec, now_ms),
+                spec.when.resolve(now_ms),
+            )?;
+        } else {
+            let slot = self.next_slot(spec.when.resolve(now_ms))?;
+            self.batch.put_cf(
+                cf(self.db, CF_WHEEL),
+                wheel::slot_key(ns, slot),
+                super::row::encode_pending(spec, now_ms),
+            );
+            self.set_index(wheel::timer_key_of(ns, &spec.key.id), Some(slot));
+            self.placed_at(ns, slot);
+        }
+        Ok(())
     }
 
     /// The existing timer at `spec`'s key, if any, as a client sees it.
@@ -443,24 +492,37 @@ impl<'a> Applier<'a> {
         }
     }
 
-    fn schedule(&mut self, now_ms: i64, spec: TimerSpec) -> Result<Response> {
+    fn schedule(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<Response> {
         match self.existing(&spec.key)? {
-            Some(existing) if existing.same_request(&spec) => Ok(Response::Timer {
+            Some(existing) if existing.same_request(spec) => Ok(Response::Timer {
                 timer: existing,
                 created: false,
             }),
-            Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(spec.key))),
-            None => Ok(Response::Timer {
-                timer: self.new_timer(now_ms, spec)?,
-                created: true,
-            }),
+            Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(
+                spec.key.clone(),
+            ))),
+            None => {
+                self.create(now_ms, spec)?;
+                Ok(Response::Timer {
+                    timer: Timer::pending(spec.clone(), now_ms),
+                    created: true,
+                })
+            }
         }
     }
 
     /// All or none: any conflicting key rejects the whole batch before anything is staged.
-    fn schedule_batch(&mut self, now_ms: i64, specs: Vec<TimerSpec>) -> Result<Response> {
+    /// The answer shares `entry` (the command the specs lie in, at `at` if a Multi's) rather
+    /// than copying each new timer into it: see [`BatchAnswer`].
+    fn schedule_batch(
+        &mut self,
+        now_ms: i64,
+        specs: &[TimerSpec],
+        entry: &Arc<Command>,
+        at: Option<usize>,
+    ) -> Result<Response> {
         self.prefetch_index(specs.iter().map(|s| &s.key))?;
-        let mut existing: Vec<Option<Timer>> = Vec::with_capacity(specs.len());
+        let mut items: Vec<Scheduled> = Vec::with_capacity(specs.len());
         let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::default();
         for (i, spec) in specs.iter().enumerate() {
             if let Some(&j) = first_in_batch.get(&spec.key) {
@@ -469,29 +531,30 @@ impl<'a> Applier<'a> {
                         spec.key.clone(),
                     )));
                 }
-                existing.push(None);
+                items.push(Scheduled::SameAs(j));
                 continue;
             }
             first_in_batch.insert(&spec.key, i);
-            let found = self.existing(&spec.key)?;
-            if found.as_ref().is_some_and(|t| !t.same_request(spec)) {
-                return Ok(Response::Rejected(Rejection::AlreadyExists(
-                    spec.key.clone(),
-                )));
+            match self.existing(&spec.key)? {
+                Some(t) if !t.same_request(spec) => {
+                    return Ok(Response::Rejected(Rejection::AlreadyExists(
+                        spec.key.clone(),
+                    )))
+                }
+                Some(t) => items.push(Scheduled::Existing(t)),
+                None => items.push(Scheduled::Created),
             }
-            existing.push(found);
         }
-        let positions: Vec<usize> = specs.iter().map(|s| first_in_batch[&s.key]).collect();
-        let mut results: Vec<(Timer, bool)> = Vec::with_capacity(specs.len());
-        for ((i, spec), found) in specs.into_iter().enumerate().zip(existing) {
-            let result = match found {
-                Some(t) => (t, false),
-                None if positions[i] < i => (results[positions[i]].0.clone(), false),
-                None => (self.new_timer(now_ms, spec)?, true),
-            };
-            results.push(result);
+        for (spec, item) in specs.iter().zip(&items) {
+            if matches!(item, Scheduled::Created) {
+                self.create(now_ms, spec)?;
+            }
         }
-        Ok(Response::Batch(results))
+        Ok(Response::Batch(BatchAnswer {
+            command: entry.clone(),
+            at,
+            items,
+        }))
     }
 
     fn cancel(&mut self, now_ms: i64, key: TimerKey) -> Result<Response> {

@@ -8,6 +8,9 @@
 //! - The log has no holes: truncate deletes a suffix, purge a prefix and records the last
 //!   purged id in the same synced batch.
 //!
+//! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
+//! decoded entries when it holds them; RocksDB answers the rest.
+//!
 //! Group commit: the [`Syncer`] thread takes every callback queued since its last fsync and
 //! answers them all after one `SyncWAL`, so many concurrent appends cost one fsync. Callbacks
 //! are answered in append order, which openraft requires.
@@ -24,6 +27,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
+use super::log_cache::LogCache;
 use super::{cf, codec, CF_LOG, CF_RAFT};
 use crate::cluster::TypeConfig;
 
@@ -52,6 +56,8 @@ pub struct LogStore {
     syncer: Arc<Syncer>,
     /// The latest commit index openraft told this store (0: none yet), for health checks.
     committed: Arc<AtomicU64>,
+    /// The newest entries, decoded.
+    cache: Arc<LogCache>,
 }
 
 /// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
@@ -89,6 +95,7 @@ impl LogStore {
             db,
             syncer: Arc::new(syncer),
             committed: Arc::default(),
+            cache: Arc::default(),
         }
     }
 
@@ -158,6 +165,14 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => i + 1,
             Bound::Unbounded => 0,
         };
+        let end = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => *i,
+            Bound::Unbounded => u64::MAX,
+        };
+        if let Some(entries) = self.cache.get(start, end, usize::MAX) {
+            return Ok(entries);
+        }
         let key = log_key(start);
         let iter = self.db.iterator_cf(
             cf(&self.db, CF_LOG),
@@ -187,6 +202,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> StResult<Vec<Entry<TypeConfig>>> {
+        if let Some(entries) = self.cache.get(start, end, MAX_APPEND_BYTES) {
+            return Ok(entries);
+        }
         let key = log_key(start);
         let iter = self.db.iterator_cf(
             cf(&self.db, CF_LOG),
@@ -258,11 +276,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let log = cf(&self.db, CF_LOG);
         let mut batch = WriteBatch::default();
+        let mut written = Vec::new();
         for entry in entries {
-            batch.put_cf(log, log_key(entry.log_id.index), codec::encode(&entry));
+            let bytes = codec::encode(&entry);
+            batch.put_cf(log, log_key(entry.log_id.index), &bytes);
+            written.push((bytes.len(), entry));
         }
         // Readable now; durable when the syncer calls back.
         self.db.write(batch).map_err(write_err)?;
+        self.cache.appended(written);
         self.syncer
             .queue
             .as_ref()
@@ -272,6 +294,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> StResult<()> {
+        self.cache.truncate(log_id.index);
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(
             cf(&self.db, CF_LOG),
@@ -279,13 +302,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             log_key(u64::MAX),
         );
         batch.delete_cf(cf(&self.db, CF_LOG), log_key(u64::MAX));
-        self.write_synced(batch)
+        self.write_synced(batch).inspect_err(|_| {
+            // The log may still hold what the cache dropped: a cache that is not a suffix of
+            // the log must not answer.
+            self.cache.truncate(0);
+        })
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> StResult<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
         batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
-        self.write_synced(batch)
+        self.write_synced(batch)?;
+        self.cache.purge(log_id.index);
+        Ok(())
     }
 }

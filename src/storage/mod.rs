@@ -32,6 +32,7 @@ mod deliver;
 mod fire;
 mod gc;
 mod heads;
+mod log_cache;
 pub mod log_store;
 pub mod meta;
 mod purge;

@@ -101,7 +101,7 @@ const T0: i64 = 1_800_000_000_000;
 fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(cmd),
+        payload: EntryPayload::Normal(cmd.into()),
     }
 }
 
@@ -402,9 +402,10 @@ async fn batch_is_all_or_nothing() {
     let r = s
         .apply(batch(vec![spec("n1", T0, "p"), spec("taken", T0, "p")]))
         .await;
-    let Response::Batch(results) = r else {
+    let Response::Batch(answer) = r else {
         panic!("{r:?}")
     };
+    let results = answer.results().unwrap();
     assert_eq!(
         results.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
         vec![true, false]
