@@ -138,13 +138,27 @@ impl LogStore {
     }
 }
 
+/// A log fsync slower than this is logged.
+const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The group-commit loop: one `SyncWAL` for every burst of appends, callbacks in order.
 /// Runs until every `LogStore` clone is dropped.
 fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {
         let mut waiting = vec![first];
         waiting.extend(rx.try_iter());
+        let started = std::time::Instant::now();
         let result = db.flush_wal(true);
+        let took = started.elapsed();
+        // openraft 0.9's core waits for this fsync before it does anything else (heartbeats,
+        // commits): one that takes this long shows in elections and in "no quorum" answers.
+        if took > SLOW_FSYNC {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                appends = waiting.len(),
+                "slow log fsync"
+            );
+        }
         for callback in waiting {
             let r = match &result {
                 Ok(()) => Ok(()),

@@ -169,12 +169,14 @@ pub async fn load(
     let conns = target.timers(leader, opts.batch_in_flight.min(4))?;
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
+    let retries = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let bar = crate::progress::counted(label, count);
     let mut tasks = Vec::new();
     for c in 0..opts.batch_in_flight {
         let mut client = conns[c % conns.len()].clone();
         let (next, done, due, ns) = (next.clone(), done.clone(), due.clone(), ns.to_string());
+        let retries = retries.clone();
         let (batch, payload) = (opts.load_batch as u64, opts.payload_bytes);
         tasks.push(tokio::spawn(async move {
             loop {
@@ -186,9 +188,21 @@ pub async fn load(
                     .map(|i| schedule_req(&ns, format!("t{i}"), due(i), payload))
                     .collect::<Vec<_>>();
                 let n = timers.len() as u64;
-                client
-                    .schedule_batch(pb::ScheduleBatchRequest { timers })
-                    .await?;
+                let req = pb::ScheduleBatchRequest { timers };
+                // As a client should: UNAVAILABLE (a leader change, a leader that heard from no
+                // quorum for a second) means "retry", and the same batch is safe to send again.
+                let mut waited = Duration::ZERO;
+                loop {
+                    match client.schedule_batch(req.clone()).await {
+                        Ok(_) => break,
+                        Err(s) if s.code() == tonic::Code::Unavailable && waited < RETRY_FOR => {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                            waited += RETRY_PAUSE;
+                        }
+                        Err(s) => return Err(s),
+                    }
+                }
                 done.fetch_add(n, Ordering::Relaxed);
             }
         }));
@@ -208,5 +222,13 @@ pub async fn load(
         }
     }
     bar.finish_and_clear();
+    let retries = retries.load(Ordering::Relaxed);
+    if retries > 0 {
+        eprintln!("{label}: {retries} batch calls answered UNAVAILABLE and were sent again");
+    }
     Ok(started.elapsed().as_secs_f64())
 }
+
+/// How long a loader keeps resending a batch answered UNAVAILABLE, and how often.
+const RETRY_FOR: Duration = Duration::from_secs(30);
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
