@@ -87,25 +87,43 @@ fn restore(backup: &std::path::Path, config: &timerdb::config::NodeConfig) -> an
 }
 
 fn main() -> anyhow::Result<()> {
-    limit_malloc_arenas();
+    configure_malloc();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
         .block_on(run())
 }
 
-/// glibc gives every thread that contends for the heap an arena of its own, up to 8 per core,
-/// and memory freed into one arena is not reused by another: with tokio's workers, the
-/// blocking pool and RocksDB's threads all allocating, a node held ~100 MiB more than it used
-/// (10,000,000 pending timers: 446 MiB RSS, 339 MiB with two arenas; docs/benchmarks.md). Two
-/// arenas keep contention low on the machines timerd runs on. Called before any thread
-/// starts; an operator's own MALLOC_ARENA_MAX wins.
-fn limit_malloc_arenas() {
+/// glibc's malloc, set for a server that holds little and passes much through.
+///
+/// - Arenas: glibc gives every thread that contends for the heap an arena of its own, up to 8
+///   per core, and memory freed into one arena is not reused by another: with tokio's workers,
+///   the blocking pool and RocksDB's threads all allocating, a node held ~100 MiB more than it
+///   used (10,000,000 pending timers: 446 MiB RSS, 339 MiB with two arenas). Two arenas keep
+///   contention low on the machines timerd runs on.
+/// - Large blocks: glibc raises its mmap threshold (up to 32 MiB) each time a large mmapped
+///   block is freed; blocks under the new threshold then come from the heap, which keeps what
+///   is freed in its middle. RocksDB's memtable arenas (8 MiB blocks) and the entries a node
+///   passes through (decoded batches, request buffers, write batches of up to megabytes) ended
+///   up there, and a node held them after a load. The threshold fixed at 1 MiB (and the heap
+///   trimmed past 4 MiB free): 10,000,000 pending timers, RSS right after the load 386 -> 341
+///   MiB (one run each). At 128 KiB it was 264 MiB, but every entry-sized allocation became an
+///   mmap with its page faults: ScheduleBatch x0.86 (3 side-by-side runs); at 1 MiB x0.98 and
+///   Schedule x1.03, within the runs' spread.
+///
+/// Called before any thread starts; an operator's own MALLOC_* variables win.
+fn configure_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+    for (var, param, value) in [
+        ("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, 2),
+        ("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 1 << 20),
+        ("MALLOC_TRIM_THRESHOLD_", libc::M_TRIM_THRESHOLD, 4 << 20),
+    ] {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
+            unsafe {
+                libc::mallopt(param, value);
+            }
         }
     }
 }
