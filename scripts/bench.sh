@@ -3,7 +3,8 @@
 # the schedule, batch, fire, burst, failover, keys and naive workloads (3 runs of each
 # configuration, taken side by side, reported as medians), the 10,000,000-timer pending workload
 # (one run: it takes minutes), and the Redis comparison. Results go to bench-results/ as
-# Markdown tables and JSON. With --compare it took 42 minutes on a 2-core machine (2026-11-23).
+# Markdown tables and JSON. With --compare it took 42 minutes on an Intel 2-core machine
+# (2026-11-23) and 52 on the AMD one of docs/benchmarks.md (2026-11-25).
 #
 #   scripts/bench.sh                  everything
 #   scripts/bench.sh --compare OLD    the same, each configuration also measured with the timerd
