@@ -98,12 +98,13 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
     // No preallocation: RocksDB would otherwise reserve ~70 MB of WAL ahead and keep accepting
     // writes on a full disk until that runs out. Without it a full disk fails the very next
     // write, so the node stops at once (a storage error is fatal to Raft) instead of later.
-    // (rust-rocksdb has no setter for it; the options-string parser has.)
     //
     // A restart replays the WAL into memtables and, by default, then flushes every replayed
     // memtable to L0 before the database opens: up to the whole memtable budget written (and
     // fsynced) on each node before it can take part again. Kept in the memtables instead, the
     // WAL files stay until a normal flush (or the quiet flusher) writes them out.
+    //
+    // (rust-rocksdb has a setter for neither; the options-string parser has both.)
     let mut opts =
         opts.get_options_from_string("allow_fallocate=false;avoid_flush_during_recovery=true")?;
     // All memtables together stay under one budget, whatever the number of column families.
