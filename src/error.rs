@@ -26,6 +26,12 @@ pub enum Error {
     /// The request is too large for the configured limits.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// A rate limit refused the request; the same request may succeed after `retry_after_ms`.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after_ms: u64,
+    },
     /// This node is not the leader; the caller should retry against the leader.
     #[error("this node is not the leader")]
     NotLeader,

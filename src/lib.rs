@@ -14,6 +14,7 @@
 //! - [`cluster`]: openraft types, peer network, fire driver.
 //! - [`node`]: a node's operations in domain terms.
 //! - [`backup`]: online backups (the leader's snapshot of every acknowledged write).
+//! - [`push`]: push delivery, the leader calling receivers back (HTTP webhooks, gRPC).
 //! - [`api`]: gRPC services, validation, forwarding to the leader.
 //! - [`server`]: wires a node together and runs it.
 //! - [`config`], [`error`]: configuration and the one error type.
@@ -28,6 +29,7 @@ pub mod membership;
 pub mod metrics;
 pub mod namespace;
 pub mod node;
+pub mod push;
 pub mod server;
 pub mod storage;
 pub mod timer;

@@ -30,6 +30,10 @@ use crate::{Error, Result};
 
 const LATENESS: &str = "timerdb_fire_lateness_seconds";
 const GRPC_SECONDS: &str = "timerdb_grpc_request_duration_seconds";
+const PUSH_SECONDS: &str = "timerdb_push_latency_seconds";
+/// Grants cut short (or not made) by a namespace's limit, by `namespace` and `limit`
+/// (`rate`, `concurrency`).
+pub const DISPATCH_THROTTLED: &str = "timerdb_dispatch_throttled_total";
 
 /// Serves `/metrics` over HTTP at `addr`; call once per process, inside the runtime.
 pub fn serve(addr: SocketAddr) -> Result<()> {
@@ -49,6 +53,15 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
                 &[
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0,
+                ],
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(PUSH_SECONDS.into()),
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
                 ],
             )
         })
@@ -142,6 +155,24 @@ pub fn grpc(method: &str, code: tonic::Code, elapsed: Duration) {
     histogram!(GRPC_SECONDS, &labels).record(elapsed.as_secs_f64());
 }
 
+/// One push attempt's outcome (`ok`, `http_5xx`, `timeout`, …) and latency, by namespace.
+pub fn pushed(namespace: &str, outcome: &'static str, elapsed: Duration) {
+    let ns = namespace.to_string();
+    counter!("timerdb_push_dispatches_total", "namespace" => ns.clone(), "outcome" => outcome)
+        .increment(1);
+    histogram!(PUSH_SECONDS, "namespace" => ns).record(elapsed.as_secs_f64());
+}
+
+/// Push requests outstanding for `namespace` on this leader.
+pub fn push_in_flight(namespace: &str, n: usize) {
+    gauge!("timerdb_push_in_flight", "namespace" => namespace.to_string()).set(n as f64);
+}
+
+/// A Schedule or ScheduleBatch refused by `namespace`'s schedule rate limit.
+pub fn schedule_throttled(namespace: &str) {
+    counter!("timerdb_schedule_throttled_total", "namespace" => namespace.to_string()).increment(1);
+}
+
 /// Sets the gauges from `node` every second until `shutdown`.
 pub async fn sample_loop(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -181,5 +212,14 @@ fn sample(node: &Node) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot read pending counts for metrics"),
+    }
+    match node.store.namespaces(None, 10_000) {
+        Ok(list) => {
+            for ns in list {
+                let paused = if ns.policy.paused { 1.0 } else { 0.0 };
+                gauge!("timerdb_namespace_paused", "namespace" => ns.name).set(paused);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read namespaces for metrics"),
     }
 }

@@ -8,6 +8,12 @@
 //!
 //! Backoff is described in integers (a multiplier in per mille, jitter in percent) so that
 //! every replica computes the same deadlines: floating point stays out of replicated state.
+//!
+//! Besides the policy, a namespace may have a [`PushTarget`]: the leader then delivers its fired
+//! timers by calling that endpoint back (`push`) instead of handing them to Subscribe streams.
+//! The dispatch limits (rate, burst, concurrency), the schedule rate limit and the paused flag
+//! are in the policy; they are enforced by the leader in memory (`cluster::limits`), never by
+//! apply, which only stores them. Design: docs/push.md.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +41,19 @@ pub struct Policy {
     pub retention_ms: u64,
     /// Largest payload a timer of this namespace may carry. Default 64 KiB.
     pub max_payload_bytes: u32,
+    /// Deliveries (push or Subscribe, first or retried) started per second; `None`: unlimited.
+    pub max_dispatches_per_second: Option<u32>,
+    /// Deliveries that may start at once after a quiet spell (the token bucket's size).
+    /// Default: a tenth of the rate, at least 1.
+    pub max_burst: u32,
+    /// Deliveries unsettled at once, across every subscription; `None`: unlimited.
+    pub max_concurrent_dispatches: Option<u32>,
+    /// Timers scheduled per second (Schedule and ScheduleBatch); `None`: unlimited.
+    pub max_schedules_per_second: Option<u32>,
+    /// Timers that may be scheduled at once after a quiet spell. Default: the rate.
+    pub max_schedule_burst: u32,
+    /// Fired timers are not dispatched while paused (they still fire, and wait READY).
+    pub paused: bool,
 }
 
 impl Default for Policy {
@@ -48,9 +67,20 @@ impl Default for Policy {
             backoff_jitter_percent: 20,
             retention_ms: 7 * DAY_MS,
             max_payload_bytes: 64 * 1024,
+            max_dispatches_per_second: None,
+            max_burst: MAX_RATE,
+            max_concurrent_dispatches: None,
+            max_schedules_per_second: None,
+            max_schedule_burst: MAX_RATE,
+            paused: false,
         }
     }
 }
+
+/// Most deliveries per second or timers scheduled per second a limit may name.
+pub const MAX_RATE: u32 = 1_000_000;
+/// Most concurrent dispatches a namespace may allow.
+pub const MAX_CONCURRENCY: u32 = 100_000;
 
 fn check(ok: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if ok {
@@ -117,7 +147,45 @@ impl Policy {
                 p.max_payload_bytes
             )
             },
-        )
+        )?;
+        let rate = |field: &str, v: Option<u32>| match v {
+            Some(r) if !(1..=MAX_RATE).contains(&r) => Err(Error::InvalidArgument(format!(
+                "{field} {r} must be between 1 and {MAX_RATE} (leave it unset for no limit; \
+                 to stop deliveries, pause the namespace)"
+            ))),
+            _ => Ok(()),
+        };
+        rate("max_dispatches_per_second", p.max_dispatches_per_second)?;
+        rate("max_schedules_per_second", p.max_schedules_per_second)?;
+        for (field, burst) in [
+            ("max_burst", p.max_burst),
+            ("max_schedule_burst", p.max_schedule_burst),
+        ] {
+            check((1..=MAX_RATE).contains(&burst), || {
+                format!("{field} {burst} must be between 1 and {MAX_RATE}")
+            })?;
+        }
+        match p.max_concurrent_dispatches {
+            Some(c) if !(1..=MAX_CONCURRENCY).contains(&c) => Err(Error::InvalidArgument(format!(
+                "max_concurrent_dispatches {c} must be between 1 and {MAX_CONCURRENCY} \
+                     (leave it unset for no limit)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fills the bursts left at 0 with their defaults: a tenth of the dispatch rate, the
+    /// schedule rate (at least 1; with no rate, the burst is unused and set to the maximum).
+    pub fn with_default_bursts(mut self) -> Policy {
+        if self.max_burst == 0 {
+            self.max_burst = self
+                .max_dispatches_per_second
+                .map_or(MAX_RATE, |r| (r / 10).max(1));
+        }
+        if self.max_schedule_burst == 0 {
+            self.max_schedule_burst = self.max_schedules_per_second.unwrap_or(MAX_RATE);
+        }
+        self
     }
 }
 
@@ -164,8 +232,115 @@ fn mix(fire_index: u64, attempt: u32) -> u64 {
 pub struct Namespace {
     pub name: String,
     pub policy: Policy,
+    /// Where the leader pushes fired timers; `None`: they go to Subscribe streams.
+    pub push: Option<PushTarget>,
     /// False when the namespace was never configured and `policy` is the default.
     pub configured: bool,
+}
+
+/// What the state machine stores for a configured namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub policy: Policy,
+    pub push: Option<PushTarget>,
+}
+
+/// How a push reaches the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Protocol {
+    /// `POST` of the payload, signed as Standard Webhooks asks (`http://` or `https://`).
+    Http,
+    /// `timerdb.v1.Receiver/Receive` (`grpc://` or `grpcs://`).
+    Grpc,
+}
+
+/// A namespace's push target: the leader calls `url` for every fired timer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushTarget {
+    pub url: String,
+    /// Signing secrets, `whsec_` + base64; one, or two while rotating (both sign).
+    pub secrets: Vec<String>,
+    /// How long one request may take before it counts as a failed attempt.
+    pub timeout_ms: u64,
+    /// A 4xx other than 408/429 (or the gRPC codes that mean the same) is DEAD at once instead
+    /// of retried.
+    pub dead_on_client_error: bool,
+}
+
+/// Longest push URL.
+pub const MAX_URL_BYTES: usize = 2048;
+/// Default push request timeout (capped below the ack timeout).
+pub const DEFAULT_PUSH_TIMEOUT_MS: u64 = 10 * SECOND_MS;
+
+impl PushTarget {
+    /// The protocol its URL's scheme names (validated first).
+    pub fn protocol(&self) -> Protocol {
+        if self.url.starts_with("grpc") {
+            Protocol::Grpc
+        } else {
+            Protocol::Http
+        }
+    }
+
+    /// Checks the URL, the secrets and the timeout (which must end before `policy`'s ack
+    /// timeout, so that a live leader settles every attempt before its lease expires).
+    pub fn validate(&self, policy: &Policy) -> Result<()> {
+        check(self.url.len() <= MAX_URL_BYTES, || {
+            format!(
+                "push url is {} bytes; at most {MAX_URL_BYTES}",
+                self.url.len()
+            )
+        })?;
+        let uri: http::Uri = self.url.parse().map_err(|e| {
+            Error::InvalidArgument(format!("push url {:?} is not a URL: {e}", self.url))
+        })?;
+        let scheme = uri.scheme_str().unwrap_or("");
+        check(
+            matches!(scheme, "http" | "https" | "grpc" | "grpcs"),
+            || {
+                format!(
+                    "push url {:?} must start with http://, https://, grpc:// or grpcs:// \
+                     (got scheme {scheme:?})",
+                    self.url
+                )
+            },
+        )?;
+        check(uri.host().is_some_and(|h| !h.is_empty()), || {
+            format!("push url {:?} names no host", self.url)
+        })?;
+        check(
+            uri.authority().is_some_and(|a| !a.as_str().contains('@')),
+            || format!("push url {:?} must not carry credentials", self.url),
+        )?;
+        check(
+            !(scheme.starts_with("grpc") && uri.path().len() > 1),
+            || {
+                format!(
+                    "push url {:?}: a gRPC target is host:port only (the method is \
+                     timerdb.v1.Receiver/Receive)",
+                    self.url
+                )
+            },
+        )?;
+        check((1..=2).contains(&self.secrets.len()), || {
+            format!(
+                "a push target takes one or two secrets (two while rotating), not {}",
+                self.secrets.len()
+            )
+        })?;
+        for s in &self.secrets {
+            crate::push::sign::Secret::parse(s)?;
+        }
+        check(
+            self.timeout_ms >= 100 && self.timeout_ms < policy.ack_timeout_ms,
+            || {
+                format!(
+                    "push timeout_ms {} must be at least 100 and less than ack_timeout_ms {}",
+                    self.timeout_ms, policy.ack_timeout_ms
+                )
+            },
+        )
+    }
 }
 
 #[cfg(test)]
@@ -255,7 +430,105 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        Policy::default().validate(64 * 1024).unwrap();
+        Policy::default()
+            .with_default_bursts()
+            .validate(64 * 1024)
+            .unwrap();
+    }
+
+    fn target(url: &str) -> PushTarget {
+        PushTarget {
+            url: url.into(),
+            secrets: vec!["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD".into()],
+            timeout_ms: 5_000,
+            dead_on_client_error: false,
+        }
+    }
+
+    #[test]
+    fn push_targets_are_checked() {
+        let p = Policy::default();
+        for ok in [
+            "http://127.0.0.1:8080/hook",
+            "https://example.com/a?b=c",
+            "grpc://10.0.0.1:50051",
+            "grpcs://receiver.internal:443",
+        ] {
+            target(ok)
+                .validate(&p)
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        assert_eq!(target("grpc://h:1").protocol(), Protocol::Grpc);
+        assert_eq!(target("https://h").protocol(), Protocol::Http);
+        for (bad, says) in [
+            ("not a url", "not a URL"),
+            ("ftp://host/x", "must start with"),
+            ("file:///etc/passwd", "not a URL"),
+            ("file://host/etc/passwd", "must start with"),
+            ("http://user:pw@host/x", "credentials"),
+            (
+                "grpc://host:1/timerdb.v1.Receiver/Receive",
+                "host:port only",
+            ),
+            ("/relative/path", "must start with"),
+        ] {
+            let e = target(bad).validate(&p).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let long = format!("http://h/{}", "a".repeat(MAX_URL_BYTES));
+        assert!(target(&long).validate(&p).is_err());
+        let mut t = target("http://h/");
+        t.timeout_ms = p.ack_timeout_ms;
+        assert!(t
+            .validate(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("ack_timeout_ms"));
+        t.timeout_ms = 5_000;
+        t.secrets = vec![];
+        assert!(t.validate(&p).unwrap_err().to_string().contains("secrets"));
+        t.secrets = vec!["whsec_!!notbase64".into()];
+        assert!(t.validate(&p).is_err());
+    }
+
+    #[test]
+    fn limits_are_checked_and_bursts_default() {
+        let p = Policy {
+            max_dispatches_per_second: Some(200),
+            max_schedules_per_second: Some(1000),
+            max_burst: 0,
+            max_schedule_burst: 0,
+            ..Policy::default()
+        }
+        .with_default_bursts();
+        assert_eq!((p.max_burst, p.max_schedule_burst), (20, 1000));
+        p.validate(64 * 1024).unwrap();
+        for (bad, field) in [
+            (
+                Policy {
+                    max_dispatches_per_second: Some(0),
+                    ..p
+                },
+                "max_dispatches_per_second 0",
+            ),
+            (
+                Policy {
+                    max_schedules_per_second: Some(MAX_RATE + 1),
+                    ..p
+                },
+                "max_schedules_per_second",
+            ),
+            (
+                Policy {
+                    max_concurrent_dispatches: Some(0),
+                    ..p
+                },
+                "max_concurrent_dispatches",
+            ),
+        ] {
+            let e = bad.validate(64 * 1024).unwrap_err().to_string();
+            assert!(e.contains(field), "{e} lacks {field}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use openraft::ServerState;
 
 use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft};
 use crate::config::NodeConfig;
-use crate::namespace::{Namespace, Policy};
+use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::{Error, Result};
@@ -74,6 +74,8 @@ pub struct Node {
     pub committed: Arc<std::sync::atomic::AtomicU64>,
     /// The snapshot directory (its counters, for status and metrics).
     pub snapshots: Arc<crate::storage::Snapshots>,
+    /// Schedule-rate buckets per namespace (used while this node leads).
+    pub schedule_tokens: crate::cluster::limits::Buckets,
 }
 
 /// How long a leader may go without an answer from a quorum before it refuses writes and
@@ -223,8 +225,45 @@ impl Node {
         Ok(())
     }
 
+    /// Takes `namespace`'s schedule-rate tokens for `n` timers, or refuses with the wait.
+    fn check_schedule_rate(&self, namespace: &str, n: usize) -> Result<()> {
+        let policy = self.store.namespace(namespace)?.policy;
+        let Some(rate) = policy.max_schedules_per_second else {
+            return Ok(());
+        };
+        let term = self.raft.metrics().borrow().current_term;
+        let limit = (rate, policy.max_schedule_burst);
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        let now_ms = self.now_ms();
+        // Filled from when this node began to lead, as the dispatch buckets are.
+        let since = self.dispatcher.leading_since(term).unwrap_or(now_ms);
+        let taken = self
+            .schedule_tokens
+            .with((term, since), now_ms, namespace, limit, |b| b.take_all(n));
+        let Err(wait) = taken else {
+            return Ok(());
+        };
+        crate::metrics::schedule_throttled(namespace);
+        Err(match wait {
+            Some(ms) => Error::RateLimited {
+                message: format!(
+                    "namespace {namespace} takes at most {rate} timers a second \
+                     (burst {}); retry after {ms} ms",
+                    limit.1
+                ),
+                retry_after_ms: ms,
+            },
+            None => Error::ResourceExhausted(format!(
+                "{n} timers at once exceed namespace {namespace}'s schedule burst of {}; \
+                 send smaller batches",
+                limit.1
+            )),
+        })
+    }
+
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
         self.check_payloads([&spec])?;
+        self.check_schedule_rate(&spec.key.namespace, 1)?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
             spec,
@@ -240,6 +279,13 @@ impl Node {
 
     pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
         self.check_payloads(&specs)?;
+        let mut per_ns: HashMap<&str, usize> = HashMap::new();
+        for s in &specs {
+            *per_ns.entry(s.key.namespace.as_str()).or_default() += 1;
+        }
+        for (ns, n) in per_ns {
+            self.check_schedule_rate(ns, n)?;
+        }
         let cmd = Command::ScheduleBatch {
             now_ms: self.now_ms(),
             specs,
@@ -382,9 +428,37 @@ impl Node {
         }
     }
 
-    /// Replicates a namespace's policy (already validated).
-    pub async fn put_namespace(&self, name: String, policy: Policy) -> Result<Namespace> {
-        match self.write(Command::PutNamespace { name, policy }).await? {
+    /// Replicates a namespace's policy and push target (already validated). The paused flag
+    /// is kept (pause and resume have their own command); a push target given without secrets
+    /// keeps the namespace's current ones, or gets a new one generated here, on the leader, so
+    /// the log carries it and every replica stores the same.
+    pub async fn put_namespace(
+        &self,
+        name: String,
+        mut policy: Policy,
+        mut push: Option<PushTarget>,
+    ) -> Result<Namespace> {
+        let current = self.store.namespace(&name)?;
+        policy.paused = current.policy.paused;
+        if let Some(target) = push.as_mut() {
+            if target.secrets.is_empty() {
+                target.secrets = match current.push {
+                    Some(old) => old.secrets,
+                    None => vec![crate::push::sign::Secret::generate()],
+                };
+            }
+            target.validate(&policy)?;
+        }
+        let cmd = Command::PutNamespace { name, policy, push };
+        match self.write(cmd).await? {
+            Response::Namespace(ns) => Ok(ns),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Pauses (or resumes) the dispatching of a namespace's fired timers.
+    pub async fn pause_namespace(&self, name: String, paused: bool) -> Result<Namespace> {
+        match self.write(Command::PauseNamespace { name, paused }).await? {
             Response::Namespace(ns) => Ok(ns),
             other => Err(unexpected(other)),
         }

@@ -81,12 +81,13 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         store: store.clone(),
         acker: Acker::start(proposer.clone(), config.clock),
         config,
-        dispatcher: Arc::new(Dispatcher::default()),
+        dispatcher: Arc::new(Dispatcher::new(store.clone())),
         shutdown: rx.clone(),
         proposer,
         hold: hold.clone(),
         committed,
         snapshots,
+        schedule_tokens: Default::default(),
     });
 
     let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
@@ -114,6 +115,12 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         hold: node.hold.clone(),
     };
     tasks.push(tokio::spawn(purger.run(rx.clone())));
+    let pusher = crate::push::worker::PushLoop {
+        node: node.clone(),
+        http: crate::push::http::HttpSender::new()?,
+        grpc: crate::api::receiver::grpc_sender(),
+    };
+    tasks.push(tokio::spawn(pusher.run(rx.clone())));
     let driver = FireDriver {
         id: node.id,
         raft,

@@ -103,6 +103,80 @@ pub struct TimerSpec {
     pub key: TimerKey,
     pub when: When,
     pub payload: Vec<u8>,
+    /// The payload's media type, sent as a push's `content-type`; empty: the default
+    /// ([`DEFAULT_CONTENT_TYPE`]).
+    pub content_type: String,
+}
+
+/// The content type of a timer scheduled without one.
+pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+/// Attempts a timer's log keeps (the latest ones).
+pub const ATTEMPT_LOG_LEN: usize = 10;
+/// Bytes of an error body or message an attempt record keeps.
+pub const ATTEMPT_DETAIL_BYTES: usize = 128;
+
+/// How a delivery reached (or failed to reach) its receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Channel {
+    Subscribe,
+    Push,
+}
+
+/// What became of one delivery attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// A consumer acked it (Subscribe).
+    Acked,
+    /// A consumer nacked it (Subscribe).
+    Nacked,
+    /// Its ack deadline passed without an answer.
+    Expired,
+    /// Still in flight (derived, never stored).
+    InFlight,
+    /// The receiver answered with this HTTP status (2xx: acked).
+    Http(u16),
+    /// The receiver answered with this gRPC code (0: acked).
+    Grpc(i32),
+    /// The push request took longer than the namespace's timeout.
+    Timeout,
+    /// The receiver could not be reached (connect, TLS, a broken connection).
+    Connection,
+}
+
+/// One line of a timer's attempt log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The leader's clock when the outcome was known.
+    pub at_ms: i64,
+    pub attempt: u32,
+    pub channel: Channel,
+    pub outcome: Outcome,
+    /// From the delivery to the outcome.
+    pub latency_ms: u32,
+    /// The first bytes of an error body or message; empty when there was none.
+    pub detail: String,
+}
+
+impl AttemptRecord {
+    /// Bounds `detail` to [`ATTEMPT_DETAIL_BYTES`] (at a character boundary).
+    pub fn bounded(mut self) -> AttemptRecord {
+        if self.detail.len() > ATTEMPT_DETAIL_BYTES {
+            let mut end = ATTEMPT_DETAIL_BYTES;
+            while !self.detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.detail.truncate(end);
+        }
+        self
+    }
+}
+
+/// Appends `record` to `log`, keeping the latest [`ATTEMPT_LOG_LEN`].
+pub fn log_attempt(log: &mut Vec<AttemptRecord>, record: AttemptRecord) {
+    if log.len() >= ATTEMPT_LOG_LEN {
+        log.drain(..=log.len() - ATTEMPT_LOG_LEN);
+    }
+    log.push(record.bounded());
 }
 
 /// A timer as stored in the state machine and returned to clients.
@@ -137,6 +211,10 @@ pub struct Timer {
     pub nacks: u32,
     pub timeouts: u32,
     pub redrives: u32,
+    /// The payload's media type; empty: [`DEFAULT_CONTENT_TYPE`].
+    pub content_type: String,
+    /// The latest attempts, oldest first (at most [`ATTEMPT_LOG_LEN`]).
+    pub attempt_log: Vec<AttemptRecord>,
 }
 
 impl Timer {
@@ -160,6 +238,8 @@ impl Timer {
             nacks: 0,
             timeouts: 0,
             redrives: 0,
+            content_type: spec.content_type,
+            attempt_log: Vec::new(),
         }
     }
 
@@ -173,7 +253,9 @@ impl Timer {
 
     /// Whether `spec` repeats the Schedule that created this timer.
     pub fn same_request(&self, spec: &TimerSpec) -> bool {
-        self.scheduled_when == spec.when && self.payload == spec.payload
+        self.scheduled_when == spec.when
+            && self.payload == spec.payload
+            && self.content_type == spec.content_type
     }
 }
 
@@ -183,6 +265,8 @@ impl Timer {
 pub struct Grant {
     pub namespace: String,
     pub room: u32,
+    /// For the leader's pusher (the lease's attempts are pushes), not a Subscribe stream.
+    pub push: bool,
 }
 
 /// A lease as a grant made it: the fired timers of `namespace` between the slots `from`
@@ -249,10 +333,26 @@ pub enum Command {
         key: TimerKey,
         attempt: u32,
     },
+    /// The outcome of push `attempt` (`record`): `ok` acks it, otherwise it is given back as by
+    /// a nack, or made DEAD at once with `dead`. The record goes into the attempt log.
+    Pushed {
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+        ok: bool,
+        dead: bool,
+        record: AttemptRecord,
+    },
+    /// Pause or resume a namespace's dispatching (its timers keep firing).
+    PauseNamespace { name: String, paused: bool },
     /// DEAD → PENDING, due at `now_ms`. Keys that are not DEAD are skipped (and reported).
     Redrive { now_ms: i64, keys: Vec<TimerKey> },
     /// Set a namespace's policy (validated before proposing).
-    PutNamespace { name: String, policy: Policy },
+    PutNamespace {
+        name: String,
+        policy: Policy,
+        push: Option<crate::namespace::PushTarget>,
+    },
     /// Delete `namespace`'s finished timers up to the slot `through` (a lease's end), once every
     /// lease up to it settled at least the namespace's retention before `now_ms`.
     Purge {
@@ -273,7 +373,8 @@ impl Command {
             Command::Cancel { key, .. }
             | Command::Reschedule { key, .. }
             | Command::Ack { key, .. }
-            | Command::Nack { key, .. } => Some(key),
+            | Command::Nack { key, .. }
+            | Command::Pushed { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -290,6 +391,8 @@ impl Command {
             Command::Ack { .. } => "ack",
             Command::Acks { .. } => "acks",
             Command::Nack { .. } => "nack",
+            Command::Pushed { .. } => "pushed",
+            Command::PauseNamespace { .. } => "pause_namespace",
             Command::Redrive { .. } => "redrive",
             Command::PutNamespace { .. } => "put_namespace",
             Command::Purge { .. } => "purge",
@@ -375,7 +478,7 @@ pub enum Scheduled {
     /// Created now: `Timer::pending(spec, now_ms)`.
     Created,
     /// It existed with the same request (a retry): as it is.
-    Existing(Timer),
+    Existing(Box<Timer>),
     /// The same spec earlier in the batch, at this position: the same answer, not created.
     SameAs(usize),
 }
@@ -407,7 +510,7 @@ impl BatchAnswer {
         for (spec, item) in specs.iter().zip(self.items) {
             let result = match item {
                 Scheduled::Created => (Timer::pending(spec.clone(), *now_ms), true),
-                Scheduled::Existing(timer) => (timer, false),
+                Scheduled::Existing(timer) => (*timer, false),
                 Scheduled::SameAs(j) => match out.get(j) {
                     Some((timer, _)) => (timer.clone(), false),
                     None => {

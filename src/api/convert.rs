@@ -8,10 +8,16 @@ use tonic::{Code, Status};
 
 use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
-use crate::namespace::{Namespace, Policy};
 use crate::storage::{ListFilter, ListQuery};
-use crate::timer::{Phase, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerSpec, TimerState, When,
+};
 use crate::Error;
+
+/// The response metadata of a rate-limited call: milliseconds to wait before retrying.
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+/// Longest content type a timer may carry.
+pub const MAX_CONTENT_TYPE_BYTES: usize = 255;
 
 /// The latest absolute fire time accepted: 9999-12-31T23:59:59.999Z.
 pub const MAX_FIRE_AT_MS: i64 = 253_402_300_799_999;
@@ -24,6 +30,13 @@ impl From<Error> for Status {
             Error::AlreadyExists(_) => Code::AlreadyExists,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::RateLimited { retry_after_ms, .. } => {
+                let mut status = Status::new(Code::ResourceExhausted, e.to_string());
+                if let Ok(v) = retry_after_ms.to_string().parse() {
+                    status.metadata_mut().insert(RETRY_AFTER_MS, v);
+                }
+                return status;
+            }
             Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_) => Code::Unavailable,
             Error::Storage(_) | Error::Internal(_) => Code::Internal,
         };
@@ -121,10 +134,18 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
         )));
     }
     let when = schedule_when(req.when, limits)?;
+    let ct = &req.content_type;
+    if ct.len() > MAX_CONTENT_TYPE_BYTES || ct.parse::<http::HeaderValue>().is_err() {
+        return Err(invalid(format!(
+            "content_type of {key} must be at most {MAX_CONTENT_TYPE_BYTES} visible ASCII \
+             characters (a media type such as application/json)"
+        )));
+    }
     Ok(TimerSpec {
         key,
         when,
         payload: req.payload.clone(),
+        content_type: ct.clone(),
     })
 }
 
@@ -267,7 +288,36 @@ impl From<Timer> for pb::Timer {
             timeouts: t.timeouts,
             nacks: t.nacks,
             redrives: t.redrives,
+            content_type: t.content_type,
+            attempt_log: t.attempt_log.into_iter().map(attempt_to_pb).collect(),
         }
+    }
+}
+
+fn attempt_to_pb(r: AttemptRecord) -> pb::Attempt {
+    let (outcome, http_status, grpc_code) = match r.outcome {
+        Outcome::Acked => ("acked", 0, 0),
+        Outcome::Nacked => ("nacked", 0, 0),
+        Outcome::Expired => ("expired", 0, 0),
+        Outcome::InFlight => ("in_flight", 0, 0),
+        Outcome::Http(s) => ("http", s as u32, 0),
+        Outcome::Grpc(c) => ("grpc", 0, c),
+        Outcome::Timeout => ("timeout", 0, 0),
+        Outcome::Connection => ("connection_error", 0, 0),
+    };
+    pb::Attempt {
+        at_ms: r.at_ms,
+        attempt: r.attempt,
+        channel: match r.channel {
+            Channel::Push => "push",
+            Channel::Subscribe => "subscribe",
+        }
+        .into(),
+        outcome: outcome.into(),
+        http_status,
+        grpc_code,
+        latency_ms: r.latency_ms,
+        detail: r.detail,
     }
 }
 
@@ -353,54 +403,6 @@ pub fn ack_result(r: Result<Timer, Error>) -> pb::AckResult {
                 code: status.code() as i32,
                 message: status.message().to_string(),
             }
-        }
-    }
-}
-
-/// Validates a PutNamespace: the name, then every policy field (a zero field takes the
-/// default; jitter is optional so that 0 can mean "none").
-pub fn namespace_put(
-    req: &pb::PutNamespaceRequest,
-    limits: &Limits,
-) -> Result<(String, Policy), Error> {
-    check_name("namespace", &req.name, limits.max_namespace_bytes)?;
-    let p = req.policy.unwrap_or_default();
-    let d = Policy::default();
-    let or = |v: u64, default: u64| if v == 0 { default } else { v };
-    let or32 = |v: u32, default: u32| if v == 0 { default } else { v };
-    let policy = Policy {
-        ack_timeout_ms: or(p.ack_timeout_ms, d.ack_timeout_ms),
-        max_attempts: or32(p.max_attempts, d.max_attempts),
-        backoff_min_ms: or(p.backoff_min_ms, d.backoff_min_ms),
-        backoff_max_ms: or(p.backoff_max_ms, d.backoff_max_ms),
-        backoff_multiplier_permille: or32(
-            p.backoff_multiplier_permille,
-            d.backoff_multiplier_permille,
-        ),
-        backoff_jitter_percent: p.backoff_jitter_percent.unwrap_or(d.backoff_jitter_percent),
-        retention_ms: or(p.retention_ms, d.retention_ms),
-        max_payload_bytes: or32(p.max_payload_bytes, d.max_payload_bytes),
-    };
-    policy.validate(limits.max_payload_bytes)?;
-    Ok((req.name.clone(), policy))
-}
-
-impl From<Namespace> for pb::Namespace {
-    fn from(ns: Namespace) -> pb::Namespace {
-        let p = ns.policy;
-        pb::Namespace {
-            name: ns.name,
-            configured: ns.configured,
-            policy: Some(pb::NamespacePolicy {
-                ack_timeout_ms: p.ack_timeout_ms,
-                max_attempts: p.max_attempts,
-                backoff_min_ms: p.backoff_min_ms,
-                backoff_max_ms: p.backoff_max_ms,
-                backoff_multiplier_permille: p.backoff_multiplier_permille,
-                backoff_jitter_percent: Some(p.backoff_jitter_percent),
-                retention_ms: p.retention_ms,
-                max_payload_bytes: p.max_payload_bytes,
-            }),
         }
     }
 }

@@ -6,7 +6,10 @@
 //!   bounded time while there is none.
 //! - [`subscribe`]: the Subscribe stream, served from the leader's dispatcher and relayed by
 //!   followers, following the leader across changes.
-//! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies).
+//! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies), with
+//!   [`policy`] validating them.
+//! - [`receiver`]: the client side of `timerdb.v1.Receiver`, which the leader's pusher calls
+//!   for namespaces pushed over gRPC.
 //! - [`cluster`]: the client `Cluster` service (Status, membership, leadership, Backup), with
 //!   [`backup`] streaming a backup file.
 //! - [`health`]: `grpc.health.v1`, serving while the node has a leader and has applied what
@@ -23,6 +26,8 @@ pub mod health;
 pub mod namespaces;
 pub mod observe;
 pub mod peer;
+pub mod policy;
+pub mod receiver;
 pub mod subscribe;
 pub mod timers;
 

@@ -26,6 +26,47 @@ impl NamespacesService {
     }
 }
 
+impl NamespacesService {
+    /// PauseNamespace (`paused`) or ResumeNamespace.
+    async fn pause(
+        &self,
+        request: Request<pb::PauseNamespaceRequest>,
+        paused: bool,
+    ) -> Result<Response<pb::PauseNamespaceResponse>, Status> {
+        let forwarded = forward::is_forwarded(&request);
+        let req = request.into_inner();
+        let node = self.router.node().as_ref();
+        convert::check_name(
+            "namespace",
+            &req.name,
+            node.config.limits.max_namespace_bytes,
+        )?;
+        let (req, timeout) = (&req, self.router.forward_timeout());
+        let reply = self
+            .router
+            .route(
+                forwarded,
+                move || async move {
+                    let ns = node.pause_namespace(req.name.clone(), paused).await?;
+                    Ok(pb::PauseNamespaceResponse {
+                        namespace: Some(ns.into()),
+                    })
+                },
+                move |ch| async move {
+                    let mut client = forward::namespaces(ch);
+                    let r = forward::request(req.clone(), timeout);
+                    if paused {
+                        client.pause_namespace(r).await
+                    } else {
+                        client.resume_namespace(r).await
+                    }
+                },
+            )
+            .await?;
+        Ok(Response::new(reply))
+    }
+}
+
 #[tonic::async_trait]
 impl namespaces_server::Namespaces for NamespacesService {
     async fn put_namespace(
@@ -35,14 +76,17 @@ impl namespaces_server::Namespaces for NamespacesService {
         let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
         let node = self.router.node().as_ref();
-        let (name, policy) = convert::namespace_put(&req, &node.config.limits)?;
-        let (name, req, timeout) = (&name, &req, self.router.forward_timeout());
+        let (name, policy, push) = super::policy::namespace_put(&req, &node.config.limits)?;
+        let (name, push) = (&name, &push);
+        let (req, timeout) = (&req, self.router.forward_timeout());
         let reply = self
             .router
             .route(
                 forwarded,
                 move || async move {
-                    let ns = node.put_namespace(name.clone(), policy).await?;
+                    let ns = node
+                        .put_namespace(name.clone(), policy, push.clone())
+                        .await?;
                     Ok(pb::PutNamespaceResponse {
                         namespace: Some(ns.into()),
                     })
@@ -88,6 +132,20 @@ impl namespaces_server::Namespaces for NamespacesService {
             )
             .await?;
         Ok(Response::new(reply))
+    }
+
+    async fn pause_namespace(
+        &self,
+        request: Request<pb::PauseNamespaceRequest>,
+    ) -> Result<Response<pb::PauseNamespaceResponse>, Status> {
+        self.pause(request, true).await
+    }
+
+    async fn resume_namespace(
+        &self,
+        request: Request<pb::PauseNamespaceRequest>,
+    ) -> Result<Response<pb::PauseNamespaceResponse>, Status> {
+        self.pause(request, false).await
     }
 
     async fn list_namespaces(

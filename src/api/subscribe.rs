@@ -128,6 +128,15 @@ pub fn start(
     if forwarded && router.node().leader() != Leader::Me {
         return Err(not_leader(router.node()));
     }
+    // Pull and push never share a namespace: the leader pushes this one's timers itself (the
+    // dispatcher would grant this stream nothing; say so instead of staying silent).
+    if let Some(push) = router.node().store.namespace(&req.namespace)?.push {
+        return Err(Error::FailedPrecondition(format!(
+            "namespace {} is delivered by push to {}; remove its push target to subscribe",
+            req.namespace, push.url
+        ))
+        .into());
+    }
     let (tx, rx) = mpsc::channel(req.max_in_flight as usize);
     let stream = Pump {
         router,
@@ -229,9 +238,9 @@ impl Pump {
     /// Serves the stream from this node's dispatcher while it leads.
     async fn serve_local(&mut self, node: &Arc<Node>, shutdown: &mut watch::Receiver<bool>) -> End {
         let max = self.req.max_in_flight as usize;
-        let mut sub = node
-            .dispatcher
-            .subscribe(&self.req.namespace, &self.req.consumer, max);
+        let mut sub =
+            node.dispatcher
+                .subscribe(&self.req.namespace, &self.req.consumer, max, false);
         let mut metrics = node.raft.metrics();
         let mut tracker = StreamAcks::new(&self.req.namespace);
         let carried = std::mem::take(&mut self.carried);

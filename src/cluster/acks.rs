@@ -327,6 +327,7 @@ mod tests {
             key: TimerKey::new("ns", id),
             when: When::At(0),
             payload: vec![],
+            content_type: String::new(),
         };
         Delivery {
             timer: Timer::pending(spec, 0),

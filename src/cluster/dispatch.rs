@@ -21,6 +21,14 @@
 //! - Losing the send (the stream closed between plan and commit) loses nothing: the timer is in
 //!   flight under its lease and is delivered again when the deadline passes (at-least-once).
 //!
+//! - A namespace's limits hold for all its subscriptions together: a grant's room is cut to
+//!   what `max_concurrent_dispatches` leaves (unsettled and reserved deliveries of every
+//!   subscription of the namespace) and to the tokens its dispatch bucket holds (`limits`);
+//!   tokens a lease did not use are refunded. A paused namespace gets no grants.
+//! - A namespace with a push target is granted only to the leader's pusher (a subscription made
+//!   with `push`), one without only to streams: a lease goes to one subscription, so pull and
+//!   push never take the same timer.
+//!
 //! Subscriptions are served only while this node leads; the API layer (`api::subscribe`) moves
 //! a stream to the new leader when leadership changes.
 
@@ -31,8 +39,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 
 use super::driver::{while_leader, FireSignal};
+use super::limits::Buckets;
 use super::{Hold, NodeId, Raft};
 use crate::clock::Clock;
+use crate::namespace::Policy;
 use crate::storage::Store;
 use crate::timer::{Command, Grant, Granted, LeaseRef, Response, Timer, TimerKey};
 use crate::Result;
@@ -64,6 +74,8 @@ pub struct LeaseTag {
 struct Sub {
     namespace: String,
     consumer: String,
+    /// The leader's pusher, not a stream.
+    push: bool,
     max_in_flight: usize,
     /// Unsettled deliveries and their ack deadlines.
     in_flight: HashMap<TimerKey, i64>,
@@ -81,10 +93,27 @@ struct Registry {
 }
 
 /// This node's subscriptions and the wake-up for its dispatch loop.
-#[derive(Default)]
 pub struct Dispatcher {
     registry: Mutex<Registry>,
     wake: Notify,
+    store: Store,
+    /// Dispatch-rate buckets per namespace.
+    tokens: Buckets,
+}
+
+/// What planning needs of a namespace, read once per plan.
+#[derive(Debug, Clone, Copy)]
+struct NsLimits {
+    policy: Policy,
+    push: bool,
+    /// Deliveries unsettled or reserved, across its subscriptions.
+    used: usize,
+}
+
+/// Why a grant was cut short or not made (a metric label).
+fn throttled(namespace: &str, limit: &'static str) {
+    metrics::counter!(crate::metrics::DISPATCH_THROTTLED, "namespace" => namespace.to_string(), "limit" => limit)
+        .increment(1);
 }
 
 /// Grants planned for subscriptions: the grants, and for each the subscription and the room
@@ -93,6 +122,9 @@ pub struct Dispatcher {
 pub struct Plan {
     pub grants: Vec<Grant>,
     subs: Vec<(u64, usize)>,
+    /// The term it was planned in (its tokens came from that term's buckets).
+    term: u64,
+    now_ms: i64,
 }
 
 impl Plan {
@@ -135,16 +167,27 @@ impl Drop for Subscription {
 }
 
 impl Dispatcher {
+    pub fn new(store: Store) -> Dispatcher {
+        Dispatcher {
+            registry: Mutex::default(),
+            wake: Notify::new(),
+            store,
+            tokens: Buckets::default(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a subscription to `namespace` holding at most `max_in_flight` unsettled.
+    /// Registers a subscription to `namespace` holding at most `max_in_flight` unsettled
+    /// (`push`: the leader's pusher).
     pub fn subscribe(
         self: &Arc<Self>,
         namespace: &str,
         consumer: &str,
         max_in_flight: usize,
+        push: bool,
     ) -> Subscription {
         let (tx, rx) = mpsc::channel(max_in_flight.max(1));
         let id = {
@@ -154,6 +197,7 @@ impl Dispatcher {
             let sub = Sub {
                 namespace: namespace.to_string(),
                 consumer: consumer.to_string(),
+                push,
                 max_in_flight,
                 in_flight: HashMap::new(),
                 reserved: 0,
@@ -187,45 +231,123 @@ impl Dispatcher {
     /// Plans a grant for every subscription with room, reserving it, in rotating order. With
     /// `waiting`, only for namespaces it says have timers waiting (a Deliver entry of its own
     /// is worth proposing only then; a Fire entry grants to everyone, for what it fires).
-    pub fn plan(&self, now_ms: i64, waiting: Option<&dyn Fn(&str) -> bool>) -> Plan {
+    ///
+    /// `term` is this leader's: the rate buckets start empty in a new one (see `limits`).
+    pub fn plan(&self, now_ms: i64, term: u64, waiting: Option<&dyn Fn(&str) -> bool>) -> Plan {
+        self.tokens.lead(term, now_ms);
         let mut reg = self.lock();
         let ids: Vec<u64> = reg.subs.keys().copied().collect();
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            term,
+            now_ms,
+            ..Plan::default()
+        };
         if ids.is_empty() {
             return plan;
         }
         reg.turn = reg.turn.wrapping_add(1);
         let first = reg.turn % ids.len();
         let mut has_waiting: HashMap<String, bool> = HashMap::new();
+        let mut limits: HashMap<String, NsLimits> = HashMap::new();
+        for sub in reg.subs.values_mut() {
+            sub.in_flight.retain(|_, deadline| *deadline > now_ms);
+            let used = sub.in_flight.len() + sub.reserved;
+            if let Some(l) = limits.get_mut(&sub.namespace) {
+                l.used += used;
+                continue;
+            }
+            let (policy, push) = match self.store.namespace(&sub.namespace) {
+                Ok(ns) => (ns.policy, ns.push.is_some()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "dispatcher: cannot read a namespace");
+                    continue;
+                }
+            };
+            limits.insert(sub.namespace.clone(), NsLimits { policy, push, used });
+        }
         for id in ids[first..].iter().chain(&ids[..first]) {
             let Some(sub) = reg.subs.get_mut(id) else {
                 continue;
             };
-            sub.in_flight.retain(|_, deadline| *deadline > now_ms);
-            let room = sub
+            let Some(ns) = limits.get_mut(&sub.namespace) else {
+                continue;
+            };
+            let mut room = sub
                 .max_in_flight
                 .saturating_sub(sub.in_flight.len() + sub.reserved);
-            if room == 0 || sub.tx.is_closed() {
+            if room == 0 || sub.tx.is_closed() || ns.push != sub.push || ns.policy.paused {
                 continue;
             }
             if let Some(waiting) = waiting {
-                let ns = sub.namespace.clone();
-                if !*has_waiting.entry(ns).or_insert_with_key(|ns| waiting(ns)) {
+                let name = sub.namespace.clone();
+                if !*has_waiting.entry(name).or_insert_with_key(|n| waiting(n)) {
                     continue;
                 }
             }
+            if let Some(max) = ns.policy.max_concurrent_dispatches {
+                let left = (max as usize).saturating_sub(ns.used);
+                if left < room {
+                    throttled(&sub.namespace, "concurrency");
+                    room = left;
+                }
+            }
+            if let (Some(rate), true) = (ns.policy.max_dispatches_per_second, room > 0) {
+                let limit = (rate, ns.policy.max_burst);
+                let want = room as u32;
+                let got = self
+                    .tokens
+                    .with((term, now_ms), now_ms, &sub.namespace, limit, |b| {
+                        b.take_up_to(want)
+                    });
+                if got < want {
+                    throttled(&sub.namespace, "rate");
+                }
+                room = got as usize;
+            }
+            if room == 0 {
+                continue;
+            }
+            ns.used += room;
             sub.reserved += room;
             plan.grants.push(Grant {
                 namespace: sub.namespace.clone(),
                 room: room as u32,
+                push: sub.push,
             });
             plan.subs.push((*id, room));
         }
         plan
     }
 
+    /// Gives back the tokens of `grant` that `used` did not take (a rate-limited namespace's).
+    fn refund(&self, plan_term: u64, now_ms: i64, grant: &Grant, used: u32) {
+        let unused = grant.room.saturating_sub(used);
+        if unused == 0 {
+            return;
+        }
+        let Ok(ns) = self.store.namespace(&grant.namespace) else {
+            return;
+        };
+        if let Some(rate) = ns.policy.max_dispatches_per_second {
+            let limit = (rate, ns.policy.max_burst);
+            self.tokens
+                .with((plan_term, now_ms), now_ms, &grant.namespace, limit, |b| {
+                    b.refund(unused)
+                });
+        }
+    }
+
+    /// When this node began to lead in `term` (its first plan in the term; the dispatch loop
+    /// plans every 100 ms while leading), if it has.
+    pub fn leading_since(&self, term: u64) -> Option<i64> {
+        self.tokens.since(term)
+    }
+
     /// The entry carrying `plan` failed: its room is free again.
     pub fn release(&self, plan: Plan) {
+        for g in &plan.grants {
+            self.refund(plan.term, plan.now_ms, g, 0);
+        }
         let mut reg = self.lock();
         for (id, room) in plan.subs {
             if let Some(sub) = reg.subs.get_mut(&id) {
@@ -237,6 +359,14 @@ impl Dispatcher {
     /// The entry carrying `plan` applied: sends what each lease holds (read back from the
     /// applied state) to the subscription it was granted for. Returns how many were sent.
     pub fn hand_out(&self, store: &Store, plan: Plan, leases: Vec<Option<Granted>>) -> usize {
+        for (g, lease) in plan.grants.iter().zip(&leases) {
+            self.refund(
+                plan.term,
+                plan.now_ms,
+                g,
+                lease.as_ref().map_or(0, |l| l.count),
+            );
+        }
         let mut read = Vec::with_capacity(leases.len());
         for lease in leases {
             let timers = match &lease {
@@ -330,7 +460,8 @@ impl DispatchLoop {
     async fn round(&self) -> Result<bool> {
         let now_ms = self.clock.now_ms();
         let waiting = |ns: &str| self.store.has_ready(ns).unwrap_or(false);
-        let plan = self.dispatcher.plan(now_ms, Some(&waiting));
+        let term = self.raft.metrics().borrow().current_term;
+        let plan = self.dispatcher.plan(now_ms, term, Some(&waiting));
         if plan.is_empty() {
             return Ok(false);
         }

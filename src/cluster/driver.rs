@@ -196,7 +196,8 @@ impl FireDriver {
     async fn fire(&self, now_ms: i64) -> bool {
         loop {
             self.hold.pass().await;
-            let plan = self.dispatcher.plan(now_ms, None);
+            let term = self.raft.metrics().borrow().current_term;
+            let plan = self.dispatcher.plan(now_ms, term, None);
             let cmd = Command::Fire {
                 now_ms,
                 max: self.max_fires_per_entry,

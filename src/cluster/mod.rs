@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod driver;
 pub mod elect;
 pub mod hold;
+pub mod limits;
 pub mod network;
 pub mod propose;
 pub mod purger;

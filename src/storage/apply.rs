@@ -28,7 +28,7 @@ use super::meta::{NsMeta, Progress};
 use super::read::Reader;
 use super::row::{derive, Kind, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
-use crate::namespace::{Namespace, Policy};
+use crate::namespace::{Config, Namespace, Policy, PushTarget};
 use crate::timer::{
     BatchAnswer, Command, Rejection, Response, Scheduled, Timer, TimerKey, TimerSpec, TimerState,
     When,
@@ -66,6 +66,8 @@ pub(super) struct Applier<'a> {
     /// The range this entry's Fire moved the cursor over, and its time.
     pub(super) fired: Option<(Slot, Slot, i64)>,
     policies: HashMap<String, Policy>,
+    /// Push targets of the namespaces in `policies` (read or written by this entry).
+    pushes: HashMap<String, Option<PushTarget>>,
     nsmeta: HashMap<String, NsMeta>,
     /// Rows written by this entry, by slot (slots are unique across namespaces).
     rows: HashMap<Slot, Option<Row>>,
@@ -104,6 +106,7 @@ impl<'a> Applier<'a> {
             events: Default::default(),
             fired: None,
             policies: HashMap::default(),
+            pushes: HashMap::default(),
             nsmeta: HashMap::default(),
             rows: HashMap::default(),
             index_staged: HashMap::default(),
@@ -172,7 +175,10 @@ impl<'a> Applier<'a> {
                 max,
                 grants,
             } => self.fire(now_ms, max, grants),
-            Command::PutNamespace { name, policy } => Ok(self.put_namespace(name, policy)),
+            Command::PutNamespace { name, policy, push } => {
+                Ok(self.put_namespace(name, Config { policy, push }))
+            }
+            Command::PauseNamespace { name, paused } => self.pause_namespace(name, paused),
             Command::Deliver { now_ms, grants } => self.deliver(now_ms, grants),
             Command::Ack {
                 now_ms,
@@ -189,6 +195,14 @@ impl<'a> Applier<'a> {
                 key,
                 attempt,
             } => self.nack(now_ms, key, attempt),
+            Command::Pushed {
+                now_ms,
+                key,
+                attempt,
+                ok,
+                dead,
+                record,
+            } => self.pushed(now_ms, key, attempt, (ok, dead), record),
             Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
             Command::Purge {
                 now_ms,
@@ -216,15 +230,39 @@ impl<'a> Applier<'a> {
         if let Some(p) = self.policies.get(namespace) {
             return Ok(*p);
         }
+        Ok(self.config(namespace)?.0.policy)
+    }
+
+    /// `namespace`'s stored configuration as this entry has it, and whether it was configured.
+    fn config(&mut self, namespace: &str) -> Result<(Config, bool)> {
+        if let (Some(policy), Some(push)) =
+            (self.policies.get(namespace), self.pushes.get(namespace))
+        {
+            let config = Config {
+                policy: *policy,
+                push: push.clone(),
+            };
+            return Ok((config, true));
+        }
         let raw = self
             .db
             .get_cf(cf(self.db, CF_NAMESPACES), namespace.as_bytes())?;
-        let policy = match raw {
-            Some(v) => codec::decode(&v)?,
-            None => Policy::default(),
+        let (config, configured) = match raw {
+            Some(v) => (codec::decode::<Config>(&v)?, true),
+            None => (
+                Config {
+                    policy: Policy::default(),
+                    push: None,
+                },
+                false,
+            ),
         };
-        self.policies.insert(namespace.to_string(), policy);
-        Ok(policy)
+        self.policies.insert(namespace.to_string(), config.policy);
+        if configured {
+            self.pushes
+                .insert(namespace.to_string(), config.push.clone());
+        }
+        Ok((config, configured))
     }
 
     /// `namespace`'s meta as this entry has it (written by `finish`).
@@ -443,16 +481,26 @@ impl<'a> Applier<'a> {
 
     // --- client commands ---
 
-    fn put_namespace(&mut self, name: String, policy: Policy) -> Response {
-        self.policies.insert(name.clone(), policy);
+    fn put_namespace(&mut self, name: String, config: Config) -> Response {
+        self.policies.insert(name.clone(), config.policy);
+        self.pushes.insert(name.clone(), config.push.clone());
         let key = name.as_bytes().to_vec();
         self.batch
-            .put_cf(cf(self.db, CF_NAMESPACES), key, codec::encode(&policy));
+            .put_cf(cf(self.db, CF_NAMESPACES), key, codec::encode(&config));
         Response::Namespace(Namespace {
             name,
-            policy,
+            policy: config.policy,
+            push: config.push,
             configured: true,
         })
+    }
+
+    /// Sets a namespace's paused flag, keeping the rest of its configuration (a namespace
+    /// never configured gets the defaults).
+    fn pause_namespace(&mut self, name: String, paused: bool) -> Result<Response> {
+        let (mut config, _) = self.config(&name)?;
+        config.policy.paused = paused;
+        Ok(self.put_namespace(name, config))
     }
 
     /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
@@ -541,7 +589,7 @@ impl<'a> Applier<'a> {
                         spec.key.clone(),
                     )))
                 }
-                Some(t) => items.push(Scheduled::Existing(t)),
+                Some(t) => items.push(Scheduled::Existing(Box::new(t))),
                 None => items.push(Scheduled::Created),
             }
         }

@@ -19,11 +19,13 @@
 use std::collections::HashSet;
 
 use super::apply::Applier;
+use super::fire::record_attempt;
 use super::read::slot_of_key;
-use super::row::{header, materialize, Kind, Lease, Settled};
+use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
 use crate::timer::{
-    Grant, Granted, LeaseRef, Phase, Rejection, Response, Timer, TimerKey, TimerState,
+    AttemptRecord, Channel, Grant, Granted, LeaseRef, Outcome, Phase, Rejection, Response, Timer,
+    TimerKey, TimerState,
 };
 use crate::wheel;
 use crate::Result;
@@ -36,7 +38,7 @@ impl Applier<'_> {
     pub(super) fn deliver(&mut self, now_ms: i64, grants: Vec<Grant>) -> Result<Response> {
         let mut out = Vec::with_capacity(grants.len());
         for g in grants {
-            out.push(self.grant(now_ms, &g.namespace, g.room)?);
+            out.push(self.grant(now_ms, &g.namespace, g.room, g.push)?);
         }
         Ok(Response::Delivered(out))
     }
@@ -48,6 +50,7 @@ impl Applier<'_> {
         now_ms: i64,
         namespace: &str,
         room: u32,
+        push: bool,
     ) -> Result<Option<Granted>> {
         let from = self.ns(namespace)?.delivered_to;
         let cursor = self.progress.cursor;
@@ -87,6 +90,7 @@ impl Applier<'_> {
             deadline_ms,
             count,
             rows,
+            push,
             // Nothing was handed out: the finished rows it passed are settled at once.
             settled: (count == 0).then_some(Settled {
                 at_ms: now_ms,
@@ -111,6 +115,17 @@ impl Applier<'_> {
     }
 
     pub(super) fn ack(&mut self, now_ms: i64, key: TimerKey, attempt: u32) -> Result<Response> {
+        self.ack_with(now_ms, key, attempt, None)
+    }
+
+    /// An ack, recording the attempt as `record` (a push's answer), else as a consumer's ack.
+    fn ack_with(
+        &mut self,
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+        record: Option<AttemptRecord>,
+    ) -> Result<Response> {
         let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
@@ -123,6 +138,9 @@ impl Applier<'_> {
             return Ok(Response::Rejected(Rejection::Refused { key, why }));
         }
         // The latest attempt, in flight, backing off or ready again: the work is done.
+        let mut timer = timer;
+        let record = record.unwrap_or_else(|| consumer_record(&timer, now_ms, Outcome::Acked));
+        record_attempt(&mut timer, record);
         let mut acked = materialize(&timer, Kind::Acked);
         acked.body.finished_at_ms = now_ms;
         acked.body.wake_at_ms = row.body.wake_at_ms;
@@ -187,6 +205,34 @@ impl Applier<'_> {
     }
 
     pub(super) fn nack(&mut self, now_ms: i64, key: TimerKey, attempt: u32) -> Result<Response> {
+        self.nack_with(now_ms, key, attempt, None, false)
+    }
+
+    /// The outcome of a push: an ack, or a nack (DEAD at once with `dead`), recorded as
+    /// `record`.
+    pub(super) fn pushed(
+        &mut self,
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+        (ok, dead): (bool, bool),
+        record: AttemptRecord,
+    ) -> Result<Response> {
+        if ok {
+            self.ack_with(now_ms, key, attempt, Some(record))
+        } else {
+            self.nack_with(now_ms, key, attempt, Some(record), dead)
+        }
+    }
+
+    fn nack_with(
+        &mut self,
+        now_ms: i64,
+        key: TimerKey,
+        attempt: u32,
+        record: Option<AttemptRecord>,
+        dead: bool,
+    ) -> Result<Response> {
         let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
@@ -198,8 +244,12 @@ impl Applier<'_> {
             // This attempt already expired (its deadline passed, or a retried nack).
             return Ok(unchanged(timer));
         }
-        timer.nacks += 1;
-        self.give_back(&key.namespace, slot, timer, now_ms)?;
+        if record.is_none() {
+            timer.nacks += 1;
+        }
+        let record = record.unwrap_or_else(|| consumer_record(&timer, now_ms, Outcome::Nacked));
+        record_attempt(&mut timer, record);
+        self.give_back(&key.namespace, slot, timer, now_ms, dead)?;
         let (slot, row) = self.find(&key)?.expect("just placed");
         Ok(unchanged(self.view(&key.namespace, slot, &row)?))
     }
@@ -238,6 +288,18 @@ impl Applier<'_> {
             timers.push(self.view(&key.namespace, new_slot, &again)?);
         }
         Ok(Response::Redriven { timers, skipped })
+    }
+}
+
+/// The attempt record of a consumer's ack or nack of `t`'s latest delivery.
+fn consumer_record(t: &Timer, now_ms: i64, outcome: Outcome) -> AttemptRecord {
+    AttemptRecord {
+        at_ms: now_ms,
+        attempt: t.attempts,
+        channel: Channel::Subscribe,
+        outcome,
+        latency_ms: latency_ms(t.last_delivered_at_ms, now_ms),
+        detail: String::new(),
     }
 }
 

@@ -20,9 +20,9 @@ use rocksdb::{DBRawIterator, ReadOptions};
 
 use super::apply::Applier;
 use super::read::slot_of_key;
-use super::row::{header, materialize, Kind, Row, Settled};
+use super::row::{header, latency_ms, materialize, Kind, Row, Settled};
 use super::{cf, codec, CF_DEADLINES, CF_FIRES};
-use crate::timer::{Grant, Response, Timer};
+use crate::timer::{log_attempt, AttemptRecord, Channel, Grant, Outcome, Response, Timer};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 
@@ -34,13 +34,13 @@ impl Applier<'_> {
         let more_leases = self.expire_leases(now_ms, max)?;
         let mut leases = Vec::with_capacity(grants.len());
         for g in &grants {
-            leases.push(self.grant(now_ms, &g.namespace, g.room)?);
+            leases.push(self.grant(now_ms, &g.namespace, g.room, g.push)?);
         }
         // Namespaces the cursor passed and nobody was granted: let the delivery cursor pass
         // finished rows, so that they can be purged though nobody consumes the namespace.
         for ns in self.visited.clone() {
             if !grants.iter().any(|g| g.namespace == ns) {
-                self.grant(now_ms, &ns, 0)?;
+                self.grant(now_ms, &ns, 0, false)?;
             }
         }
         Ok(Response::Fired {
@@ -180,7 +180,20 @@ impl Applier<'_> {
         for (slot, row) in in_flight {
             let mut t = self.view(namespace, slot, &row)?;
             t.timeouts += 1;
-            self.give_back(namespace, slot, t, now_ms)?;
+            let record = AttemptRecord {
+                at_ms: now_ms,
+                attempt: t.attempts,
+                channel: if lease.push {
+                    Channel::Push
+                } else {
+                    Channel::Subscribe
+                },
+                outcome: Outcome::Expired,
+                latency_ms: latency_ms(lease.delivered_at_ms, now_ms),
+                detail: String::new(),
+            };
+            record_attempt(&mut t, record);
+            self.give_back(namespace, slot, t, now_ms, false)?;
         }
         lease.settled = Some(Settled {
             at_ms: now_ms,
@@ -191,17 +204,19 @@ impl Applier<'_> {
     }
 
     /// The latest delivery of `t` (in flight at `slot`) failed, by its deadline or a nack: the
-    /// timer is DEAD at the attempt limit, else delivered again after the backoff.
+    /// timer is DEAD at the attempt limit (or at once with `dead`), else delivered again after
+    /// the backoff.
     pub(super) fn give_back(
         &mut self,
         namespace: &str,
         slot: Slot,
         t: Timer,
         now_ms: i64,
+        dead: bool,
     ) -> Result<()> {
         let policy = self.policy(namespace)?;
         let made = t.attempts - t.attempt_base;
-        if made >= policy.max_attempts {
+        if dead || made >= policy.max_attempts {
             let mut row = materialize(&t, Kind::Dead);
             row.body.finished_at_ms = now_ms;
             self.move_row(namespace, slot, row, now_ms)?;
@@ -213,4 +228,10 @@ impl Applier<'_> {
         }
         Ok(())
     }
+}
+
+/// Adds `record` to `t`'s attempt log in place of the derived in-flight line.
+pub(super) fn record_attempt(t: &mut Timer, record: AttemptRecord) {
+    t.attempt_log.retain(|r| r.outcome != Outcome::InFlight);
+    log_attempt(&mut t.attempt_log, record);
 }

@@ -15,7 +15,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::codec;
-use crate::timer::{Phase, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerSpec, TimerState, When,
+};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -79,6 +81,9 @@ pub struct Body {
     pub finished_at_ms: i64,
     /// A `Retry` row's redelivery time (its slot's bucket may be later: the cursor's).
     pub wake_at_ms: i64,
+    pub content_type: String,
+    /// The attempts whose outcome was written with the row (the latest ten).
+    pub log: Vec<AttemptRecord>,
 }
 
 impl Row {
@@ -125,6 +130,8 @@ pub struct Lease {
     pub count: u32,
     /// Rows of any kind in its range (a purge deletes them).
     pub rows: u32,
+    /// Its deliveries are pushes (the leader's pusher holds them), not a stream's.
+    pub push: bool,
     /// Once settled, its rows are finished or moved away; `acked`: every delivery was acked.
     pub settled: Option<Settled>,
 }
@@ -169,6 +176,8 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         nacks: b.nacks,
         timeouts: b.timeouts,
         redrives: b.redrives,
+        content_type: b.content_type.clone(),
+        attempt_log: b.log.clone(),
     };
     match row.kind {
         Kind::Acked | Kind::Cancelled | Kind::Dead => {
@@ -203,6 +212,20 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
             };
             t.attempts += 1;
             t.last_delivered_at_ms = lease.delivered_at_ms;
+            // The attempt the row does not record yet, read off its lease (never stored:
+            // `materialize` drops it, and whoever rewrites the row records the outcome).
+            let mut current = AttemptRecord {
+                at_ms: lease.delivered_at_ms,
+                attempt: t.attempts,
+                channel: if lease.push {
+                    Channel::Push
+                } else {
+                    Channel::Subscribe
+                },
+                outcome: Outcome::InFlight,
+                latency_ms: 0,
+                detail: String::new(),
+            };
             match lease.settled {
                 None => {
                     t.phase = Phase::InFlight;
@@ -213,6 +236,9 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
                     t.finished_at_ms = at_ms;
                     let retention = lk.retention_ms(namespace)?;
                     t.wake_at_ms = at_ms.saturating_add(retention as i64);
+                    current.at_ms = at_ms;
+                    current.outcome = Outcome::Acked;
+                    current.latency_ms = latency_ms(lease.delivered_at_ms, at_ms);
                 }
                 Some(Settled { acked: false, .. }) => {
                     return Err(Error::Storage(format!(
@@ -221,9 +247,15 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
                     )))
                 }
             }
+            crate::timer::log_attempt(&mut t.attempt_log, current);
         }
     }
     Ok(t)
+}
+
+/// Milliseconds from `from` to `to`, for an attempt record (0 if the clock went back).
+pub fn latency_ms(from: i64, to: i64) -> u32 {
+    to.saturating_sub(from).clamp(0, u32::MAX as i64) as u32
 }
 
 /// The row of a timer as `t` shows it, ready to be written as `kind`: what the cursors and
@@ -247,6 +279,13 @@ pub fn materialize(t: &Timer, kind: Kind) -> Row {
             redrives: t.redrives,
             finished_at_ms: t.finished_at_ms,
             wake_at_ms: 0,
+            content_type: t.content_type.clone(),
+            log: t
+                .attempt_log
+                .iter()
+                .filter(|r| r.outcome != Outcome::InFlight)
+                .cloned()
+                .collect(),
         },
     }
 }
@@ -272,6 +311,8 @@ pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
             redrives: 0,
             finished_at_ms: 0,
             wake_at_ms: 0,
+            content_type: spec.content_type.clone(),
+            log: Vec::new(),
         },
     }
 }
@@ -299,6 +340,8 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
         redrives: u32,
         finished_at_ms: i64,
         wake_at_ms: i64,
+        content_type: &'a str,
+        log: &'a [AttemptRecord],
     }
     let body = PendingBody {
         id: &spec.key.id,
@@ -315,6 +358,8 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
         redrives: 0,
         finished_at_ms: 0,
         wake_at_ms: 0,
+        content_type: &spec.content_type,
+        log: &[],
     };
     let mut out = Vec::with_capacity(9 + 64 + spec.key.id.len() + spec.payload.len());
     out.push(Kind::Pending as u8);
@@ -343,6 +388,11 @@ mod tests {
                 key: TimerKey::new("ns", id),
                 when,
                 payload,
+                content_type: if id == "a" {
+                    String::new()
+                } else {
+                    "text/plain".into()
+                },
             };
             let row = materialize(&Timer::pending(spec.clone(), now), Kind::Pending);
             assert_eq!(pending(&spec, now), row, "{id:.8}");
@@ -369,6 +419,15 @@ mod tests {
                 redrives: 1,
                 finished_at_ms: 12,
                 wake_at_ms: 13,
+                content_type: "application/json".into(),
+                log: vec![AttemptRecord {
+                    at_ms: 5,
+                    attempt: 1,
+                    channel: Channel::Push,
+                    outcome: Outcome::Http(503),
+                    latency_ms: 20,
+                    detail: "busy".into(),
+                }],
             },
         }
     }

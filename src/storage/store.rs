@@ -21,7 +21,7 @@ use super::{
     cf, codec, decode, prefix_end, Fnv64, CF_DEADLINES, CF_INDEX, CF_META, CF_NAMESPACES,
     CF_NSMETA, CF_WHEEL, SM_CFS,
 };
-use crate::namespace::{Namespace, Policy};
+use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Granted, Timer, TimerKey, TimerState};
 use crate::wheel::{self, Slot, Wheel};
 use crate::{Error, Result};
@@ -157,7 +157,7 @@ impl Lookup for Snap<'_> {
             return Ok(*r);
         }
         let policy: Policy = match self.reader.get(CF_NAMESPACES, namespace.as_bytes())? {
-            Some(v) => decode(&v)?,
+            Some(v) => decode::<Config>(&v)?.policy,
             None => Policy::default(),
         };
         self.retention
@@ -363,14 +363,19 @@ impl Store {
             .db
             .get_cf(cf(&self.db, CF_NAMESPACES), name.as_bytes())?;
         Ok(match raw {
-            Some(v) => Namespace {
-                name: name.into(),
-                policy: decode(&v)?,
-                configured: true,
-            },
+            Some(v) => {
+                let c: Config = decode(&v)?;
+                Namespace {
+                    name: name.into(),
+                    policy: c.policy,
+                    push: c.push,
+                    configured: true,
+                }
+            }
             None => Namespace {
                 name: name.into(),
                 policy: Policy::default(),
+                push: None,
                 configured: false,
             },
         })
@@ -388,9 +393,11 @@ impl Store {
             let (k, v) = item?;
             let name = String::from_utf8(k.to_vec())
                 .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            let c: Config = decode(&v)?;
             out.push(Namespace {
                 name,
-                policy: decode(&v)?,
+                policy: c.policy,
+                push: c.push,
                 configured: true,
             });
         }

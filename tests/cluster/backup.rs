@@ -67,6 +67,7 @@ fn batch(ns: &str, prefix: &str, n: usize, at: i64) -> pb::ScheduleBatchRequest 
             id: format!("{prefix}{i}"),
             when: crate::harness::at(at + i as i64),
             payload: format!("payload of {ns}/{prefix}{i}").into_bytes(),
+            ..Default::default()
         })
         .collect();
     pb::ScheduleBatchRequest { timers }
@@ -265,6 +266,7 @@ fn batch_one(ns: &str, id: &str, at: i64) -> pb::ScheduleRequest {
         id: id.into(),
         when: crate::harness::at(at),
         payload: id.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 

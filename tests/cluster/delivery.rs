@@ -45,6 +45,7 @@ pub(crate) async fn schedule_many(
                 id: id.clone(),
                 when: at(base + ((n * 500 + i) as i64) * step_ms),
                 payload: id.as_bytes().to_vec(),
+                ..Default::default()
             })
             .collect();
         client
@@ -167,7 +168,7 @@ async fn subscribers_on_followers_get_every_timer_and_ack_it_once() {
         ack_timeout_ms: 20_000,
         ..Default::default()
     };
-    put_policy(&c, followers[0], "solo", long_ack).await;
+    put_policy(&c, followers[0], "solo", long_ack.clone()).await;
     put_policy(&c, followers[0], "pair", long_ack).await;
 
     // Phase 1: one consumer on a follower; 1,000 timers come due in the same millisecond.

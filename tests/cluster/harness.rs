@@ -237,6 +237,7 @@ pub fn schedule_req(id: &str, fire_at_ms: i64) -> pb::ScheduleRequest {
         id: id.into(),
         when: at(fire_at_ms),
         payload: id.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 

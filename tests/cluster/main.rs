@@ -12,4 +12,6 @@ mod inproc;
 mod observe;
 mod operations;
 mod process;
+mod push;
+mod receiver;
 mod rejoin;

@@ -15,6 +15,7 @@ fn req(
         id: id.into(),
         when,
         payload: vec![7; payload],
+        content_type: String::new(),
     }
 }
 

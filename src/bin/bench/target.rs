@@ -161,5 +161,6 @@ pub fn schedule_req(ns: &str, id: String, fire_at_ms: i64, payload: usize) -> pb
         id,
         when: Some(pb::schedule_request::When::FireAtMs(fire_at_ms)),
         payload: vec![b'x'; payload],
+        ..Default::default()
     }
 }

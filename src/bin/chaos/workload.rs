@@ -230,6 +230,7 @@ fn schedule_req(id: &str, at: i64) -> pb::ScheduleRequest {
         id: id.into(),
         when: Some(pb::schedule_request::When::FireAtMs(at)),
         payload: id.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
 

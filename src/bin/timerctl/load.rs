@@ -42,6 +42,7 @@ pub async fn load(
                     id: format!("load-{run}-{i}"),
                     when: Some(pb::schedule_request::When::FireAtMs(base + offset)),
                     payload: Vec::new(),
+                    ..Default::default()
                 };
                 c.schedule(req).await?;
             }

@@ -69,6 +69,9 @@ enum Command {
         /// Payload, as text.
         #[arg(long, default_value = "")]
         payload: String,
+        /// The payload's media type, sent with a push (default application/octet-stream).
+        #[arg(long, default_value = "")]
+        content_type: String,
     },
     /// Cancel a PENDING timer (definitive: it will never fire, or the call fails).
     Cancel { namespace: String, id: String },
@@ -79,8 +82,10 @@ enum Command {
         #[command(flatten)]
         when: WhenArgs,
     },
-    /// Show one timer.
+    /// Show one timer, with its latest delivery attempts.
     Get { namespace: String, id: String },
+    /// Show a timer's attempt log: each delivery, its channel, outcome and latency.
+    Attempts { namespace: String, id: String },
     /// List a namespace's timers.
     List {
         namespace: String,
@@ -241,6 +246,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             id,
             when,
             payload,
+            content_type,
         } => {
             let when = match (when.delay, when.at) {
                 (Some(d), _) => pb::schedule_request::When::DelayMs(d.as_millis() as i64),
@@ -252,6 +258,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 id,
                 when: Some(when),
                 payload: payload.into_bytes(),
+                content_type,
             };
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
             let verb = if r.created { "scheduled" } else { "exists" };
@@ -287,7 +294,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .get(pb::GetRequest { namespace, id })
                 .await
                 .map_err(status_err)?;
-            output::timer("", &r.into_inner().timer.unwrap_or_default());
+            let t = r.into_inner().timer.unwrap_or_default();
+            output::timer("", &t);
+            if !output::json() {
+                output::attempts(&t);
+            }
+        }
+        Command::Attempts { namespace, id } => {
+            let r = timers
+                .get(pb::GetRequest { namespace, id })
+                .await
+                .map_err(status_err)?;
+            output::attempts(&r.into_inner().timer.unwrap_or_default());
         }
         Command::List {
             namespace,

@@ -1,4 +1,5 @@
-//! `timerctl namespace put|get|list`: replicated namespace policies.
+//! `timerctl namespace put|get|list|pause|resume`: replicated namespace policies, push
+//! targets and limits.
 
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 
+// Put carries every policy flag; the enum is parsed once per process, so its size is moot.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum NamespaceCommand {
     /// Set a namespace's policy; options left out take the defaults.
@@ -37,7 +40,40 @@ pub enum NamespaceCommand {
         /// Largest payload per timer (default 65536).
         #[arg(long)]
         max_payload_bytes: Option<u32>,
+        /// Push fired timers to this URL: http(s)://… (a signed POST) or grpc(s)://HOST:PORT
+        /// (timerdb.v1.Receiver). Left out: consumers Subscribe.
+        #[arg(long)]
+        push_url: Option<String>,
+        /// A signing secret (whsec_…); give it twice to rotate (both sign). Left out: keep the
+        /// current one, or have one generated.
+        #[arg(long)]
+        push_secret: Vec<String>,
+        /// How long one push request may take (default 10s, below the ack timeout).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        push_timeout: Option<Duration>,
+        /// A 4xx answer other than 408/429 makes the timer DEAD at once instead of retrying.
+        #[arg(long)]
+        dead_on_client_error: bool,
+        /// Deliveries (push or Subscribe) started per second (default: no limit).
+        #[arg(long)]
+        max_dispatches_per_second: Option<u32>,
+        /// Deliveries that may start at once (default: a tenth of the rate).
+        #[arg(long)]
+        max_burst: Option<u32>,
+        /// Deliveries unsettled at once (default: no limit).
+        #[arg(long)]
+        max_concurrent_dispatches: Option<u32>,
+        /// Timers scheduled per second; beyond it RESOURCE_EXHAUSTED (default: no limit).
+        #[arg(long)]
+        max_schedules_per_second: Option<u32>,
+        /// Timers that may be scheduled at once (default: the schedule rate).
+        #[arg(long)]
+        max_schedule_burst: Option<u32>,
     },
+    /// Stop dispatching a namespace's fired timers (they still fire, and wait).
+    Pause { name: String },
+    /// Dispatch a paused namespace's timers again.
+    Resume { name: String },
     /// Show a namespace's policy (the defaults if it was never configured).
     Get { name: String },
     /// List the configured namespaces.
@@ -49,7 +85,7 @@ fn ms(d: Option<Duration>) -> u64 {
 }
 
 fn namespace_json(ns: &pb::Namespace) -> serde_json::Value {
-    let p = ns.policy.unwrap_or_default();
+    let p = ns.policy.clone().unwrap_or_default();
     serde_json::json!({
         "name": ns.name,
         "configured": ns.configured,
@@ -62,6 +98,18 @@ fn namespace_json(ns: &pb::Namespace) -> serde_json::Value {
             "backoff_jitter_percent": p.backoff_jitter_percent.unwrap_or(0),
             "retention_ms": p.retention_ms,
             "max_payload_bytes": p.max_payload_bytes,
+            "max_dispatches_per_second": p.max_dispatches_per_second,
+            "max_burst": p.max_burst,
+            "max_concurrent_dispatches": p.max_concurrent_dispatches,
+            "max_schedules_per_second": p.max_schedules_per_second,
+            "max_schedule_burst": p.max_schedule_burst,
+            "paused": p.paused,
+            "push": p.push.as_ref().map(|t| serde_json::json!({
+                "url": t.url,
+                "secrets": t.secrets,
+                "timeout_ms": t.timeout_ms,
+                "dead_on_client_error": t.dead_on_client_error,
+            })),
         }
     })
 }
@@ -70,7 +118,7 @@ fn print_namespace(ns: &pb::Namespace) {
     if output::json() {
         return output::doc(namespace_json(ns));
     }
-    let p = ns.policy.unwrap_or_default();
+    let p = ns.policy.clone().unwrap_or_default();
     let dur = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
     println!(
         "{}{}\n  ack_timeout={}  max_attempts={}  backoff={}..{} x{:.3} ±{}%\n  retention={}  max_payload_bytes={}",
@@ -85,6 +133,26 @@ fn print_namespace(ns: &pb::Namespace) {
         dur(p.retention_ms),
         p.max_payload_bytes
     );
+    let limit = |v: Option<u32>| v.map_or("none".to_string(), |v| v.to_string());
+    println!(
+        "  dispatch: rate={}/s burst={} concurrency={}{}  schedule: rate={}/s burst={}",
+        limit(p.max_dispatches_per_second),
+        p.max_burst,
+        limit(p.max_concurrent_dispatches),
+        if p.paused { "  PAUSED" } else { "" },
+        limit(p.max_schedules_per_second),
+        p.max_schedule_burst,
+    );
+    match &p.push {
+        Some(t) => println!(
+            "  push: {}  timeout={}  dead_on_client_error={}\n  secrets: {}",
+            t.url,
+            dur(t.timeout_ms),
+            t.dead_on_client_error,
+            t.secrets.join(" ")
+        ),
+        None => println!("  delivery: Subscribe"),
+    }
 }
 
 pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result<()> {
@@ -100,6 +168,15 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
             jitter_percent,
             retention,
             max_payload_bytes,
+            push_url,
+            push_secret,
+            push_timeout,
+            dead_on_client_error,
+            max_dispatches_per_second,
+            max_burst,
+            max_concurrent_dispatches,
+            max_schedules_per_second,
+            max_schedule_burst,
         } => {
             let policy = pb::NamespacePolicy {
                 ack_timeout_ms: ms(ack_timeout),
@@ -111,6 +188,18 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
                 backoff_jitter_percent: jitter_percent,
                 retention_ms: ms(retention),
                 max_payload_bytes: max_payload_bytes.unwrap_or(0),
+                push: push_url.map(|url| pb::PushTarget {
+                    url,
+                    secrets: push_secret,
+                    timeout_ms: ms(push_timeout),
+                    dead_on_client_error,
+                }),
+                max_dispatches_per_second,
+                max_burst: max_burst.unwrap_or(0),
+                max_concurrent_dispatches,
+                max_schedules_per_second,
+                max_schedule_burst: max_schedule_burst.unwrap_or(0),
+                paused: false,
             };
             let req = pb::PutNamespaceRequest {
                 name,
@@ -122,6 +211,20 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
                 .map_err(status_err)?
                 .into_inner();
             print_namespace(&r.namespace.unwrap_or_default());
+        }
+        NamespaceCommand::Pause { name } => {
+            let r = client
+                .pause_namespace(pb::PauseNamespaceRequest { name })
+                .await
+                .map_err(status_err)?;
+            print_namespace(&r.into_inner().namespace.unwrap_or_default());
+        }
+        NamespaceCommand::Resume { name } => {
+            let r = client
+                .resume_namespace(pb::PauseNamespaceRequest { name })
+                .await
+                .map_err(status_err)?;
+            print_namespace(&r.into_inner().namespace.unwrap_or_default());
         }
         NamespaceCommand::Get { name } => {
             let r = client

@@ -155,7 +155,52 @@ pub fn timer_json(t: &pb::Timer) -> Value {
         "finished_at_ms": t.finished_at_ms,
         "wake_at_ms": t.wake_at_ms,
         "payload": String::from_utf8_lossy(&t.payload),
+        "content_type": t.content_type,
+        "attempt_log": t.attempt_log.iter().map(attempt_json).collect::<Vec<_>>(),
     })
+}
+
+fn attempt_json(a: &pb::Attempt) -> Value {
+    json!({
+        "at_ms": a.at_ms,
+        "attempt": a.attempt,
+        "channel": a.channel,
+        "outcome": a.outcome,
+        "http_status": a.http_status,
+        "grpc_code": a.grpc_code,
+        "latency_ms": a.latency_ms,
+        "detail": a.detail,
+    })
+}
+
+/// Prints a timer's attempt log, a line per attempt (oldest first).
+pub fn attempts(t: &pb::Timer) {
+    if json() {
+        let log: Vec<Value> = t.attempt_log.iter().map(attempt_json).collect();
+        return doc(json!({"namespace": t.namespace, "id": t.id, "attempt_log": log}));
+    }
+    if t.attempt_log.is_empty() {
+        println!("  no attempts yet");
+    }
+    for a in &t.attempt_log {
+        let outcome = match a.outcome.as_str() {
+            "http" => format!("HTTP {}", a.http_status),
+            "grpc" => format!("gRPC code {}", a.grpc_code),
+            other => other.to_string(),
+        };
+        let mut line = format!(
+            "  #{} {} {:<9} {:<16} {} ms",
+            a.attempt,
+            fmt_ms(a.at_ms),
+            a.channel,
+            outcome,
+            a.latency_ms
+        );
+        if !a.detail.is_empty() {
+            line += &format!("  {:?}", a.detail);
+        }
+        println!("{line}");
+    }
 }
 
 /// Prints a timer after what happened to it (`verb`, e.g. "scheduled"; empty for none).

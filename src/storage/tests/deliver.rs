@@ -23,6 +23,7 @@ fn policy(max_attempts: u32) -> Command {
             retention_ms: RETENTION_MS as u64,
             ..Policy::default()
         },
+        push: None,
     }
 }
 
@@ -34,6 +35,7 @@ fn grant(room: u32) -> Grant {
     Grant {
         namespace: "ns".into(),
         room,
+        push: false,
     }
 }
 

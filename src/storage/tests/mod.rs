@@ -110,6 +110,7 @@ fn spec(id: &str, at: i64, payload: &str) -> TimerSpec {
         key: TimerKey::new("ns", id),
         when: When::At(at),
         payload: payload.as_bytes().to_vec(),
+        content_type: String::new(),
     }
 }
 
@@ -200,6 +201,7 @@ async fn schedule_is_idempotent_on_identical_content() {
             key: TimerKey::new("ns", "r"),
             when: When::After(50),
             payload: vec![],
+            content_type: String::new(),
         },
     };
     assert!(created(&s.apply(rel(T0)).await));
@@ -442,6 +444,7 @@ fn workload() -> Vec<Command> {
             max_attempts: 1,
             ..Default::default()
         },
+        push: None,
     });
     let b = |i: i64| TimerKey::new("ns", format!("b{i}"));
     cmds.push(Command::Deliver {
@@ -449,6 +452,7 @@ fn workload() -> Vec<Command> {
         grants: vec![crate::timer::Grant {
             namespace: "ns".into(),
             room: 20,
+            push: false,
         }],
     });
     for i in 0..5 {
@@ -590,6 +594,7 @@ async fn list_filters_and_pages() {
             key: TimerKey::new("nsx", "l0"),
             when: When::At(T0),
             payload: vec![],
+            content_type: String::new(),
         },
     })
     .await;
@@ -676,6 +681,7 @@ async fn namespaces_are_replicated_state() {
         s.apply(Command::PutNamespace {
             name: name.into(),
             policy,
+            push: None,
         })
         .await;
     }

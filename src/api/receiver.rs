@@ -1,0 +1,107 @@
+//! The client side of `timerdb.v1.Receiver`: how the leader's pusher delivers to a namespace
+//! whose push target is `grpc://HOST:PORT` (or `grpcs://`, TLS with the webpki roots).
+//!
+//! One channel per target, kept while the target is used (tonic multiplexes the requests of a
+//! namespace over it and reconnects by itself). The signed Standard Webhooks values travel as
+//! request metadata, the delivery as the message; OK acks, any other status is a failed
+//! attempt (`push::Answer` judges it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::pb;
+use crate::push::{Answer, GrpcSender, Message};
+use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
+
+/// Pushes over gRPC, with a channel per target.
+#[derive(Default)]
+pub struct ReceiverClient {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl ReceiverClient {
+    fn channel(&self, url: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ch) = channels.get(url) {
+            return Ok(ch.clone());
+        }
+        let (tls, rest) = match url.split_once("://") {
+            Some(("grpcs", rest)) => (true, rest),
+            Some((_, rest)) => (false, rest),
+            None => (false, url),
+        };
+        let rest = rest.trim_end_matches('/');
+        let scheme = if tls { "https" } else { "http" };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{rest}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(10));
+        if tls {
+            ep = ep
+                .tls_config(ClientTlsConfig::new().with_webpki_roots())
+                .map_err(|e| e.to_string())?;
+        }
+        let ch = ep.connect_lazy();
+        channels.insert(url.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+impl GrpcSender for ReceiverClient {
+    fn send(&self, url: &str, msg: Message, timeout: Duration) -> BoxFuture<'static, Answer> {
+        let channel = self.channel(url);
+        Box::pin(async move {
+            let channel = match channel {
+                Ok(ch) => ch,
+                Err(e) => return Answer::new(Outcome::Connection, e),
+            };
+            let mut client = pb::receiver_client::ReceiverClient::new(channel);
+            let mut req = tonic::Request::new(pb::Delivery {
+                attempt: msg.attempt,
+                timer: Some(msg.timer.into()),
+            });
+            req.set_timeout(timeout);
+            for (name, value) in msg.headers {
+                if let Ok(v) = value.parse() {
+                    req.metadata_mut().insert(name, v);
+                }
+            }
+            match tokio::time::timeout(timeout, client.receive(req)).await {
+                Ok(Ok(_)) => Answer::new(Outcome::Grpc(0), ""),
+                Ok(Err(status)) => {
+                    let code = status.code();
+                    let mut detail = status.message().to_string();
+                    detail.truncate(detail.floor_char_boundary(ATTEMPT_DETAIL_BYTES));
+                    match code {
+                        // The call never reached a receiver: no connection.
+                        tonic::Code::Unavailable if is_transport(&status) => {
+                            Answer::new(Outcome::Connection, detail)
+                        }
+                        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                            Answer::new(Outcome::Timeout, detail)
+                        }
+                        code => Answer::new(Outcome::Grpc(code as i32), detail),
+                    }
+                }
+                Err(_) => Answer::new(
+                    Outcome::Timeout,
+                    format!("no answer within {} ms", timeout.as_millis()),
+                ),
+            }
+        })
+    }
+}
+
+/// Whether an UNAVAILABLE came from the transport (connecting failed), not from the receiver.
+fn is_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+/// The gRPC sender the pusher uses.
+pub fn grpc_sender() -> Arc<dyn GrpcSender> {
+    Arc::new(ReceiverClient::default())
+}

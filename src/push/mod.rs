@@ -1,0 +1,179 @@
+//! Push delivery: the leader calls each fired timer's receiver back, over HTTP (a Standard
+//! Webhooks POST) or gRPC (`timerdb.v1.Receiver/Receive`). Design: docs/push.md.
+//!
+//! What it owns: turning a delivery into a request ([`Message`]: body, content type, the
+//! signed headers), sending it ([`http`], and a [`GrpcSender`] the API layer implements, as the
+//! only code that knows protobuf), judging the answer ([`Answer`]) and the leader's worker that
+//! does this for every namespace with a push target ([`worker`]).
+//!
+//! Invariants:
+//! - A push is a delivery under a lease like any other: the pusher is a dispatcher
+//!   subscription, so it sends only what a committed grant leased to it, and the attempt it
+//!   sends is the replicated one. Its outcome is a committed `Pushed` command (an ack, or a
+//!   nack with the namespace's backoff), never a decision in memory.
+//! - A request that never gets an answer (leader killed, the proposal of its outcome lost)
+//!   leaves its timer in flight until the lease's deadline; then it is pushed again with
+//!   attempt + 1 and the same `webhook-id`. At least once; the receiver deduplicates.
+//! - Nothing here blocks the fire driver or another namespace: every request runs on its own
+//!   task with the namespace's timeout, and a namespace holds at most its concurrency.
+
+pub mod http;
+pub mod sign;
+pub mod worker;
+
+use std::time::Duration;
+
+use crate::timer::{Outcome, Timer, DEFAULT_CONTENT_TYPE};
+
+/// One push request, ready for either protocol.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub timer: Timer,
+    pub attempt: u32,
+    pub content_type: String,
+    /// Standard Webhooks and timerdb headers (lower-case names, visible-ASCII values).
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Message {
+    /// The request for delivery `attempt` of `timer`, signed with `secrets` at `now_s` (Unix
+    /// seconds: the `webhook-timestamp`).
+    pub fn new(timer: Timer, attempt: u32, secrets: &[sign::Secret], now_s: i64) -> Message {
+        let k = &timer.key;
+        let id = sign::message_id(&k.namespace, &k.id, timer.fire_index);
+        let signature = sign::signature_header(secrets, &id, now_s, &timer.payload);
+        let content_type = if timer.content_type.is_empty() {
+            DEFAULT_CONTENT_TYPE.to_string()
+        } else {
+            timer.content_type.clone()
+        };
+        let headers = vec![
+            ("webhook-id", id),
+            ("webhook-timestamp", now_s.to_string()),
+            ("webhook-signature", signature),
+            ("timerdb-namespace", header_safe(&k.namespace)),
+            ("timerdb-id", header_safe(&k.id)),
+            ("timerdb-fire-at-ms", timer.fire_at_ms.to_string()),
+            ("timerdb-fired-at-ms", timer.fired_at_ms.to_string()),
+            ("timerdb-fire-index", timer.fire_index.to_string()),
+            ("timerdb-attempt", attempt.to_string()),
+        ];
+        Message {
+            timer,
+            attempt,
+            content_type,
+            headers,
+        }
+    }
+}
+
+/// `s` with every byte that is not visible ASCII (or is `%`) percent-encoded, so any namespace
+/// or id fits a header value and decodes back unchanged.
+pub fn header_safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// What a receiver answered (or what went wrong on the way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub outcome: Outcome,
+    /// The first bytes of an error body or message.
+    pub detail: String,
+}
+
+impl Answer {
+    pub fn new(outcome: Outcome, detail: impl Into<String>) -> Answer {
+        Answer {
+            outcome,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether the receiver took the timer (2xx, gRPC OK).
+    pub fn ok(&self) -> bool {
+        match self.outcome {
+            Outcome::Http(s) => (200..300).contains(&s),
+            Outcome::Grpc(c) => c == 0,
+            _ => false,
+        }
+    }
+
+    /// Whether the receiver refused the request itself, so that retrying cannot help: a 4xx
+    /// other than 408 (timeout) and 429 (slow down), or the gRPC codes that mean the same.
+    pub fn client_error(&self) -> bool {
+        match self.outcome {
+            Outcome::Http(s) => (400..500).contains(&s) && s != 408 && s != 429,
+            // INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+            // FAILED_PRECONDITION, UNIMPLEMENTED, UNAUTHENTICATED
+            Outcome::Grpc(c) => matches!(c, 3 | 5 | 6 | 7 | 9 | 12 | 16),
+            _ => false,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self.outcome {
+            _ if self.ok() => "ok",
+            Outcome::Http(300..=399) => "http_3xx",
+            Outcome::Http(429) => "http_429",
+            Outcome::Http(400..=499) => "http_4xx",
+            Outcome::Http(_) => "http_5xx",
+            Outcome::Grpc(_) => "grpc_error",
+            Outcome::Timeout => "timeout",
+            Outcome::Connection => "connection_error",
+            _ => "other",
+        }
+    }
+}
+
+/// Sends pushes to gRPC receivers; implemented by the API layer (`api::receiver`), the only
+/// code that knows the protobuf types.
+pub trait GrpcSender: Send + Sync {
+    /// Calls `Receiver/Receive` at `url` (`grpc://` or `grpcs://`) with `msg`, within `timeout`.
+    fn send(
+        &self,
+        url: &str,
+        msg: Message,
+        timeout: Duration,
+    ) -> futures::future::BoxFuture<'static, Answer>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_visible_ascii_and_reversible() {
+        assert_eq!(header_safe("order-42/x"), "order-42/x");
+        assert_eq!(header_safe("a b%c"), "a%20b%25c");
+        assert_eq!(header_safe("café"), "caf%C3%A9");
+    }
+
+    #[test]
+    fn answers_are_judged_as_the_spec_says() {
+        let a = |o| Answer::new(o, "");
+        assert!(a(Outcome::Http(200)).ok() && a(Outcome::Http(204)).ok());
+        assert!(!a(Outcome::Http(301)).ok(), "redirects are failures");
+        assert!(a(Outcome::Http(400)).client_error() && a(Outcome::Http(410)).client_error());
+        for retried in [408, 429, 500, 503] {
+            let x = a(Outcome::Http(retried));
+            assert!(!x.ok() && !x.client_error(), "{retried}");
+        }
+        assert!(a(Outcome::Grpc(0)).ok());
+        assert!(a(Outcome::Grpc(3)).client_error());
+        assert!(
+            !a(Outcome::Grpc(14)).client_error(),
+            "UNAVAILABLE is retried"
+        );
+        assert!(!a(Outcome::Timeout).ok() && !a(Outcome::Connection).client_error());
+        assert_eq!(a(Outcome::Http(503)).label(), "http_5xx");
+    }
+}
