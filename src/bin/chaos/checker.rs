@@ -35,7 +35,7 @@ pub struct Findings {
 }
 
 impl Findings {
-    fn violate(&mut self, kind: &'static str, detail: String) {
+    pub fn violate(&mut self, kind: &'static str, detail: String) {
         self.violations.push(Violation { kind, detail });
     }
 }

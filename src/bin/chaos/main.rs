@@ -14,6 +14,7 @@ mod checker;
 mod cluster;
 mod plan;
 mod proxy;
+mod push;
 mod report;
 mod run;
 mod workload;

@@ -15,6 +15,7 @@ use crate::checker::{self, Findings, SkewWindow};
 use crate::cluster::{ProcCluster, DISK_NODE, NODES};
 use crate::plan::{self, Fault, Mix, Step, Target};
 use crate::proxy::Mode;
+use crate::push::{self, SharedPush, PUSH_NAMESPACE};
 use crate::workload::{self, now_ms, History, Shared, NAMESPACE};
 
 pub struct RunConfig {
@@ -61,7 +62,9 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     for id in NODES {
         clients.push((id, cluster.timers(id).await?));
     }
-    configure_namespace(&cluster).await?;
+    let pushed: SharedPush = Arc::default();
+    let push_url = push::receiver(pushed.clone(), cfg.seed).await?;
+    configure_namespace(&cluster, &push_url).await?;
 
     let history: Shared = Arc::new(Mutex::new(History::default()));
     let (stop_workers, workers_rx) = watch::channel(false);
@@ -71,6 +74,8 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         let (c, h, rx) = (clients.clone(), history.clone(), workers_rx.clone());
         workers.push(tokio::spawn(workload::worker(w, c, h, cfg.seed, rx)));
     }
+    let (c, rx) = (clients.clone(), workers_rx.clone());
+    workers.push(tokio::spawn(push::worker(c, pushed.clone(), cfg.seed, rx)));
     let mut consumers = Vec::new();
     // One consumer acks with unary calls, the other on its delivery stream.
     for (c, path) in [workload::AckPath::Unary, workload::AckPath::Stream]
@@ -98,7 +103,8 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
     }
     let digests = converge(&cluster).await;
-    let timers = list_all(&clients).await?;
+    let timers = list_all(&clients, NAMESPACE).await?;
+    let push_timers = list_all(&clients, PUSH_NAMESPACE).await?;
     cluster.stop();
 
     let history = std::mem::take(&mut *history.lock().unwrap());
@@ -111,6 +117,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         })
         .collect();
     let mut findings = checker::check(&history, &timers, &digests, &skews);
+    push::check(&mut findings, &pushed.lock().unwrap(), &push_timers, &skews);
     if let Err(e) = quiet {
         findings.violations.push(checker::Violation {
             kind: "not quiescent",
@@ -128,8 +135,8 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
 }
 
 /// Short timeouts and a long retention: redeliveries happen within the run, nothing is purged
-/// before it is checked, and no timer goes DEAD.
-async fn configure_namespace(cluster: &ProcCluster) -> anyhow::Result<()> {
+/// before it is checked, and no timer goes DEAD. The push namespace pushes to `push_url`.
+async fn configure_namespace(cluster: &ProcCluster, push_url: &str) -> anyhow::Result<()> {
     let policy = pb::NamespacePolicy {
         ack_timeout_ms: 3_000,
         max_attempts: 1_000,
@@ -146,6 +153,13 @@ async fn configure_namespace(cluster: &ProcCluster) -> anyhow::Result<()> {
     ns.put_namespace(req)
         .await
         .context("configuring the namespace")?;
+    let req = pb::PutNamespaceRequest {
+        name: PUSH_NAMESPACE.into(),
+        policy: Some(push::policy(push_url)),
+    };
+    ns.put_namespace(req)
+        .await
+        .context("configuring the push namespace")?;
     Ok(())
 }
 
@@ -236,11 +250,18 @@ async fn wait_new_leader(cluster: &ProcCluster, old: u64, limit: Duration) -> Op
     None
 }
 
-/// Waits until every timer due has fired and every fired timer is acked.
+/// Waits until every timer due has fired and every fired timer is acked, in both namespaces.
 async fn quiesce(clients: &[(u64, TimersClient<Channel>)]) -> anyhow::Result<()> {
     let deadline = Instant::now() + QUIESCE_LIMIT;
     loop {
-        let (pending, fired) = match list_all(clients).await {
+        let both = match list_all(clients, NAMESPACE).await {
+            Ok(mut timers) => list_all(clients, PUSH_NAMESPACE).await.map(|push| {
+                timers.extend(push.into_iter().map(|(id, t)| (format!("push/{id}"), t)));
+                timers
+            }),
+            Err(e) => Err(e),
+        };
+        let (pending, fired) = match both {
             Ok(timers) => {
                 let now = now_ms();
                 let pending = timers
@@ -290,13 +311,14 @@ async fn converge(cluster: &ProcCluster) -> Vec<(u64, u64, u64)> {
     }
 }
 
-/// The namespace's timers by id, through List paging on any node that answers.
+/// `namespace`'s timers by id, through List paging on any node that answers.
 async fn list_all(
     clients: &[(u64, TimersClient<Channel>)],
+    namespace: &str,
 ) -> anyhow::Result<BTreeMap<String, pb::Timer>> {
     let mut last = None;
     for (_, client) in clients {
-        match list_via(&mut client.clone()).await {
+        match list_via(&mut client.clone(), namespace).await {
             Ok(t) => return Ok(t),
             Err(e) => last = Some(e),
         }
@@ -306,12 +328,13 @@ async fn list_all(
 
 async fn list_via(
     client: &mut TimersClient<Channel>,
+    namespace: &str,
 ) -> anyhow::Result<BTreeMap<String, pb::Timer>> {
     let mut out = BTreeMap::new();
     let mut token = String::new();
     loop {
         let req = pb::ListRequest {
-            namespace: NAMESPACE.into(),
+            namespace: namespace.into(),
             limit: 10_000,
             page_token: token,
             ..Default::default()
