@@ -21,6 +21,7 @@ mod progress;
 #[allow(dead_code)]
 #[path = "../chaos/proxy.rs"]
 mod proxy;
+mod push;
 mod report;
 mod target;
 mod write;
@@ -44,6 +45,7 @@ enum Workload {
     Pending,
     Keys,
     Naive,
+    Push,
 }
 
 #[derive(Parser, Debug)]
@@ -73,6 +75,10 @@ struct Args {
     /// Fire rates (timers due per second), one configuration each.
     #[arg(long, value_delimiter = ',', default_value = "1000,20000,100000")]
     fire_rates: Vec<u64>,
+    /// Push rates (timers due per second, pushed to a local HTTP receiver), one configuration
+    /// each; compare with `fire` at the same rates (Subscribe).
+    #[arg(long, value_delimiter = ',', default_value = "1000,20000")]
+    push_rates: Vec<u64>,
     /// How far ahead of its fire time the fire producer schedules each timer.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     lead: Duration,
@@ -254,6 +260,7 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
             Workload::Pending => vec![args.pending],
             Workload::Keys => vec![args.keys_timers],
             Workload::Naive => args.naive_rates.clone(),
+            Workload::Push => args.push_rates.clone(),
         };
         out.extend(params.into_iter().map(|p| (*w, p)));
     }
@@ -302,6 +309,11 @@ async fn measure(
             let params = format!("{p}/s");
             let mut rec = results.recorder_for(build, "naive", params);
             life::naive(target, opts, p, opts.naive_ack, &mut rec).await
+        }
+        Workload::Push => {
+            let params = format!("{p}/s for {}s", opts.window.as_secs());
+            let mut rec = results.recorder_for(build, "push", params);
+            push::push(target, opts, p, &mut rec).await
         }
         Workload::Pending => {
             let mut rec = results.recorder_for(build, "pending", format!("{p} timers"));

@@ -32,6 +32,11 @@ pub struct Findings {
     pub early_by_skew: usize,
     pub unknown_resolved_done: usize,
     pub unknown_resolved_not_done: usize,
+    /// Timers of the push namespace, requests its receiver got, and those it failed on purpose
+    /// (500, too slow).
+    pub push_timers: usize,
+    pub push_requests: usize,
+    pub push_failed: usize,
 }
 
 impl Findings {

@@ -203,6 +203,9 @@ pub fn check(
     skews: &[SkewWindow],
 ) {
     f.timers_checked += timers.len();
+    f.push_timers += timers.len();
+    f.push_requests += h.receipts.len();
+    f.push_failed += h.receipts.iter().filter(|r| !r.ok).count();
     for (id, _) in &h.scheduled {
         if !timers.contains_key(id) {
             f.violate("push: lost acknowledged schedule", id.clone());

@@ -20,6 +20,8 @@ pub struct Totals {
     pub faults: BTreeMap<&'static str, usize>,
     pub ops: BTreeMap<String, usize>,
     pub timers: usize,
+    pub push_timers: usize,
+    pub push_requests: usize,
     pub deliveries: usize,
     pub violations: usize,
     pub early_by_skew: usize,
@@ -114,6 +116,11 @@ impl Totals {
             r.quiesce.as_secs_f64(),
             f.violations.len()
         );
+        println!(
+            "  push: {} timers, {} requests to the receiver ({} answered 500 or too slowly; \
+             dropped connections while it was down are not counted)",
+            f.push_timers, f.push_requests, f.push_failed
+        );
         println!("  faults in order: {}", plan.join(", "));
         let on_stream = r
             .history
@@ -152,6 +159,8 @@ impl Totals {
             *self.ops.entry(k).or_default() += v;
         }
         self.timers += f.timers_checked;
+        self.push_timers += f.push_timers;
+        self.push_requests += f.push_requests;
         self.deliveries += r.history.deliveries.len();
         self.violations += f.violations.len();
         self.early_by_skew += f.early_by_skew;
@@ -169,6 +178,10 @@ impl Totals {
         println!(
             "timers checked: {}; deliveries: {}; delivered early under clock skew (allowed): {}; violations: {}",
             self.timers, self.deliveries, self.early_by_skew, self.violations
+        );
+        println!(
+            "of them pushed: {} timers, {} requests to the HTTP receiver",
+            self.push_timers, self.push_requests
         );
         print_table(&self.fire, &self.delivery, &self.failovers);
     }
