@@ -75,7 +75,7 @@ pub struct Node {
     /// The snapshot directory (its counters, for status and metrics).
     pub snapshots: Arc<crate::storage::Snapshots>,
     /// Schedule-rate buckets per namespace (used while this node leads).
-    pub schedule_tokens: crate::cluster::limits::Buckets,
+    pub schedule_tokens: crate::cluster::limits::ScheduleLimits,
 }
 
 /// How long a leader may go without an answer from a quorum before it refuses writes and
@@ -228,37 +228,27 @@ impl Node {
     /// Takes `namespace`'s schedule-rate tokens for `n` timers, or refuses with the wait.
     fn check_schedule_rate(&self, namespace: &str, n: usize) -> Result<()> {
         let policy = self.store.namespace(namespace)?.policy;
-        let Some(rate) = policy.max_schedules_per_second else {
-            return Ok(());
-        };
         let term = self.raft.metrics().borrow().current_term;
-        let limit = (rate, policy.max_schedule_burst);
-        let n = u32::try_from(n).unwrap_or(u32::MAX);
         let now_ms = self.now_ms();
         // Filled from when this node began to lead, as the dispatch buckets are.
         let since = self.dispatcher.leading_since(term).unwrap_or(now_ms);
         let taken = self
             .schedule_tokens
-            .with((term, since), now_ms, namespace, limit, |b| b.take_all(n));
-        let Err(wait) = taken else {
-            return Ok(());
-        };
-        crate::metrics::schedule_throttled(namespace);
-        Err(match wait {
-            Some(ms) => Error::RateLimited {
-                message: format!(
-                    "namespace {namespace} takes at most {rate} timers a second \
-                     (burst {}); retry after {ms} ms",
-                    limit.1
-                ),
-                retry_after_ms: ms,
-            },
-            None => Error::ResourceExhausted(format!(
-                "{n} timers at once exceed namespace {namespace}'s schedule burst of {}; \
-                 send smaller batches",
-                limit.1
-            )),
-        })
+            .take(namespace, n, &policy, (term, since), now_ms);
+        if taken.is_err() {
+            crate::metrics::schedule_throttled(namespace);
+        }
+        taken
+    }
+
+    /// Gives back `n` schedule tokens [`Node::check_schedule_rate`] took.
+    fn refund_schedule_rate(&self, namespace: &str, n: usize) {
+        if let Ok(ns) = self.store.namespace(namespace) {
+            let term = self.raft.metrics().borrow().current_term;
+            let now_ms = self.now_ms();
+            self.schedule_tokens
+                .refund(namespace, n, &ns.policy, term, now_ms);
+        }
     }
 
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
@@ -283,8 +273,16 @@ impl Node {
         for s in &specs {
             *per_ns.entry(s.key.namespace.as_str()).or_default() += 1;
         }
+        let mut taken = Vec::with_capacity(per_ns.len());
         for (ns, n) in per_ns {
-            self.check_schedule_rate(ns, n)?;
+            if let Err(e) = self.check_schedule_rate(ns, n) {
+                // All or nothing: the namespaces that gave tokens get them back.
+                for (ns, n) in taken {
+                    self.refund_schedule_rate(ns, n);
+                }
+                return Err(e);
+            }
+            taken.push((ns, n));
         }
         let cmd = Command::ScheduleBatch {
             now_ms: self.now_ms(),

@@ -14,6 +14,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::namespace::Policy;
+use crate::Error;
+
 /// A token bucket: `rate` tokens a second, at most `burst` held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bucket {
@@ -146,6 +149,61 @@ impl Buckets {
             inner.term = term;
             inner.since_ms = now_ms;
             inner.buckets.clear();
+        }
+    }
+}
+
+/// Every namespace's schedule rate limit on this leader: a token per timer scheduled.
+#[derive(Debug, Default)]
+pub struct ScheduleLimits {
+    buckets: Buckets,
+}
+
+impl ScheduleLimits {
+    /// Takes `n` tokens of `namespace` (whose policy is `policy`) as the leader of `term` that
+    /// began to lead at `since_ms`, or refuses: RESOURCE_EXHAUSTED with the wait
+    /// (`RateLimited`), or without one when `n` exceeds the burst and can never fit.
+    pub fn take(
+        &self,
+        namespace: &str,
+        n: usize,
+        policy: &Policy,
+        term_since: (u64, i64),
+        now_ms: i64,
+    ) -> crate::Result<()> {
+        let Some(rate) = policy.max_schedules_per_second else {
+            return Ok(());
+        };
+        let burst = policy.max_schedule_burst;
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        let taken = self
+            .buckets
+            .with(term_since, now_ms, namespace, (rate, burst), |b| {
+                b.take_all(n)
+            });
+        match taken {
+            Ok(()) => Ok(()),
+            Err(Some(ms)) => Err(Error::RateLimited {
+                message: format!(
+                    "namespace {namespace} takes at most {rate} timers a second (burst \
+                     {burst}); retry after {ms} ms"
+                ),
+                retry_after_ms: ms,
+            }),
+            Err(None) => Err(Error::ResourceExhausted(format!(
+                "{n} timers at once exceed namespace {namespace}'s schedule burst of {burst}; \
+                 send smaller batches"
+            ))),
+        }
+    }
+
+    /// Gives back `n` tokens [`ScheduleLimits::take`] took.
+    pub fn refund(&self, namespace: &str, n: usize, policy: &Policy, term: u64, now_ms: i64) {
+        if let Some(rate) = policy.max_schedules_per_second {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            let limit = (rate, policy.max_schedule_burst);
+            self.buckets
+                .with((term, now_ms), now_ms, namespace, limit, |b| b.refund(n));
         }
     }
 }

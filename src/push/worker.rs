@@ -9,6 +9,12 @@
 //! (requests in flight are abandoned: their leases expire on the new leader, which pushes
 //! them again).
 //!
+//! Successes are acked as a Consume stream's acks are: through the ack coalescer, and a lease
+//! whose every request was answered 2xx as one lease ack (one write for all its timers, none
+//! per timer), so the attempt log records them as `acked` (channel push). A failure is a
+//! `Pushed` command carrying its exact outcome (status, timeout, connection error, the first
+//! bytes of the body), which the timer's row records as it moves it to its backoff.
+//!
 //! A namespace's dispatch rate is applied twice: when the dispatcher plans a grant (so leases
 //! do not run ahead) and here, when a request starts. The second one is what the receiver sees:
 //! grants ride on entries whose commit time varies (a slow fsync holds several, then they apply
@@ -17,7 +23,7 @@
 //! when this node starts to lead.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -26,6 +32,7 @@ use tokio::task::JoinSet;
 use super::http::HttpSender;
 use super::sign::Secret;
 use super::{Answer, GrpcSender, Message};
+use crate::cluster::acks::{StreamAcks, HOLD};
 use crate::cluster::driver::while_leader;
 use crate::cluster::limits::Bucket;
 use crate::cluster::{Delivery, Subscription};
@@ -193,10 +200,19 @@ impl PushLoop {
         let clock = self.node.config.clock;
         let mut running = JoinSet::new();
         let mut bucket: Option<Bucket> = None;
+        let tracker = Arc::new(Mutex::new(StreamAcks::new(&ns)));
+        let mut flush = tokio::time::interval(HOLD / 2);
         loop {
             tokio::select! {
+                _ = flush.tick() => {
+                    let due = lock(&tracker).flush_due(Instant::now(), clock.now_ms());
+                    for item in due {
+                        self.node.acker.ack(item);
+                    }
+                }
                 d = sub.recv() => {
                     let Some(d) = d else { return };
+                    lock(&tracker).sent(&d);
                     let t = target.read().unwrap_or_else(|p| p.into_inner()).clone();
                     if let Some((rate, burst)) = t.rate {
                         let b = bucket.get_or_insert_with(|| {
@@ -209,7 +225,7 @@ impl PushLoop {
                             b.refill_with(rate, burst, clock.now_ms());
                         }
                     }
-                    running.spawn(self.clone().push(t, d));
+                    running.spawn(self.clone().push(t, d, tracker.clone()));
                 }
                 Some(_) = running.join_next(), if !running.is_empty() => {}
             }
@@ -217,8 +233,8 @@ impl PushLoop {
         }
     }
 
-    /// One request, and its outcome committed.
-    async fn push(self, target: Arc<Target>, d: Delivery) {
+    /// One request, and its outcome committed (an ack through `tracker`, or a `Pushed` nack).
+    async fn push(self, target: Arc<Target>, d: Delivery, tracker: Arc<Mutex<StreamAcks>>) {
         let clock = self.node.config.clock;
         let key = d.timer.key.clone();
         let attempt = d.attempt;
@@ -250,6 +266,22 @@ impl PushLoop {
         if !ok {
             tracing::debug!(timer = %key, attempt, outcome = ?record.outcome, "push failed");
         }
+        // The receiver is done with it: its concurrency slot is free now, not once the outcome
+        // commits (tens of ms that would cap a namespace at ~MAX_PUSH_IN_FLIGHT / commit time).
+        // The timer cannot be leased again meanwhile: its lease is open until the outcome
+        // applies or the deadline passes.
+        self.node.dispatcher.settled(&key);
+        if ok {
+            let items = lock(&tracker).acked(&key.id, attempt, Instant::now());
+            for item in items {
+                self.node.acker.ack(item);
+            }
+            return;
+        }
+        // What was held of its lease goes one by one; the failure goes with its record.
+        for item in lock(&tracker).nacked(&key.id, attempt) {
+            self.node.acker.ack(item);
+        }
         let cmd = Command::Pushed {
             now_ms,
             key: key.clone(),
@@ -262,6 +294,9 @@ impl PushLoop {
             // Its lease expires and it is pushed again: at least once.
             tracing::debug!(timer = %key, attempt, error = %e, "push outcome not recorded");
         }
-        self.node.dispatcher.settled(&key);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -291,12 +291,18 @@ impl Applier<'_> {
     }
 }
 
-/// The attempt record of a consumer's ack or nack of `t`'s latest delivery.
+/// The attempt record of an ack or nack of `t`'s latest delivery: a consumer's, or the
+/// pusher's ack of a 2xx (the channel is the lease's, read off the derived in-flight line).
 fn consumer_record(t: &Timer, now_ms: i64, outcome: Outcome) -> AttemptRecord {
+    let channel = t
+        .attempt_log
+        .last()
+        .filter(|r| r.outcome == Outcome::InFlight && r.attempt == t.attempts)
+        .map_or(Channel::Subscribe, |r| r.channel);
     AttemptRecord {
         at_ms: now_ms,
         attempt: t.attempts,
-        channel: Channel::Subscribe,
+        channel,
         outcome,
         latency_ms: latency_ms(t.last_delivered_at_ms, now_ms),
         detail: String::new(),

@@ -93,9 +93,21 @@ pub(crate) async fn produce(
         let late = late.clone();
         tasks.push(tokio::spawn(async move {
             let n = timers.len() as u64;
-            let r = client
-                .schedule_batch(pb::ScheduleBatchRequest { timers })
-                .await;
+            // A stalled leader answers UNAVAILABLE for a moment (a slow fsync on the shared
+            // disk); the batch is idempotent, so send it again, as the loaders do.
+            let mut tries = 0;
+            let r = loop {
+                let req = pb::ScheduleBatchRequest {
+                    timers: timers.clone(),
+                };
+                match client.schedule_batch(req).await {
+                    Err(s) if s.code() == tonic::Code::Unavailable && tries < 20 => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    r => break r,
+                }
+            };
             if now_ms() > first_due {
                 late.fetch_add(n, Ordering::Relaxed);
             }

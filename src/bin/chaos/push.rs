@@ -233,7 +233,9 @@ pub fn check(
         let oks = t
             .attempt_log
             .iter()
-            .filter(|a| a.outcome == "http" && (200..300).contains(&a.http_status))
+            .filter(|a| {
+                a.outcome == "acked" || (a.outcome == "http" && (200..300).contains(&a.http_status))
+            })
             .count();
         if oks > 1 {
             f.violate("push: acked more than once", format!("{t:?}"));

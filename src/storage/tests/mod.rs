@@ -714,6 +714,7 @@ async fn namespaces_are_replicated_state() {
     assert_eq!(other.store.digest().unwrap(), s.store.digest().unwrap());
 }
 
+mod attempts;
 mod deliver;
 mod restore;
 mod snapshot;
