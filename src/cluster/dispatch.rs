@@ -24,7 +24,9 @@
 //! - A namespace's limits hold for all its subscriptions together: a grant's room is cut to
 //!   what `max_concurrent_dispatches` leaves (unsettled and reserved deliveries of every
 //!   subscription of the namespace) and to the tokens its dispatch bucket holds (`limits`);
-//!   tokens a lease did not use are refunded. A paused namespace gets no grants.
+//!   tokens a lease did not use are refunded. A paused namespace gets no grants. For an ack
+//!   timeout after this node starts to lead, the deliveries a previous leader made and nobody
+//!   settled count against the concurrency too (their receivers may still be at work).
 //! - A namespace with a push target is granted only to the leader's pusher (a subscription made
 //!   with `push`), one without only to streams: a lease goes to one subscription, so pull and
 //!   push never take the same timer.
@@ -264,6 +266,18 @@ impl Dispatcher {
                 }
             };
             limits.insert(sub.namespace.clone(), NsLimits { policy, push, used });
+        }
+        // A new leader's predecessor may still have deliveries out (requests a receiver is
+        // working on): until their deadline they count against the namespace's concurrency.
+        let since = self.tokens.since(term).unwrap_or(now_ms);
+        for (name, ns) in limits.iter_mut() {
+            let fresh = now_ms < since.saturating_add(ns.policy.ack_timeout_ms as i64);
+            if ns.policy.max_concurrent_dispatches.is_some() && fresh {
+                match self.store.in_flight_before(name, since, now_ms) {
+                    Ok(n) => ns.used += n as usize,
+                    Err(e) => tracing::warn!(error = %e, "dispatcher: cannot read leases"),
+                }
+            }
         }
         for id in ids[first..].iter().chain(&ids[..first]) {
             let Some(sub) = reg.subs.get_mut(id) else {

@@ -19,8 +19,9 @@
 //! do not run ahead) and here, when a request starts. The second one is what the receiver sees:
 //! grants ride on entries whose commit time varies (a slow fsync holds several, then they apply
 //! together), so leases arrive in clumps; pacing the requests themselves keeps any one-second
-//! window at the receiver within `burst + rate`. Like the dispatcher's, the bucket starts empty
-//! when this node starts to lead.
+//! window at the receiver within `burst + rate` (its burst is smaller by 20 ms of the rate, a
+//! margin for the jitter between sending and arriving). Like the dispatcher's, the bucket
+//! starts empty when this node starts to lead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -215,6 +216,10 @@ impl PushLoop {
                     lock(&tracker).sent(&d);
                     let t = target.read().unwrap_or_else(|p| p.into_inner()).clone();
                     if let Some((rate, burst)) = t.rate {
+                        // 20 ms of the rate held back from the burst: requests reach the
+                        // receiver with some jitter (a busy leader, the network), and the
+                        // receiver's window must still hold no more than burst + rate.
+                        let burst = burst.saturating_sub(rate / 50).max(1);
                         let b = bucket.get_or_insert_with(|| {
                             Bucket::empty_since(rate, burst, since_ms, clock.now_ms())
                         });

@@ -18,8 +18,8 @@ use super::meta::{self, NsMeta};
 use super::read::{slot_of_key, Reader};
 use super::row::{derive, header, Lease, Lookup, Row};
 use super::{
-    cf, codec, decode, prefix_end, Fnv64, CF_DEADLINES, CF_INDEX, CF_META, CF_NAMESPACES,
-    CF_NSMETA, CF_WHEEL, SM_CFS,
+    cf, codec, decode, prefix_end, Fnv64, CF_DEADLINES, CF_INDEX, CF_LEASES, CF_META,
+    CF_NAMESPACES, CF_NSMETA, CF_WHEEL, SM_CFS,
 };
 use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Granted, Timer, TimerKey, TimerState};
@@ -283,6 +283,37 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Deliveries of `namespace` still in flight at `now_ms` under leases made before
+    /// `before_ms` (by a previous leader): open leases whose deadline has not passed, each
+    /// counted whole (a delivery of one acked alone is still counted until its deadline).
+    /// The open leases are the `deadlines` family, in deadline order.
+    pub fn in_flight_before(&self, namespace: &str, before_ms: i64, now_ms: i64) -> Result<u64> {
+        let start = ((now_ms.max(0) as u64) + 1).to_be_bytes();
+        let iter = self.db.iterator_cf(
+            cf(&self.db, CF_DEADLINES),
+            IteratorMode::From(&start, Direction::Forward),
+        );
+        let mut n = 0u64;
+        for item in iter {
+            let (k, _) = item?;
+            let Some((_, ns, to)) = wheel::decode_deadline_key(&k) else {
+                continue;
+            };
+            if ns != namespace {
+                continue;
+            }
+            let raw = self
+                .db
+                .get_cf(cf(&self.db, CF_LEASES), wheel::slot_key(&ns, to))?;
+            let Some(raw) = raw else { continue };
+            let lease: Lease = decode(&raw)?;
+            if lease.settled.is_none() && lease.delivered_at_ms < before_ms {
+                n += lease.count as u64;
+            }
+        }
+        Ok(n)
     }
 
     /// Whether `namespace` has a fired timer waiting for a consumer (READY).

@@ -272,7 +272,18 @@ pub async fn list_in(
             page_token: token,
             ..Default::default()
         };
-        let page = c.list(req).await.unwrap().into_inner();
+        // A loaded leader may answer UNAVAILABLE for a moment (a stalled fsync, "no quorum"
+        // for ~1 s); the read is safe to retry.
+        let mut tries = 0;
+        let page = loop {
+            match c.list(req.clone()).await {
+                Err(s) if s.code() == tonic::Code::Unavailable && tries < 50 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r => break r.unwrap().into_inner(),
+            }
+        };
         out.extend(page.timers);
         token = page.next_page_token;
         if token.is_empty() {

@@ -212,9 +212,14 @@ fn dashboard_names_exist(s: &Samples) {
         // The redelivery counter appears with the first redelivery, which this test has
         // none of; the push row's metrics with the first push (`push_and_limit_metrics_*`).
         let later = name == "timerdb_redeliveries_total"
-            || ["timerdb_push", "timerdb_dispatch", "timerdb_schedule_thr"]
-                .iter()
-                .any(|p| name.starts_with(p));
+            || [
+                "timerdb_push",
+                "timerdb_dispatch",
+                "timerdb_schedule_thr",
+                "timerdb_namespace_paused",
+            ]
+            .iter()
+            .any(|p| name.starts_with(p));
         assert!(
             known || later,
             "the dashboard charts {name}, which no node exports"

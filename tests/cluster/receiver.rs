@@ -48,6 +48,15 @@ pub enum Answer {
     Hang,
 }
 
+/// One request in progress at the receiver.
+struct InProgress(Arc<AtomicUsize>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[derive(Clone)]
 pub struct Receiver {
     pub addr: SocketAddr,
@@ -70,22 +79,20 @@ impl Receiver {
         format!("http://{}/hook", self.addr)
     }
 
-    /// Records `g` and returns how to answer it, counting it as in progress until `done`.
-    fn take(&self, g: Got) -> Answer {
+    /// Records `g` and returns how to answer it, counting it as in progress until the guard
+    /// drops (when the answer is sent, or when the handler is dropped because the caller went
+    /// away: a leader that stopped leading abandons its requests).
+    fn take(&self, g: Got) -> (Answer, InProgress) {
         let b = self.behaviour.lock().unwrap().clone();
         let answer = b(&g.id(), g.attempt());
         self.got.lock().unwrap().push(g);
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_concurrent.fetch_max(now, Ordering::SeqCst);
-        answer
+        (answer, InProgress(self.now.clone()))
     }
 
-    fn done(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    async fn answer(&self, a: Answer) -> u16 {
-        let code = match a {
+    async fn answer(&self, (a, _in_progress): (Answer, InProgress)) -> u16 {
+        match a {
             Answer::Status(s) => s,
             Answer::Slow(d) => {
                 tokio::time::sleep(d).await;
@@ -95,9 +102,7 @@ impl Receiver {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 200
             }
-        };
-        self.done();
-        code
+        }
     }
 
     fn new(addr: SocketAddr) -> Receiver {
