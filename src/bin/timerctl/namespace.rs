@@ -133,15 +133,19 @@ fn print_namespace(ns: &pb::Namespace) {
         dur(p.retention_ms),
         p.max_payload_bytes
     );
-    let limit = |v: Option<u32>| v.map_or("none".to_string(), |v| v.to_string());
+    let rate = |r: Option<u32>, burst: u32| match r {
+        Some(r) => format!("{r}/s burst {burst}"),
+        None => "no limit".to_string(),
+    };
+    let concurrency = p
+        .max_concurrent_dispatches
+        .map_or("no limit".to_string(), |c| c.to_string());
     println!(
-        "  dispatch: rate={}/s burst={} concurrency={}{}  schedule: rate={}/s burst={}",
-        limit(p.max_dispatches_per_second),
-        p.max_burst,
-        limit(p.max_concurrent_dispatches),
+        "  dispatch: rate {}, concurrency {}{}  schedule: rate {}",
+        rate(p.max_dispatches_per_second, p.max_burst),
+        concurrency,
         if p.paused { "  PAUSED" } else { "" },
-        limit(p.max_schedules_per_second),
-        p.max_schedule_burst,
+        rate(p.max_schedules_per_second, p.max_schedule_burst),
     );
     match &p.push {
         Some(t) => println!(
