@@ -19,7 +19,7 @@ use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
 
 /// Idle connections kept per receiver host: as many as a namespace may have requests
 /// outstanding, so a busy namespace reuses its connections instead of reconnecting.
-const IDLE_PER_HOST: usize = super::worker::MAX_PUSH_IN_FLIGHT;
+const IDLE_PER_HOST: usize = super::MAX_PUSH_IN_FLIGHT;
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of an error body kept for the attempt log.

@@ -25,6 +25,11 @@ use std::time::Duration;
 
 use crate::timer::{Outcome, Timer, DEFAULT_CONTENT_TYPE};
 
+/// Most requests one namespace has outstanding on this leader (its `max_concurrent_dispatches`
+/// may allow fewer; the dispatcher applies that one). The HTTP client keeps as many idle
+/// connections per host.
+pub const MAX_PUSH_IN_FLIGHT: usize = 256;
+
 /// One push request, ready for either protocol.
 #[derive(Debug, Clone)]
 pub struct Message {

@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 
 use super::http::HttpSender;
 use super::sign::Secret;
-use super::{Answer, GrpcSender, Message};
+use super::{Answer, GrpcSender, Message, MAX_PUSH_IN_FLIGHT};
 use crate::cluster::acks::{StreamAcks, HOLD};
 use crate::cluster::driver::while_leader;
 use crate::cluster::limits::Bucket;
@@ -43,9 +43,6 @@ use crate::timer::{AttemptRecord, Channel, Command};
 
 /// How often the namespaces are read for push targets.
 const REFRESH: Duration = Duration::from_millis(500);
-/// Most requests one namespace has outstanding on this leader (its `max_concurrent_dispatches`
-/// may allow fewer; the dispatcher applies that one).
-pub const MAX_PUSH_IN_FLIGHT: usize = 256;
 /// Namespaces read per page when looking for push targets.
 const PAGE: usize = 1000;
 
