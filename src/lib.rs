@@ -16,6 +16,7 @@
 //! - [`backup`]: online backups (the leader's snapshot of every acknowledged write).
 //! - [`push`]: push delivery, the leader calling receivers back (HTTP webhooks, gRPC).
 //! - [`api`]: gRPC services, validation, forwarding to the leader.
+//! - [`sample`]: the once-a-second gauge sampler of a running node.
 //! - [`server`]: wires a node together and runs it.
 //! - [`config`], [`error`]: configuration and the one error type.
 
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod push;
+pub mod sample;
 pub mod server;
 pub mod storage;
 pub mod timer;

@@ -136,7 +136,7 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         db_owner.clone(),
         rx.clone(),
     )));
-    tasks.push(tokio::spawn(crate::metrics::sample_loop(
+    tasks.push(tokio::spawn(crate::sample::sample_loop(
         node.clone(),
         rx.clone(),
     )));
