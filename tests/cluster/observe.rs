@@ -62,12 +62,10 @@ fn get(s: &Samples, name: &str, labels: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name}{{{labels}}}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_endpoint_is_scraped_and_parsed() {
-    init_tracing();
-    let tmp = TempDir::new().unwrap();
+/// Three `timerd` processes, each serving metrics; returns them and their metrics addresses.
+fn three_with_metrics(tmp: &TempDir) -> (Vec<Proc>, Vec<String>) {
     let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
-    let (mut procs, peers) = start_three(&tmp);
+    let (mut procs, peers) = start_three(tmp);
     // Restart each with --metrics-listen (start_three gives every node the same extra flags).
     for (i, p) in procs.iter_mut().enumerate() {
         let mut child = p.child.take().unwrap();
@@ -76,6 +74,14 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
         let flags = ["--metrics-listen", metrics[i].as_str()];
         p.child = Some(spawn_with(i as u64 + 1, p, &peers, &flags));
     }
+    (procs, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_is_scraped_and_parsed() {
+    init_tracing();
+    let tmp = TempDir::new().unwrap();
+    let (procs, metrics) = three_with_metrics(&tmp);
     let l = leader(&procs).await;
     let mut client = TimersClient::new(channel(&procs[l].addr).await.unwrap());
 
@@ -233,15 +239,7 @@ fn dashboard_names_exist(s: &Samples) {
 async fn push_and_limit_metrics_are_exported() {
     init_tracing();
     let tmp = TempDir::new().unwrap();
-    let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
-    let (mut procs, peers) = start_three(&tmp);
-    for (i, p) in procs.iter_mut().enumerate() {
-        let mut child = p.child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let flags = ["--metrics-listen", metrics[i].as_str()];
-        p.child = Some(spawn_with(i as u64 + 1, p, &peers, &flags));
-    }
+    let (procs, metrics) = three_with_metrics(&tmp);
     let l = leader(&procs).await;
     let ch = channel(&procs[l].addr).await.unwrap();
     let mut client = TimersClient::new(ch.clone());
