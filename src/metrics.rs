@@ -152,17 +152,42 @@ pub fn grpc(method: &str, code: tonic::Code, elapsed: Duration) {
     histogram!(GRPC_SECONDS, &labels).record(elapsed.as_secs_f64());
 }
 
-/// One push attempt's outcome (`ok`, `http_5xx`, `timeout`, …) and latency, by namespace.
-pub fn pushed(namespace: &str, outcome: &'static str, elapsed: Duration) {
-    let ns = namespace.to_string();
-    counter!("timerdb_push_dispatches_total", "namespace" => ns.clone(), "outcome" => outcome)
-        .increment(1);
-    histogram!(PUSH_SECONDS, "namespace" => ns).record(elapsed.as_secs_f64());
+/// One push namespace's metrics, registered once (the pusher records one per request; a
+/// lookup by name and labels each time cost ~1 % of a busy leader's CPU).
+#[derive(Clone)]
+pub struct PushMetrics {
+    namespace: String,
+    ok: metrics::Counter,
+    latency: metrics::Histogram,
+    in_flight: metrics::Gauge,
 }
 
-/// Push requests outstanding for `namespace` on this leader.
-pub fn push_in_flight(namespace: &str, n: usize) {
-    gauge!("timerdb_push_in_flight", "namespace" => namespace.to_string()).set(n as f64);
+impl PushMetrics {
+    pub fn new(namespace: &str) -> PushMetrics {
+        let ns = namespace.to_string();
+        PushMetrics {
+            ok: counter!("timerdb_push_dispatches_total", "namespace" => ns.clone(), "outcome" => "ok"),
+            latency: histogram!(PUSH_SECONDS, "namespace" => ns.clone()),
+            in_flight: gauge!("timerdb_push_in_flight", "namespace" => ns.clone()),
+            namespace: ns,
+        }
+    }
+
+    /// A push request ended with `outcome` (a label of `push::Answer`) after `elapsed`.
+    pub fn pushed(&self, outcome: &'static str, elapsed: Duration) {
+        if outcome == "ok" {
+            self.ok.increment(1);
+        } else {
+            counter!("timerdb_push_dispatches_total", "namespace" => self.namespace.clone(), "outcome" => outcome)
+                .increment(1);
+        }
+        self.latency.record(elapsed.as_secs_f64());
+    }
+
+    /// Push requests outstanding for the namespace on this leader.
+    pub fn in_flight(&self, n: usize) {
+        self.in_flight.set(n as f64);
+    }
 }
 
 /// A Schedule or ScheduleBatch refused by `namespace`'s schedule rate limit.

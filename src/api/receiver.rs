@@ -60,16 +60,14 @@ impl GrpcSender for ReceiverClient {
                 Err(e) => return Answer::new(Outcome::Connection, e),
             };
             let mut client = pb::receiver_client::ReceiverClient::new(channel);
-            let mut req = tonic::Request::new(pb::Delivery {
+            let metadata = tonic::metadata::MetadataMap::from_headers(msg.headers());
+            let delivery = pb::Delivery {
                 attempt: msg.attempt,
                 timer: Some(msg.timer.into()),
-            });
+            };
+            let mut req =
+                tonic::Request::from_parts(metadata, tonic::Extensions::default(), delivery);
             req.set_timeout(timeout);
-            for (name, value) in msg.headers {
-                if let Ok(v) = value.parse() {
-                    req.metadata_mut().insert(name, v);
-                }
-            }
             match tokio::time::timeout(timeout, client.receive(req)).await {
                 Ok(Ok(_)) => Answer::new(Outcome::Grpc(0), ""),
                 Ok(Err(status)) => {

@@ -199,6 +199,8 @@ pub const HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 /// one). Deliveries that did not come in a whole lease are acked one by one at once.
 pub struct StreamAcks {
     namespace: String,
+    /// How long acks of an incomplete lease are held ([`HOLD`] for a stream).
+    hold: std::time::Duration,
     /// Id → (attempt, lease) of each delivery sent and not yet acked.
     sent: std::collections::HashMap<String, (u32, Option<super::LeaseTag>)>,
     held: std::collections::HashMap<LeaseRef, Held>,
@@ -216,8 +218,16 @@ struct Held {
 
 impl StreamAcks {
     pub fn new(namespace: &str) -> Self {
+        Self::with_hold(namespace, HOLD)
+    }
+
+    /// Holding acks of an incomplete lease for `hold` instead of [`HOLD`]: the pusher's, whose
+    /// every delivery is answered within its request timeout, so that a lease waits for its
+    /// last answer and is acked whole.
+    pub fn with_hold(namespace: &str, hold: std::time::Duration) -> Self {
         StreamAcks {
             namespace: namespace.to_string(),
+            hold,
             sent: Default::default(),
             held: Default::default(),
         }
@@ -281,11 +291,12 @@ impl StreamAcks {
         }
     }
 
-    /// Held acks that waited [`HOLD`] (or whose lease's deadline is near): one by one now.
+    /// Held acks that waited the hold (or whose lease's deadline is near): one by one now.
     pub fn flush_due(&mut self, now: std::time::Instant, now_ms: i64) -> Vec<AckItem> {
         let mut out = Vec::new();
+        let hold = self.hold;
         self.held.retain(|_, held| {
-            let waited = held.since.is_some_and(|s| now.duration_since(s) >= HOLD);
+            let waited = held.since.is_some_and(|s| now.duration_since(s) >= hold);
             let near_deadline = now_ms + HOLD.as_millis() as i64 >= held.deadline_ms;
             if waited || (near_deadline && !held.acked.is_empty()) {
                 out.extend(release(held));
@@ -332,6 +343,7 @@ mod tests {
         Delivery {
             timer: Timer::pending(spec, 0),
             attempt,
+            deadline_ms: 10_000,
             lease: lease.cloned(),
         }
     }

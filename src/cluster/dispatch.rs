@@ -60,6 +60,8 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Delivery {
     pub timer: Timer,
     pub attempt: u32,
+    /// Its ack deadline: the lease's (after it, the delivery is made again with attempt + 1).
+    pub deadline_ms: i64,
     /// The lease it came in, when the whole lease went to this subscription: acking every
     /// delivery of it can then be one write (`api::subscribe`).
     pub lease: Option<LeaseTag>,
@@ -79,6 +81,8 @@ struct Sub {
     /// The leader's pusher, not a stream.
     push: bool,
     max_in_flight: usize,
+    /// The most `max_in_flight` may become (the channel's size).
+    capacity: usize,
     /// Unsettled deliveries and their ack deadlines.
     in_flight: HashMap<TimerKey, i64>,
     /// Room promised to grants not yet applied.
@@ -152,6 +156,22 @@ impl Subscription {
     pub fn try_recv(&mut self) -> Option<Delivery> {
         self.rx.try_recv().ok()
     }
+
+    /// Changes how many unsettled deliveries it may hold (at most what it was made with).
+    /// Deliveries it holds beyond a lowered limit stay; it is granted nothing until below.
+    pub fn set_max_in_flight(&self, max_in_flight: usize) {
+        let mut reg = self.dispatcher.lock();
+        let Some(sub) = reg.subs.get_mut(&self.id) else {
+            return;
+        };
+        let max_in_flight = max_in_flight.clamp(1, sub.capacity);
+        let grew = max_in_flight > sub.max_in_flight;
+        sub.max_in_flight = max_in_flight;
+        drop(reg);
+        if grew {
+            self.dispatcher.wake.notify_one();
+        }
+    }
 }
 
 impl Drop for Subscription {
@@ -201,6 +221,7 @@ impl Dispatcher {
                 consumer: consumer.to_string(),
                 push,
                 max_in_flight,
+                capacity: max_in_flight.max(1),
                 in_flight: HashMap::new(),
                 reserved: 0,
                 tx,
@@ -420,6 +441,7 @@ impl Dispatcher {
                     .try_send(Delivery {
                         timer,
                         attempt,
+                        deadline_ms: g.deadline_ms,
                         lease,
                     })
                     .is_ok()

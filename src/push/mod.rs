@@ -18,6 +18,7 @@
 //!   task with the namespace's timeout, and a namespace holds at most its concurrency.
 
 pub mod http;
+mod namespace;
 pub mod sign;
 pub mod worker;
 
@@ -25,9 +26,9 @@ use std::time::Duration;
 
 use crate::timer::{Outcome, Timer, DEFAULT_CONTENT_TYPE};
 
-/// Most requests one namespace has outstanding on this leader (its `max_concurrent_dispatches`
-/// may allow fewer; the dispatcher applies that one). The HTTP client keeps as many idle
-/// connections per host.
+/// Most requests one namespace has outstanding on this leader: its lanes, each with at most
+/// one connection (its `max_concurrent_dispatches` may allow fewer; the dispatcher applies
+/// that one).
 pub const MAX_PUSH_IN_FLIGHT: usize = 256;
 
 /// One push request, ready for either protocol.
@@ -35,9 +36,26 @@ pub const MAX_PUSH_IN_FLIGHT: usize = 256;
 pub struct Message {
     pub timer: Timer,
     pub attempt: u32,
-    pub content_type: String,
-    /// Standard Webhooks and timerdb headers (lower-case names, visible-ASCII values).
-    pub headers: Vec<(&'static str, String)>,
+    /// `webhook-id`: `tdb_<fire_index>_<hash of the key>`, the same on every attempt.
+    pub id: String,
+    /// `webhook-timestamp`: Unix seconds of this attempt.
+    pub timestamp: i64,
+    /// `webhook-signature`: one `v1,` entry per secret.
+    pub signature: String,
+}
+
+/// The request headers (lower-case, as Standard Webhooks writes them), built once.
+mod names {
+    use ::http::HeaderName;
+    pub const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+    pub const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+    pub const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+    pub const NAMESPACE: HeaderName = HeaderName::from_static("timerdb-namespace");
+    pub const ID: HeaderName = HeaderName::from_static("timerdb-id");
+    pub const FIRE_AT_MS: HeaderName = HeaderName::from_static("timerdb-fire-at-ms");
+    pub const FIRED_AT_MS: HeaderName = HeaderName::from_static("timerdb-fired-at-ms");
+    pub const FIRE_INDEX: HeaderName = HeaderName::from_static("timerdb-fire-index");
+    pub const ATTEMPT: HeaderName = HeaderName::from_static("timerdb-attempt");
 }
 
 impl Message {
@@ -47,35 +65,57 @@ impl Message {
         let k = &timer.key;
         let id = sign::message_id(&k.namespace, &k.id, timer.fire_index);
         let signature = sign::signature_header(secrets, &id, now_s, &timer.payload);
-        let content_type = if timer.content_type.is_empty() {
-            DEFAULT_CONTENT_TYPE.to_string()
-        } else {
-            timer.content_type.clone()
-        };
-        let headers = vec![
-            ("webhook-id", id),
-            ("webhook-timestamp", now_s.to_string()),
-            ("webhook-signature", signature),
-            ("timerdb-namespace", header_safe(&k.namespace)),
-            ("timerdb-id", header_safe(&k.id)),
-            ("timerdb-fire-at-ms", timer.fire_at_ms.to_string()),
-            ("timerdb-fired-at-ms", timer.fired_at_ms.to_string()),
-            ("timerdb-fire-index", timer.fire_index.to_string()),
-            ("timerdb-attempt", attempt.to_string()),
-        ];
         Message {
             timer,
             attempt,
-            content_type,
-            headers,
+            id,
+            timestamp: now_s,
+            signature,
         }
+    }
+
+    /// The payload's media type.
+    pub fn content_type(&self) -> &str {
+        match self.timer.content_type.as_str() {
+            "" => DEFAULT_CONTENT_TYPE,
+            t => t,
+        }
+    }
+
+    /// The Standard Webhooks and timerdb headers (not the content type), for an HTTP request or
+    /// as gRPC metadata. Every value is visible ASCII (ids are percent-encoded).
+    pub fn headers(&self) -> ::http::HeaderMap {
+        use ::http::HeaderValue;
+        let t = &self.timer;
+        // Validated at Schedule (and made of visible ASCII here), so never refused; a value
+        // that were would be left out rather than fail the push.
+        let text = |s: &str| HeaderValue::from_str(s).ok();
+        let mut h = ::http::HeaderMap::with_capacity(12);
+        let mut put = |name, value: Option<HeaderValue>| {
+            if let Some(v) = value {
+                h.insert(name, v);
+            }
+        };
+        put(names::WEBHOOK_ID, text(&self.id));
+        put(names::WEBHOOK_TIMESTAMP, Some(self.timestamp.into()));
+        put(names::WEBHOOK_SIGNATURE, text(&self.signature));
+        put(names::NAMESPACE, text(&header_safe(&t.key.namespace)));
+        put(names::ID, text(&header_safe(&t.key.id)));
+        put(names::FIRE_AT_MS, Some(t.fire_at_ms.into()));
+        put(names::FIRED_AT_MS, Some(t.fired_at_ms.into()));
+        put(names::FIRE_INDEX, Some(t.fire_index.into()));
+        put(names::ATTEMPT, Some(self.attempt.into()));
+        h
     }
 }
 
 /// `s` with every byte that is not visible ASCII (or is `%`) percent-encoded, so any namespace
 /// or id fits a header value and decodes back unchanged.
-pub fn header_safe(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
+pub fn header_safe(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.bytes().all(|b| b.is_ascii_graphic() && b != b'%') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
     for b in s.bytes() {
         if b.is_ascii_graphic() && b != b'%' {
             out.push(b as char);
@@ -83,7 +123,7 @@ pub fn header_safe(s: &str) -> String {
             out.push_str(&format!("%{b:02X}"));
         }
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 /// What a receiver answered (or what went wrong on the way).

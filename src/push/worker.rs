@@ -1,69 +1,51 @@
-//! The leader's pusher: one dispatcher subscription per namespace with a push target, one task
-//! per request.
+//! The leader's pusher: one task per namespace with a push target (`namespace`).
 //!
 //! While this node leads, [`PushLoop`] looks at the namespaces every [`REFRESH`]: it starts a
-//! namespace task for each new push target, hands changed URLs, secrets and timeouts to the
-//! running one, and stops the task of a target that was removed. A namespace task receives what
-//! the dispatcher leased to its subscription and runs each request on a task of its own, so a
-//! slow receiver holds only its namespace's room. When leadership is lost every task is dropped
-//! (requests in flight are abandoned: their leases expire on the new leader, which pushes
-//! them again).
-//!
-//! Successes are acked as a Consume stream's acks are: through the ack coalescer, and a lease
-//! whose every request was answered 2xx as one lease ack (one write for all its timers, none
-//! per timer), so the attempt log records them as `acked` (channel push). A failure is a
-//! `Pushed` command carrying its exact outcome (status, timeout, connection error, the first
-//! bytes of the body), which the timer's row records as it moves it to its backoff.
-//!
-//! A namespace's dispatch rate is applied twice: when the dispatcher plans a grant (so leases
-//! do not run ahead) and here, when a request starts. The second one is what the receiver sees:
-//! grants ride on entries whose commit time varies (a slow fsync holds several, then they apply
-//! together), so leases arrive in clumps; pacing the requests themselves keeps any one-second
-//! window at the receiver within `burst + rate` (its burst is smaller by 20 ms of the rate, a
-//! margin for the jitter between sending and arriving). Like the dispatcher's, the bucket
-//! starts empty when this node starts to lead.
+//! namespace task for each new push target, hands changed URLs, secrets, timeouts and rates to
+//! the running one, and stops the task of a target that was removed. When leadership is lost
+//! every task is dropped (requests in flight are abandoned: their leases expire on the new
+//! leader, which pushes them again).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use super::http::HttpSender;
+use super::namespace::{Shared, MAX_QUEUE};
 use super::sign::Secret;
-use super::{Answer, GrpcSender, Message, MAX_PUSH_IN_FLIGHT};
-use crate::cluster::acks::{StreamAcks, HOLD};
+use super::{GrpcSender, MAX_PUSH_IN_FLIGHT};
 use crate::cluster::driver::while_leader;
-use crate::cluster::limits::Bucket;
-use crate::cluster::{Delivery, Subscription};
 use crate::namespace::{Protocol, PushTarget};
 use crate::node::Node;
-use crate::timer::{AttemptRecord, Channel, Command};
 
 /// How often the namespaces are read for push targets.
 const REFRESH: Duration = Duration::from_millis(500);
 /// Namespaces read per page when looking for push targets.
 const PAGE: usize = 1000;
 
-/// A push target as the requests use it (secrets decoded).
-struct Target {
+/// A push target as the requests use it (secrets decoded, URL parsed).
+pub struct Target {
     /// The namespace's dispatch rate and burst, if it has one.
-    rate: Option<(u32, u32)>,
-    url: String,
-    protocol: Protocol,
-    secrets: Vec<Secret>,
-    timeout: Duration,
-    dead_on_client_error: bool,
+    pub rate: Option<(u32, u32)>,
+    pub url: String,
+    pub uri: http::Uri,
+    pub protocol: Protocol,
+    pub secrets: Vec<Secret>,
+    pub timeout: Duration,
+    pub dead_on_client_error: bool,
 }
 
 impl Target {
+    /// `None` if a secret or the URL does not parse (both were validated when written).
     fn from(t: &PushTarget, rate: Option<(u32, u32)>) -> Option<Target> {
         let secrets: Option<Vec<Secret>> =
             t.secrets.iter().map(|s| Secret::parse(s).ok()).collect();
         Some(Target {
             rate,
             url: t.url.clone(),
+            uri: t.url.parse().ok()?,
             protocol: t.protocol(),
             secrets: secrets?,
             timeout: Duration::from_millis(t.timeout_ms),
@@ -78,7 +60,7 @@ type PushConfig = (PushTarget, Option<(u32, u32)>);
 /// A running namespace task; dropping it stops the task and abandons its requests.
 struct Active {
     config: PushConfig,
-    target: Arc<RwLock<Arc<Target>>>,
+    shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -151,34 +133,31 @@ impl PushLoop {
         });
         for (ns, config) in targets {
             let Some(target) = Target::from(&config.0, config.1) else {
-                tracing::error!(namespace = ns, "push target with an unreadable secret");
+                tracing::error!(
+                    namespace = ns,
+                    "push target with an unreadable secret or URL"
+                );
                 continue;
             };
             match active.get_mut(&ns) {
                 Some(a) if a.config == config => {}
                 Some(a) => {
                     tracing::info!(namespace = ns, url = config.0.url, "push target changed");
-                    *a.target.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(target);
+                    a.shared.set_target(target);
                     a.config = config;
                 }
                 None => {
                     tracing::info!(namespace = ns, url = config.0.url, "pushing");
-                    let target = Arc::new(RwLock::new(Arc::new(target)));
-                    let sub =
-                        self.node
-                            .dispatcher
-                            .subscribe(&ns, "pusher", MAX_PUSH_IN_FLIGHT, true);
-                    let task = tokio::spawn(self.clone().namespace(
-                        ns.clone(),
-                        target.clone(),
-                        sub,
-                        since_ms,
-                    ));
+                    let shared = Arc::new(Shared::new(&ns, target));
+                    // Made with room for the queue; the task sizes it to the receiver's pace.
+                    let room = MAX_PUSH_IN_FLIGHT + MAX_QUEUE;
+                    let sub = self.node.dispatcher.subscribe(&ns, "pusher", room, true);
+                    let task = tokio::spawn(self.clone().namespace(shared.clone(), sub, since_ms));
                     active.insert(
                         ns,
                         Active {
                             config,
-                            target,
+                            shared,
                             task,
                         },
                     );
@@ -186,119 +165,4 @@ impl PushLoop {
             }
         }
     }
-
-    /// Pushes what the dispatcher leases to `sub`, each delivery on its own task.
-    async fn namespace(
-        self,
-        ns: String,
-        target: Arc<RwLock<Arc<Target>>>,
-        mut sub: Subscription,
-        since_ms: i64,
-    ) {
-        let clock = self.node.config.clock;
-        let mut running = JoinSet::new();
-        let mut bucket: Option<Bucket> = None;
-        let tracker = Arc::new(Mutex::new(StreamAcks::new(&ns)));
-        let mut flush = tokio::time::interval(HOLD / 2);
-        loop {
-            tokio::select! {
-                _ = flush.tick() => {
-                    let due = lock(&tracker).flush_due(Instant::now(), clock.now_ms());
-                    for item in due {
-                        self.node.acker.ack(item);
-                    }
-                }
-                d = sub.recv() => {
-                    let Some(d) = d else { return };
-                    lock(&tracker).sent(&d);
-                    let t = target.read().unwrap_or_else(|p| p.into_inner()).clone();
-                    if let Some((rate, burst)) = t.rate {
-                        // 20 ms of the rate held back from the burst: requests reach the
-                        // receiver with some jitter (a busy leader, the network), and the
-                        // receiver's window must still hold no more than burst + rate.
-                        let burst = burst.saturating_sub(rate / 50).max(1);
-                        let b = bucket.get_or_insert_with(|| {
-                            Bucket::empty_since(rate, burst, since_ms, clock.now_ms())
-                        });
-                        b.refill_with(rate, burst, clock.now_ms());
-                        while let Err(wait) = b.take_all(1) {
-                            let ms = wait.unwrap_or(1000).max(1);
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                            b.refill_with(rate, burst, clock.now_ms());
-                        }
-                    }
-                    running.spawn(self.clone().push(t, d, tracker.clone()));
-                }
-                Some(_) = running.join_next(), if !running.is_empty() => {}
-            }
-            crate::metrics::push_in_flight(&ns, running.len());
-        }
-    }
-
-    /// One request, and its outcome committed (an ack through `tracker`, or a `Pushed` nack).
-    async fn push(self, target: Arc<Target>, d: Delivery, tracker: Arc<Mutex<StreamAcks>>) {
-        let clock = self.node.config.clock;
-        let key = d.timer.key.clone();
-        let attempt = d.attempt;
-        let msg = Message::new(
-            d.timer,
-            attempt,
-            &target.secrets,
-            clock.now_ms().div_euclid(1000),
-        );
-        let started = Instant::now();
-        let answer: Answer = match target.protocol {
-            Protocol::Http => self.http.send(&target.url, &msg, target.timeout).await,
-            Protocol::Grpc => self.grpc.send(&target.url, msg, target.timeout).await,
-        };
-        let elapsed = started.elapsed();
-        crate::metrics::pushed(&key.namespace, answer.label(), elapsed);
-        let ok = answer.ok();
-        let dead = !ok && target.dead_on_client_error && answer.client_error();
-        let now_ms = clock.now_ms();
-        let record = AttemptRecord {
-            at_ms: now_ms,
-            attempt,
-            channel: Channel::Push,
-            outcome: answer.outcome,
-            latency_ms: elapsed.as_millis().min(u32::MAX as u128) as u32,
-            detail: answer.detail,
-        }
-        .bounded();
-        if !ok {
-            tracing::debug!(timer = %key, attempt, outcome = ?record.outcome, "push failed");
-        }
-        // The receiver is done with it: its concurrency slot is free now, not once the outcome
-        // commits (tens of ms that would cap a namespace at ~MAX_PUSH_IN_FLIGHT / commit time).
-        // The timer cannot be leased again meanwhile: its lease is open until the outcome
-        // applies or the deadline passes.
-        self.node.dispatcher.settled(&key);
-        if ok {
-            let items = lock(&tracker).acked(&key.id, attempt, Instant::now());
-            for item in items {
-                self.node.acker.ack(item);
-            }
-            return;
-        }
-        // What was held of its lease goes one by one; the failure goes with its record.
-        for item in lock(&tracker).nacked(&key.id, attempt) {
-            self.node.acker.ack(item);
-        }
-        let cmd = Command::Pushed {
-            now_ms,
-            key: key.clone(),
-            attempt,
-            ok,
-            dead,
-            record,
-        };
-        if let Err(e) = self.node.write(cmd).await {
-            // Its lease expires and it is pushed again: at least once.
-            tracing::debug!(timer = %key, attempt, error = %e, "push outcome not recorded");
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

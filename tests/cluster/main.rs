@@ -13,5 +13,6 @@ mod observe;
 mod operations;
 mod process;
 mod push;
+mod push_conns;
 mod receiver;
 mod rejoin;

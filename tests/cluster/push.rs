@@ -16,11 +16,11 @@ use crate::delivery::{ids, schedule_many, wait_count};
 use crate::harness::*;
 use crate::receiver::{self, Answer, Got};
 
-const SECRET_A: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+pub(crate) const SECRET_A: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 const SECRET_B: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// A push policy: ack timeout 2 s, quick backoff without jitter, request timeout 1 s.
-fn push_policy(url: &str, max_attempts: u32) -> pb::NamespacePolicy {
+pub(crate) fn push_policy(url: &str, max_attempts: u32) -> pb::NamespacePolicy {
     pb::NamespacePolicy {
         ack_timeout_ms: 2_000,
         max_attempts,
@@ -37,7 +37,12 @@ fn push_policy(url: &str, max_attempts: u32) -> pb::NamespacePolicy {
     }
 }
 
-async fn put(c: &TestCluster, via: u64, ns: &str, policy: pb::NamespacePolicy) -> pb::Namespace {
+pub(crate) async fn put(
+    c: &TestCluster,
+    via: u64,
+    ns: &str,
+    policy: pb::NamespacePolicy,
+) -> pb::Namespace {
     c.namespaces(via)
         .await
         .put_namespace(pb::PutNamespaceRequest {
@@ -54,7 +59,7 @@ async fn put(c: &TestCluster, via: u64, ns: &str, policy: pb::NamespacePolicy) -
 /// Checks what `got` holds for timers `acked`: each received at least once, never before its
 /// fire time, with a valid signature by `secrets`, one stable webhook-id per timer, and the
 /// payload as scheduled.
-fn check_received(acked: &[pb::Timer], got: &[Got], secrets: &[&str]) {
+pub(crate) fn check_received(acked: &[pb::Timer], got: &[Got], secrets: &[&str]) {
     let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::parse(s).unwrap()).collect();
     let mut by_id: HashMap<String, Vec<&Got>> = HashMap::new();
     for g in got {

@@ -1,11 +1,12 @@
 //! Real push receivers for the push tests: an HTTP server (hyper, on 127.0.0.1:0) and a gRPC
 //! `timerdb.v1.Receiver` (tonic), both recording every request they get and answering as the
 //! test tells them (a status per attempt, a hang, a delay), and counting how many requests they
-//! hold at once.
+//! hold at once. The HTTP one also counts the connections it accepted and can close them the
+//! way real servers do (after every answer, or once idle for a while).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,6 +49,18 @@ pub enum Answer {
     Hang,
 }
 
+/// How the HTTP receiver treats its connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Conns {
+    /// Kept alive (hyper's default).
+    #[default]
+    KeepAlive,
+    /// `connection: close` on every answer.
+    CloseAfterEach,
+    /// Closed by the receiver once idle this long (a keep-alive timeout, as nginx or Node have).
+    CloseWhenIdle(Duration),
+}
+
 /// One request in progress at the receiver.
 struct InProgress(Arc<AtomicUsize>);
 
@@ -64,9 +77,22 @@ pub struct Receiver {
     behaviour: Arc<Mutex<Behaviour>>,
     now: Arc<AtomicUsize>,
     pub max_concurrent: Arc<AtomicUsize>,
+    /// Connections accepted (HTTP).
+    pub connections: Arc<AtomicUsize>,
+    conns: Arc<Mutex<Conns>>,
+    /// Answer successes with a body (`ok`), which a client must read to reuse the connection.
+    success_body: Arc<AtomicBool>,
 }
 
 impl Receiver {
+    pub fn set_conns(&self, c: Conns) {
+        *self.conns.lock().unwrap() = c;
+    }
+
+    pub fn set_success_body(&self, on: bool) {
+        self.success_body.store(on, Ordering::SeqCst);
+    }
+
     pub fn set(&self, b: impl Fn(&str, u32) -> Answer + Send + Sync + 'static) {
         *self.behaviour.lock().unwrap() = Arc::new(b);
     }
@@ -112,6 +138,9 @@ impl Receiver {
             behaviour: Arc::new(Mutex::new(Arc::new(|_: &str, _: u32| Answer::Status(200)))),
             now: Arc::default(),
             max_concurrent: Arc::default(),
+            connections: Arc::default(),
+            conns: Arc::default(),
+            success_body: Arc::default(),
         }
     }
 }
@@ -126,47 +155,75 @@ pub async fn http() -> Receiver {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
-            let r = server.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let r = r.clone();
-                        async move {
-                            let at_ms = now_ms();
-                            let headers = req
-                                .headers()
-                                .iter()
-                                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-                                .collect();
-                            let body = req.into_body().collect().await?.to_bytes().to_vec();
-                            let a = r.take(Got {
-                                at_ms,
-                                headers,
-                                body,
-                            });
-                            let code = r.answer(a).await;
-                            let body = if code >= 300 {
-                                format!("receiver says {code}")
-                            } else {
-                                String::new()
-                            };
-                            Ok::<_, hyper::Error>(
-                                hyper::Response::builder()
-                                    .status(code)
-                                    .body(Full::new(Bytes::from(body)))
-                                    .unwrap(),
-                            )
-                        }
-                    },
-                );
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, svc)
-                    .await;
-            });
+            server.connections.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(server.clone(), stream));
         }
     });
     r
+}
+
+/// Serves one connection as `r` is set to.
+async fn serve(r: Receiver, stream: tokio::net::TcpStream) {
+    let mode = *r.conns.lock().unwrap();
+    // When the connection last finished an answer, and how many it is working on.
+    let activity = Arc::new(Mutex::new((std::time::Instant::now(), 0usize)));
+    let act = activity.clone();
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let (r, act) = (r.clone(), act.clone());
+        async move {
+            act.lock().unwrap().1 += 1;
+            let at_ms = now_ms();
+            let headers = req
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
+            let body = req.into_body().collect().await?.to_bytes().to_vec();
+            let a = r.take(Got {
+                at_ms,
+                headers,
+                body,
+            });
+            let code = r.answer(a).await;
+            let body = if code >= 300 {
+                format!("receiver says {code}")
+            } else if r.success_body.load(Ordering::SeqCst) {
+                "ok".to_string()
+            } else {
+                String::new()
+            };
+            let mut resp = hyper::Response::builder().status(code);
+            if let Conns::CloseAfterEach = mode {
+                resp = resp.header("connection", "close");
+            }
+            {
+                let mut a = act.lock().unwrap();
+                *a = (std::time::Instant::now(), a.1 - 1);
+            }
+            Ok::<_, hyper::Error>(resp.body(Full::new(Bytes::from(body))).unwrap())
+        }
+    });
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
+    tokio::pin!(conn);
+    let Conns::CloseWhenIdle(idle) = mode else {
+        let _ = conn.await;
+        return;
+    };
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = tokio::time::sleep(idle / 4), if !closing => {
+                let (since, busy) = *activity.lock().unwrap();
+                if busy == 0 && since.elapsed() >= idle {
+                    // Closes the connection at once when no request is being read or answered.
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
 }
 
 struct GrpcReceiver(Receiver);

@@ -1,0 +1,79 @@
+//! Push connections on real clusters: the leader keeps its connections to a receiver alive
+//! (one per lane, also when the receiver answers with a body), and a receiver that closes
+//! connections (after each answer, or once they were idle for a while, as nginx or Node do)
+//! costs no failed attempt: the request goes on a new connection. (docs/push.md)
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use timerdb::api::pb;
+
+use crate::delivery::{ids, schedule_many, wait_count};
+use crate::harness::*;
+use crate::push::{check_received, push_policy, put, SECRET_A};
+use crate::receiver::{self, Conns};
+
+/// Every timer of `ns` ACKED at its first attempt, with no failed attempt in its log.
+async fn acked_first_time(c: &TestCluster, via: u64, ns: &str, n: usize) -> Vec<pb::Timer> {
+    let acked = wait_count(
+        c,
+        via,
+        ns,
+        pb::TimerState::Acked,
+        n,
+        Duration::from_secs(30),
+    )
+    .await;
+    for t in &acked {
+        assert_eq!(
+            t.attempts, 1,
+            "{}: {} attempts: {:?}",
+            t.id, t.attempts, t.attempt_log
+        );
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn push_connections_are_kept_alive_and_replaced_when_the_receiver_closes_them() {
+    let c = TestCluster::start(3).await;
+    let via = c.follower().await;
+
+    // Phase 1: a receiver that answers 200 with a body; the namespace allows 4 requests at
+    // once. 400 timers go over at most 4 connections (plus one, should a connection end).
+    let r = receiver::http().await;
+    r.set_success_body(true);
+    let mut policy = push_policy(&r.url(), 5);
+    policy.max_concurrent_dispatches = Some(4);
+    put(&c, via, "kept", policy).await;
+    schedule_many(&c, via, "kept", &ids("k", 400), now_ms() + 300, 2).await;
+    let acked = acked_first_time(&c, via, "kept", 400).await;
+    check_received(&acked, &r.got(), &[SECRET_A]);
+    let conns = r.connections.load(Ordering::SeqCst);
+    assert!(conns <= 5, "400 requests took {conns} connections");
+
+    // Phase 2: a receiver that closes every connection after its answer.
+    let r = receiver::http().await;
+    r.set_conns(Conns::CloseAfterEach);
+    put(&c, via, "closing", push_policy(&r.url(), 5)).await;
+    schedule_many(&c, via, "closing", &ids("c", 200), now_ms() + 300, 5).await;
+    let acked = acked_first_time(&c, via, "closing", 200).await;
+    check_received(&acked, &r.got(), &[SECRET_A]);
+    assert_eq!(r.got().len(), 200, "each timer received once");
+    assert!(r.connections.load(Ordering::SeqCst) >= 200);
+
+    // Phase 3: a receiver that closes connections idle for 100 ms; timers come due 250 ms
+    // apart, so each request finds the connection of the one before closed.
+    let r = receiver::http().await;
+    r.set_conns(Conns::CloseWhenIdle(Duration::from_millis(100)));
+    put(&c, via, "idle", push_policy(&r.url(), 5)).await;
+    schedule_many(&c, via, "idle", &ids("i", 20), now_ms() + 300, 250).await;
+    let acked = acked_first_time(&c, via, "idle", 20).await;
+    check_received(&acked, &r.got(), &[SECRET_A]);
+    assert_eq!(r.got().len(), 20, "each timer received once");
+    let conns = r.connections.load(Ordering::SeqCst);
+    assert!(
+        conns >= 15,
+        "idle connections were not closed ({conns} for 20 requests)"
+    );
+}
