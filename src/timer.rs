@@ -110,6 +110,10 @@ pub struct TimerSpec {
 
 /// The content type of a timer scheduled without one.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// Longest wait a receiver's `Retry-After` can impose on a timer's next attempt (1 h): beyond
+/// it the namespace's own backoff decides.
+pub const MAX_RETRY_AFTER_MS: u64 = 3_600_000;
 /// Attempts a timer's log keeps (the latest ones).
 pub const ATTEMPT_LOG_LEN: usize = 10;
 /// Bytes of an error body or message an attempt record keeps.
@@ -341,6 +345,9 @@ pub enum Command {
         attempt: u32,
         ok: bool,
         dead: bool,
+        /// The receiver's `Retry-After` (gRPC: `grpc-retry-pushback-ms`), in ms from `now_ms`;
+        /// 0: none. The next attempt waits at least this long (at most [`MAX_RETRY_AFTER_MS`]).
+        retry_after_ms: u64,
         record: AttemptRecord,
     },
     /// Pause or resume a namespace's dispatching (its timers keep firing).

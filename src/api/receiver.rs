@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::pb;
-use crate::push::{Answer, GrpcSender, Message};
+use crate::push::{Answer, GrpcSender, Message, RetryAfter};
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
 
 /// Pushes over gRPC, with a channel per target.
@@ -72,6 +72,13 @@ impl GrpcSender for ReceiverClient {
                 Ok(Ok(_)) => Answer::new(Outcome::Grpc(0), ""),
                 Ok(Err(status)) => {
                     let code = status.code();
+                    // gRFC A6's server pushback: how long the receiver wants the retry to wait.
+                    let pushback = status
+                        .metadata()
+                        .get("grpc-retry-pushback-ms")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .map(RetryAfter::Ms);
                     let mut detail = status.message().to_string();
                     detail.truncate(detail.floor_char_boundary(ATTEMPT_DETAIL_BYTES));
                     match code {
@@ -82,7 +89,10 @@ impl GrpcSender for ReceiverClient {
                         tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
                             Answer::new(Outcome::Timeout, detail)
                         }
-                        code => Answer::new(Outcome::Grpc(code as i32), detail),
+                        code => Answer {
+                            retry_after: pushback,
+                            ..Answer::new(Outcome::Grpc(code as i32), detail)
+                        },
                     }
                 }
                 Err(_) => Answer::new(

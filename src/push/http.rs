@@ -27,7 +27,7 @@ use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower::Service;
 
-use super::{Answer, Message};
+use super::{Answer, Message, RetryAfter};
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
 
 /// Bytes of an error body kept for the attempt log.
@@ -190,6 +190,11 @@ impl Lane {
     async fn answer(&mut self, resp: http::Response<hyper::body::Incoming>) -> Answer {
         let status = resp.status().as_u16();
         let keep_detail = !resp.status().is_success();
+        let retry_after = resp
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(RetryAfter::parse_http);
         let conn = self.conn.as_mut().expect("the answer came on it");
         let read = Conn::drive(
             &mut conn.driver,
@@ -202,7 +207,9 @@ impl Lane {
             // Unread body left on the connection: it cannot carry another request.
             self.conn = None;
         }
-        Answer::new(Outcome::Http(status), detail)
+        let mut answer = Answer::new(Outcome::Http(status), detail);
+        answer.retry_after = retry_after;
+        answer
     }
 }
 

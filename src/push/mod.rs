@@ -132,6 +132,36 @@ pub struct Answer {
     pub outcome: Outcome,
     /// The first bytes of an error body or message.
     pub detail: String,
+    /// When the receiver asked to be tried again (`Retry-After`, `grpc-retry-pushback-ms`).
+    pub retry_after: Option<RetryAfter>,
+}
+
+/// A receiver's `Retry-After`: a wait, or a time (HTTP-date).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    Ms(u64),
+    AtMs(i64),
+}
+
+impl RetryAfter {
+    /// Parses an HTTP `Retry-After` value: delta-seconds or an HTTP-date (RFC 9110 10.2.3).
+    pub fn parse_http(value: &str) -> Option<RetryAfter> {
+        let value = value.trim();
+        if let Ok(s) = value.parse::<u64>() {
+            return Some(RetryAfter::Ms(s.saturating_mul(1000)));
+        }
+        let at = httpdate::parse_http_date(value).ok()?;
+        let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+        Some(RetryAfter::AtMs(ms.min(i64::MAX as u128) as i64))
+    }
+
+    /// The wait from `now_ms`, in ms (0 for a time already past).
+    pub fn wait_ms(self, now_ms: i64) -> u64 {
+        match self {
+            RetryAfter::Ms(ms) => ms,
+            RetryAfter::AtMs(at) => at.saturating_sub(now_ms).max(0) as u64,
+        }
+    }
 }
 
 impl Answer {
@@ -139,6 +169,7 @@ impl Answer {
         Answer {
             outcome,
             detail: detail.into(),
+            retry_after: None,
         }
     }
 
@@ -220,5 +251,18 @@ mod tests {
         );
         assert!(!a(Outcome::Timeout).ok() && !a(Outcome::Connection).client_error());
         assert_eq!(a(Outcome::Http(503)).label(), "http_5xx");
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_a_date() {
+        assert_eq!(RetryAfter::parse_http("120"), Some(RetryAfter::Ms(120_000)));
+        assert_eq!(RetryAfter::parse_http(" 0 "), Some(RetryAfter::Ms(0)));
+        let date = RetryAfter::parse_http("Wed, 21 Oct 2015 07:28:00 GMT").unwrap();
+        assert_eq!(date, RetryAfter::AtMs(1_445_412_480_000));
+        assert_eq!(date.wait_ms(1_445_412_470_000), 10_000);
+        assert_eq!(date.wait_ms(1_445_412_490_000), 0, "a past date: no wait");
+        for bad in ["", "soon", "-5", "1.5", "Wed, 21 Oct 2015"] {
+            assert_eq!(RetryAfter::parse_http(bad), None, "{bad:?}");
+        }
     }
 }

@@ -225,6 +225,7 @@ impl PushLoop {
         }
         let dead = target.dead_on_client_error && answer.client_error();
         let now_ms = clock.now_ms();
+        let retry_after_ms = answer.retry_after.map_or(0, |r| r.wait_ms(now_ms));
         let record = AttemptRecord {
             at_ms: now_ms,
             attempt,
@@ -245,6 +246,7 @@ impl PushLoop {
             attempt,
             ok,
             dead,
+            retry_after_ms,
             record,
         };
         // Committed apart, so that the lane is free for the next delivery meanwhile.

@@ -201,8 +201,9 @@ impl<'a> Applier<'a> {
                 attempt,
                 ok,
                 dead,
+                retry_after_ms,
                 record,
-            } => self.pushed(now_ms, key, attempt, (ok, dead), record),
+            } => self.pushed(now_ms, key, attempt, (ok, dead, retry_after_ms), record),
             Command::Redrive { now_ms, keys } => self.redrive(now_ms, keys),
             Command::Purge {
                 now_ms,

@@ -205,23 +205,23 @@ impl Applier<'_> {
     }
 
     pub(super) fn nack(&mut self, now_ms: i64, key: TimerKey, attempt: u32) -> Result<Response> {
-        self.nack_with(now_ms, key, attempt, None, false)
+        self.nack_with(now_ms, key, attempt, None, (false, 0))
     }
 
-    /// The outcome of a push: an ack, or a nack (DEAD at once with `dead`), recorded as
-    /// `record`.
+    /// The outcome of a push: an ack, or a nack (DEAD at once with `dead`; the next attempt
+    /// not before `retry_after_ms`), recorded as `record`.
     pub(super) fn pushed(
         &mut self,
         now_ms: i64,
         key: TimerKey,
         attempt: u32,
-        (ok, dead): (bool, bool),
+        (ok, dead, retry_after_ms): (bool, bool, u64),
         record: AttemptRecord,
     ) -> Result<Response> {
         if ok {
             self.ack_with(now_ms, key, attempt, Some(record))
         } else {
-            self.nack_with(now_ms, key, attempt, Some(record), dead)
+            self.nack_with(now_ms, key, attempt, Some(record), (dead, retry_after_ms))
         }
     }
 
@@ -231,7 +231,7 @@ impl Applier<'_> {
         key: TimerKey,
         attempt: u32,
         record: Option<AttemptRecord>,
-        dead: bool,
+        (dead, retry_after_ms): (bool, u64),
     ) -> Result<Response> {
         let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
@@ -249,7 +249,7 @@ impl Applier<'_> {
         }
         let record = record.unwrap_or_else(|| consumer_record(&timer, now_ms, Outcome::Nacked));
         record_attempt(&mut timer, record);
-        self.give_back(&key.namespace, slot, timer, now_ms, dead)?;
+        self.give_back(&key.namespace, slot, timer, now_ms, (dead, retry_after_ms))?;
         let (slot, row) = self.find(&key)?.expect("just placed");
         Ok(unchanged(self.view(&key.namespace, slot, &row)?))
     }

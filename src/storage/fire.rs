@@ -193,7 +193,7 @@ impl Applier<'_> {
                 detail: String::new(),
             };
             record_attempt(&mut t, record);
-            self.give_back(namespace, slot, t, now_ms, false)?;
+            self.give_back(namespace, slot, t, now_ms, (false, 0))?;
         }
         lease.settled = Some(Settled {
             at_ms: now_ms,
@@ -205,14 +205,14 @@ impl Applier<'_> {
 
     /// The latest delivery of `t` (in flight at `slot`) failed, by its deadline or a nack: the
     /// timer is DEAD at the attempt limit (or at once with `dead`), else delivered again after
-    /// the backoff.
+    /// the backoff (or after `retry_after_ms`, a receiver's Retry-After, if that is longer).
     pub(super) fn give_back(
         &mut self,
         namespace: &str,
         slot: Slot,
         t: Timer,
         now_ms: i64,
-        dead: bool,
+        (dead, retry_after_ms): (bool, u64),
     ) -> Result<()> {
         let policy = self.policy(namespace)?;
         let made = t.attempts - t.attempt_base;
@@ -221,7 +221,11 @@ impl Applier<'_> {
             row.body.finished_at_ms = now_ms;
             self.move_row(namespace, slot, row, now_ms)?;
         } else {
-            let at = now_ms.saturating_add(policy.backoff_ms(made, t.fire_index) as i64);
+            // The backoff, or the receiver's Retry-After if it asked for longer.
+            let wait = policy
+                .backoff_ms(made, t.fire_index)
+                .max(retry_after_ms.min(crate::timer::MAX_RETRY_AFTER_MS));
+            let at = now_ms.saturating_add(wait as i64);
             let mut row = materialize(&t, Kind::Retry);
             row.body.wake_at_ms = at;
             self.move_row(namespace, slot, row, at)?;

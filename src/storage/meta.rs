@@ -20,6 +20,9 @@ pub const MEMBERSHIP: &[u8] = b"membership";
 /// Key of the replicated clock and counters ([`Progress`]).
 pub const PROGRESS: &[u8] = b"progress";
 
+/// Key of the storage format the database was created with (`storage::FORMAT`).
+pub const FORMAT: &[u8] = b"format";
+
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 pub const BUCKET_MS: &[u8] = b"bucket_ms";
 

@@ -132,7 +132,51 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
         ColumnFamilyDescriptor::new(name, opts)
     });
     let db = DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?;
+    check_format(&db, dir)?;
     Ok(Arc::new(db))
+}
+
+/// The storage format this build reads and writes: the encodings of log entries, rows, leases,
+/// namespace records and metadata, and of snapshot and backup files (whose magic carries it).
+/// Raised whenever any of them changes; a data directory or backup of another format is
+/// refused with a message, never misread.
+///
+/// 4: push delivery (namespace push targets, attempt logs, `Pushed` with a retry-after).
+/// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
+pub const FORMAT: u32 = 4;
+
+/// Records [`FORMAT`] in a new database; refuses one written in another format.
+fn check_format(db: &DB, dir: &Path) -> Result<()> {
+    let meta = cf(db, CF_META);
+    if let Some(v) = db.get_cf(meta, meta::FORMAT)? {
+        let found: u32 = codec::decode(&v)?;
+        if found == FORMAT {
+            return Ok(());
+        }
+        return Err(format_error(dir, &format!("storage format {found}")));
+    }
+    let written = [CF_LOG, CF_RAFT, CF_META].iter().any(|name| {
+        db.iterator_cf(cf(db, name), rocksdb::IteratorMode::Start)
+            .next()
+            .is_some()
+    });
+    if written {
+        return Err(format_error(
+            dir,
+            "a storage format older than format versions",
+        ));
+    }
+    db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
+    Ok(())
+}
+
+fn format_error(dir: &Path, found: &str) -> crate::Error {
+    crate::Error::InvalidArgument(format!(
+        "the data directory {} holds {found}; this build reads storage format {FORMAT}. \
+         Start the node with that build and take a backup to move the data, or start from an \
+         empty directory",
+        dir.display()
+    ))
 }
 
 /// Block cache shared by every column family: memory stays bounded however many timers rest

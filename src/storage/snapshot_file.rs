@@ -28,7 +28,16 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"TDBSNAP3";
+const MAGIC: &[u8; 8] = &magic(super::FORMAT);
+
+/// `TDBSNAP` and the storage format's digit: a file of another format is refused by its first
+/// bytes.
+const fn magic(format: u32) -> [u8; 8] {
+    assert!(format < 10, "one digit");
+    let mut m = *b"TDBSNAP0";
+    m[7] = b'0' + format as u8;
+    m
+}
 const TRAILER: u8 = 0xff;
 
 /// The snapshot data openraft moves around: an open file that remembers its path, so install
@@ -196,7 +205,11 @@ impl RowReader {
         if &magic != MAGIC {
             return Err(corrupt(
                 path,
-                "not a timerdb snapshot or backup of this version (bad magic)",
+                &format!(
+                    "not a timerdb snapshot or backup of storage format {} (it starts {:?})",
+                    super::FORMAT,
+                    String::from_utf8_lossy(&magic)
+                ),
             ));
         }
         Ok(r)
@@ -311,5 +324,25 @@ mod tests {
             });
             assert!(outcome.is_err(), "flip at {at} read as valid");
         }
+    }
+
+    #[test]
+    fn a_file_of_another_storage_format_is_refused_by_its_magic() {
+        assert_eq!(&magic(4), b"TDBSNAP4");
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("old");
+        let mut w = RowWriter::create(&path).unwrap();
+        w.row(0, b"k", b"v").unwrap();
+        w.finish().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[..8].copy_from_slice(b"TDBSNAP3");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = RowReader::open(&path).err().map(|e| e.to_string());
+        let err = err.expect("a format 3 file was opened");
+        assert!(
+            err.contains(&format!("storage format {}", super::super::FORMAT))
+                && err.contains("TDBSNAP3"),
+            "{err}"
+        );
     }
 }

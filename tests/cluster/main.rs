@@ -13,6 +13,6 @@ mod observe;
 mod operations;
 mod process;
 mod push;
-mod push_conns;
+mod push_http;
 mod receiver;
 mod rejoin;

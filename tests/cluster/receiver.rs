@@ -43,6 +43,8 @@ pub type Behaviour = Arc<dyn Fn(&str, u32) -> Answer + Send + Sync>;
 #[derive(Debug, Clone, Copy)]
 pub enum Answer {
     Status(u16),
+    /// This status with `Retry-After: <seconds>`.
+    RetryAfter(u16, u64),
     /// Wait this long, then answer 200.
     Slow(Duration),
     /// Never answer.
@@ -119,7 +121,7 @@ impl Receiver {
 
     async fn answer(&self, (a, _in_progress): (Answer, InProgress)) -> u16 {
         match a {
-            Answer::Status(s) => s,
+            Answer::Status(s) | Answer::RetryAfter(s, _) => s,
             Answer::Slow(d) => {
                 tokio::time::sleep(d).await;
                 200
@@ -184,6 +186,10 @@ async fn serve(r: Receiver, stream: tokio::net::TcpStream) {
                 headers,
                 body,
             });
+            let retry_after = match a.0 {
+                Answer::RetryAfter(_, secs) => Some(secs),
+                _ => None,
+            };
             let code = r.answer(a).await;
             let body = if code >= 300 {
                 format!("receiver says {code}")
@@ -195,6 +201,9 @@ async fn serve(r: Receiver, stream: tokio::net::TcpStream) {
             let mut resp = hyper::Response::builder().status(code);
             if let Conns::CloseAfterEach = mode {
                 resp = resp.header("connection", "close");
+            }
+            if let Some(secs) = retry_after {
+                resp = resp.header("retry-after", secs.to_string());
             }
             {
                 let mut a = act.lock().unwrap();

@@ -41,6 +41,7 @@ fn pushed(now_ms: i64, attempt: u32, status: u16, dead: bool) -> Command {
         attempt,
         ok: (200..300).contains(&status),
         dead,
+        retry_after_ms: 0,
         record: AttemptRecord {
             at_ms: now_ms,
             attempt,
@@ -149,4 +150,57 @@ async fn a_client_error_can_be_dead_at_once_and_the_log_keeps_the_latest_ten() {
     let t = s.timer("a");
     assert_eq!(t.state, TimerState::Dead);
     assert_eq!(t.attempt_log.last().unwrap().outcome, Outcome::Http(404));
+}
+
+#[tokio::test]
+async fn a_receivers_retry_after_holds_the_next_attempt_back_within_a_cap() {
+    let mut s = Sm::new();
+    s.apply(setup_policy(100)).await; // backoff 10 ms
+    s.apply(schedule("a", T0)).await;
+    s.apply(fire(T0, 100)).await;
+    s.apply(deliver(T0, true)).await;
+    // 429 with Retry-After: 60 s: the next attempt waits 60 s, not the 10 ms backoff.
+    let with_wait = |now_ms, attempt, wait| match pushed(now_ms, attempt, 429, false) {
+        Command::Pushed {
+            now_ms,
+            key,
+            attempt,
+            ok,
+            dead,
+            record,
+            ..
+        } => Command::Pushed {
+            now_ms,
+            key,
+            attempt,
+            ok,
+            dead,
+            retry_after_ms: wait,
+            record,
+        },
+        _ => unreachable!(),
+    };
+    s.apply(with_wait(T0 + 1, 1, 60_000)).await;
+    assert_eq!(s.timer("a").wake_at_ms, T0 + 1 + 60_000);
+    s.apply(fire(T0 + 60_000, 100)).await;
+    s.apply(deliver(T0 + 60_000, true)).await;
+    assert_eq!(
+        s.timer("a").attempts,
+        1,
+        "not delivered again before the wait"
+    );
+    // Delivered again once it passed; a wait shorter than the backoff changes nothing, and
+    // one beyond the cap is cut to it.
+    let t2 = T0 + 60_001;
+    s.apply(fire(t2, 100)).await;
+    s.apply(deliver(t2, true)).await;
+    assert_eq!(s.timer("a").attempts, 2);
+    s.apply(with_wait(t2 + 1, 2, 3)).await;
+    assert_eq!(s.timer("a").wake_at_ms, t2 + 1 + 10);
+    let t3 = t2 + 20;
+    s.apply(fire(t3, 100)).await;
+    s.apply(deliver(t3, true)).await;
+    s.apply(with_wait(t3 + 1, 3, u64::MAX)).await;
+    let cap = crate::timer::MAX_RETRY_AFTER_MS as i64;
+    assert_eq!(s.timer("a").wake_at_ms, t3 + 1 + cap);
 }

@@ -663,6 +663,44 @@ fn a_data_dir_keeps_its_bucket_width() {
     assert!(err.to_string().contains("bucket width 1 ms"), "{err}");
 }
 
+#[test]
+fn a_data_dir_of_another_storage_format_is_refused() {
+    let gc = IndexGc::new();
+    // A new directory takes this build's format and opens again.
+    let dir = TempDir::new().unwrap();
+    drop(open_db(dir.path(), &gc).unwrap());
+    drop(open_db(dir.path(), &gc).unwrap());
+
+    // One that records another format is refused, naming both.
+    let db = open_db(dir.path(), &gc).unwrap();
+    db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&(FORMAT + 1)))
+        .unwrap();
+    drop(db);
+    let Err(err) = open_db(dir.path(), &gc) else {
+        panic!("opened a directory of another format")
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("storage format {}", FORMAT + 1))
+            && text.contains(&format!("reads storage format {FORMAT}")),
+        "{text}"
+    );
+
+    // One written before formats were recorded (data, no format key) is refused too.
+    let dir = TempDir::new().unwrap();
+    let db = open_db(dir.path(), &gc).unwrap();
+    db.delete_cf(cf(&db, CF_META), meta::FORMAT).unwrap();
+    db.put_cf(cf(&db, CF_RAFT), b"vote", b"x").unwrap();
+    drop(db);
+    let Err(err) = open_db(dir.path(), &gc) else {
+        panic!("opened a directory without a format")
+    };
+    assert!(
+        err.to_string().contains("older than format versions"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn namespaces_are_replicated_state() {
     use crate::namespace::Policy;

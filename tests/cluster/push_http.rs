@@ -1,7 +1,8 @@
-//! Push connections on real clusters: the leader keeps its connections to a receiver alive
-//! (one per lane, also when the receiver answers with a body), and a receiver that closes
-//! connections (after each answer, or once they were idle for a while, as nginx or Node do)
-//! costs no failed attempt: the request goes on a new connection. (docs/push.md)
+//! Push over the wire on real clusters. Connections: the leader keeps its connections to a
+//! receiver alive (one per lane, also when the receiver answers with a body), and a receiver
+//! that closes connections (after each answer, or once they were idle for a while, as nginx or
+//! Node do) costs no failed attempt: the request goes on a new connection. A receiver's
+//! `Retry-After` holds the timer's next attempt back. (docs/push.md)
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use timerdb::api::pb;
 use crate::delivery::{ids, schedule_many, wait_count};
 use crate::harness::*;
 use crate::push::{check_received, push_policy, put, SECRET_A};
-use crate::receiver::{self, Conns};
+use crate::receiver::{self, Answer, Conns};
 
 /// Every timer of `ns` ACKED at its first attempt, with no failed attempt in its log.
 async fn acked_first_time(c: &TestCluster, via: u64, ns: &str, n: usize) -> Vec<pb::Timer> {
@@ -76,4 +77,41 @@ async fn push_connections_are_kept_alive_and_replaced_when_the_receiver_closes_t
         conns >= 15,
         "idle connections were not closed ({conns} for 20 requests)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receivers_retry_after_holds_the_next_attempt_back() {
+    let c = TestCluster::start(3).await;
+    let via = c.follower().await;
+    // Backoff 200 ms; the receiver answers the first attempt 429 with Retry-After: 2, then 200.
+    let r = receiver::http().await;
+    r.set(|_, attempt| match attempt {
+        1 => Answer::RetryAfter(429, 2),
+        _ => Answer::Status(200),
+    });
+    let mut policy = push_policy(&r.url(), 5);
+    policy.ack_timeout_ms = 5_000;
+    put(&c, via, "later", policy).await;
+    schedule_many(&c, via, "later", &ids("l", 5), now_ms() + 300, 0).await;
+    let acked = wait_count(
+        &c,
+        via,
+        "later",
+        pb::TimerState::Acked,
+        5,
+        Duration::from_secs(30),
+    )
+    .await;
+    let got = r.got();
+    for t in &acked {
+        let seen: Vec<_> = got.iter().filter(|g| g.id() == t.id).collect();
+        assert_eq!(seen.len(), 2, "{}: {} requests", t.id, seen.len());
+        let waited = seen[1].at_ms - seen[0].at_ms;
+        assert!(
+            waited >= 2_000,
+            "{}: attempt 2 came {waited} ms after a Retry-After of 2 s",
+            t.id
+        );
+        assert_eq!(t.attempt_log[0].http_status, 429, "{:?}", t.attempt_log);
+    }
 }
