@@ -1,7 +1,8 @@
 //! The client side of `timerdb.v1.Receiver`: how the leader's pusher delivers to a namespace
-//! whose push target is `grpc://HOST:PORT` (or `grpcs://`, TLS with the webpki roots).
+//! whose push target is `grpc://HOST:PORT` (or `grpcs://`, TLS).
 //!
-//! One channel per target, kept while the target is used (tonic multiplexes the requests of a
+//! `grpcs://` trusts the web roots and the operator's `--push-ca` ([`Trust`]). One channel per
+//! target, kept while the target is used (tonic multiplexes the requests of a
 //! namespace over it and reconnects by itself). The signed Standard Webhooks values travel as
 //! request metadata, the delivery as the message; OK acks, any other status is a failed
 //! attempt (`push::Answer` judges it).
@@ -11,16 +12,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::pb;
+use crate::push::trust::Trust;
 use crate::push::{Answer, GrpcSender, Message, RetryAfter};
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
 
 /// Pushes over gRPC, with a channel per target.
-#[derive(Default)]
 pub struct ReceiverClient {
     channels: Mutex<HashMap<String, Channel>>,
+    trust: Trust,
 }
 
 impl ReceiverClient {
@@ -41,9 +43,11 @@ impl ReceiverClient {
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(10));
         if tls {
-            ep = ep
-                .tls_config(ClientTlsConfig::new().with_webpki_roots())
-                .map_err(|e| e.to_string())?;
+            let mut config = ClientTlsConfig::new().with_webpki_roots();
+            if let Some(pem) = self.trust.pem() {
+                config = config.ca_certificate(Certificate::from_pem(pem));
+            }
+            ep = ep.tls_config(config).map_err(|e| e.to_string())?;
         }
         let ch = ep.connect_lazy();
         channels.insert(url.to_string(), ch.clone());
@@ -109,7 +113,10 @@ fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
 
-/// The gRPC sender the pusher uses.
-pub fn grpc_sender() -> Arc<dyn GrpcSender> {
-    Arc::new(ReceiverClient::default())
+/// The gRPC sender the pusher uses, trusting `trust`'s roots for `grpcs://`.
+pub fn grpc_sender(trust: Trust) -> Arc<dyn GrpcSender> {
+    Arc::new(ReceiverClient {
+        channels: Mutex::default(),
+        trust,
+    })
 }

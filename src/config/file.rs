@@ -61,6 +61,10 @@ pub struct Settings {
     /// Log line format.
     #[arg(long, env = "TIMERDB_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// PEM file of CA certificates that push receivers' certificates (`https://`, `grpcs://`)
+    /// may chain to, besides the public web roots: for receivers with private certificates.
+    #[arg(long, env = "TIMERDB_PUSH_CA")]
+    pub push_ca: Option<PathBuf>,
     #[command(flatten)]
     #[serde(default)]
     pub raft: RaftSettings,
@@ -132,6 +136,7 @@ impl Settings {
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             log: self.log.or(lower.log),
             log_format: self.log_format.or(lower.log_format),
+            push_ca: self.push_ca.or(lower.push_ca),
             raft: RaftSettings {
                 heartbeat_ms: self.raft.heartbeat_ms.or(lower.raft.heartbeat_ms),
                 election_timeout_min_ms: (self.raft.election_timeout_min_ms)
@@ -166,6 +171,7 @@ impl Settings {
             .ok_or_else(|| missing("peers", "TIMERDB_PEERS"))?;
         let mut c = NodeConfig::new(id, data_dir, parse_peers(peers)?);
         c.join = self.join.unwrap_or(false);
+        c.push_ca = self.push_ca.clone();
         set(&mut c.bucket_ms, self.bucket_ms);
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(

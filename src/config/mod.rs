@@ -117,6 +117,8 @@ pub struct NodeConfig {
     /// Join an existing cluster (through Cluster.AddNode) instead of forming one from `peers`:
     /// the node never initialises a cluster itself and waits to be added.
     pub join: bool,
+    /// PEM file of extra CAs for push receivers' certificates (besides the web roots).
+    pub push_ca: Option<PathBuf>,
 }
 
 /// Deliberate bugs, each breaking one guarantee, switched on only by the chaos harness's proof
@@ -170,6 +172,7 @@ impl NodeConfig {
             dial: BTreeMap::new(),
             faults: Faults::default(),
             join: false,
+            push_ca: None,
         }
     }
 

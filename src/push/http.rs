@@ -7,7 +7,7 @@
 //! they were a quarter of the leader's CPU.) Concurrency is the number of lanes, bounded by the
 //! namespace's limits above this.
 //!
-//! `https://` goes through rustls (webpki roots compiled in, no OpenSSL). Redirects are never
+//! `https://` goes through rustls (no OpenSSL), trusting the roots of [`super::trust`]. Redirects are never
 //! followed (a 3xx is a failed attempt, as Standard Webhooks asks). At most [`DETAIL_BYTES`] of
 //! an error body are kept and at most [`MAX_BODY_READ`] of any body are read, so a receiver
 //! cannot make the leader buffer a large answer; a body not read to its end closes the
@@ -47,14 +47,14 @@ pub struct HttpSender {
 }
 
 impl HttpSender {
-    pub fn new() -> crate::Result<HttpSender> {
+    /// Connections for `https://` trust `trust`'s roots.
+    pub fn new(trust: &super::trust::Trust) -> crate::Result<HttpSender> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| crate::Error::Internal(format!("TLS for push: {e}")))?
+            .with_tls_config(trust.client_config()?)
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);

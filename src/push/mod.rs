@@ -20,6 +20,7 @@
 pub mod http;
 mod namespace;
 pub mod sign;
+pub mod trust;
 pub mod worker;
 
 use std::time::Duration;

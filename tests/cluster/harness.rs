@@ -36,8 +36,11 @@ pub struct TestCluster {
     pub dir: TempDir,
     pub peers: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, Option<RunningNode>>,
-    tune: fn(&mut NodeConfig),
+    tune: Tune,
 }
+
+/// How a test adjusts each node's configuration.
+pub type Tune = std::sync::Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
 
 impl TestCluster {
     /// Starts `n` nodes with the default configuration and waits for a leader.
@@ -46,7 +49,11 @@ impl TestCluster {
     }
 
     /// Starts `n` nodes, each configuration adjusted by `tune`, and waits for a leader.
-    pub async fn start_with(n: u64, tune: fn(&mut NodeConfig)) -> TestCluster {
+    pub async fn start_with(
+        n: u64,
+        tune: impl Fn(&mut NodeConfig) + Send + Sync + 'static,
+    ) -> TestCluster {
+        let tune: Tune = std::sync::Arc::new(tune);
         init_tracing();
         let dir = TempDir::new().unwrap();
         let mut listeners = BTreeMap::new();

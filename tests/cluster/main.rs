@@ -3,6 +3,7 @@
 //! sequence of named phases.
 
 mod backup;
+mod certs;
 mod consume;
 mod consumer;
 mod ctl;

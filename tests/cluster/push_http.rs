@@ -2,13 +2,17 @@
 //! receiver alive (one per lane, also when the receiver answers with a body), and a receiver
 //! that closes connections (after each answer, or once they were idle for a while, as nginx or
 //! Node do) costs no failed attempt: the request goes on a new connection. A receiver's
-//! `Retry-After` holds the timer's next attempt back. (docs/push.md)
+//! `Retry-After` holds the timer's next attempt back. `https://` and `grpcs://` receivers with
+//! a private certificate are reached through the operator's `--push-ca`; one the CA did not
+//! sign is refused.
+//! (docs/push.md)
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use timerdb::api::pb;
 
+use crate::certs::TestCa;
 use crate::delivery::{ids, schedule_many, wait_count};
 use crate::harness::*;
 use crate::push::{check_received, push_policy, put, SECRET_A};
@@ -114,4 +118,59 @@ async fn a_receivers_retry_after_holds_the_next_attempt_back() {
         );
         assert_eq!(t.attempt_log[0].http_status, 429, "{:?}", t.attempt_log);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn https_receivers_with_a_private_ca_are_trusted_through_push_ca() {
+    let ca = TestCa::new("receivers' CA");
+    let dir = tempfile::TempDir::new().unwrap();
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let c = TestCluster::start_with(3, move |cfg| cfg.push_ca = Some(ca_file.clone())).await;
+    let via = c.follower().await;
+
+    // Phase 1: a receiver whose certificate the CA signed: every timer over real TLS, signed.
+    let pair = ca.server(&["localhost", "127.0.0.1"]);
+    let (r, refused) = receiver::https(pair.server_config()).await;
+    let url = format!("https://localhost:{}/hook", r.addr.port());
+    put(&c, via, "tls", push_policy(&url, 5)).await;
+    schedule_many(&c, via, "tls", &ids("t", 100), now_ms() + 300, 5).await;
+    let acked = acked_first_time(&c, via, "tls", 100).await;
+    check_received(&acked, &r.got(), &[SECRET_A]);
+    assert_eq!(refused.load(Ordering::SeqCst), 0);
+
+    // Phase 2: one whose certificate another CA signed: the handshake fails, every attempt is a
+    // connection error naming the certificate, and nothing reaches the receiver.
+    let stranger = TestCa::new("someone else's CA").server(&["localhost"]);
+    let (r, refused) = receiver::https(stranger.server_config()).await;
+    let url = format!("https://localhost:{}/hook", r.addr.port());
+    put(&c, via, "untrusted", push_policy(&url, 2)).await;
+    schedule_many(&c, via, "untrusted", &ids("u", 3), now_ms() + 300, 5).await;
+    let dead = wait_count(
+        &c,
+        via,
+        "untrusted",
+        pb::TimerState::Dead,
+        3,
+        Duration::from_secs(30),
+    )
+    .await;
+    for t in &dead {
+        for a in &t.attempt_log {
+            assert_eq!(a.outcome, "connection_error", "{:?}", t.attempt_log);
+            assert!(a.detail.contains("certificate"), "{:?}", a.detail);
+        }
+    }
+    assert!(r.got().is_empty());
+    assert!(
+        refused.load(Ordering::SeqCst) >= 6,
+        "handshakes refused: {refused:?}"
+    );
+
+    // Phase 3: a gRPC receiver over TLS with a certificate of the private CA.
+    let r = receiver::grpcs(&pair.cert_pem, &pair.key_pem).await;
+    let url = format!("grpcs://localhost:{}", r.addr.port());
+    put(&c, via, "grpcs", push_policy(&url, 5)).await;
+    schedule_many(&c, via, "grpcs", &ids("g", 50), now_ms() + 300, 5).await;
+    acked_first_time(&c, via, "grpcs", 50).await;
+    assert_eq!(r.got().len(), 50);
 }

@@ -164,8 +164,39 @@ pub async fn http() -> Receiver {
     r
 }
 
+/// An HTTPS receiver (`https://localhost:PORT/hook`) presenting `tls`'s certificate, answering
+/// 200 until told otherwise. A connection whose TLS handshake fails is counted and dropped.
+pub async fn https(tls: std::sync::Arc<rustls::ServerConfig>) -> (Receiver, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let r = Receiver::new(listener.local_addr().unwrap());
+    let refused = Arc::new(AtomicUsize::new(0));
+    let (server, failed) = (r.clone(), refused.clone());
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            server.connections.fetch_add(1, Ordering::SeqCst);
+            let (server, failed, acceptor) = (server.clone(), failed.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                match acceptor.accept(stream).await {
+                    Ok(tls) => serve(server, tls).await,
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    (r, refused)
+}
+
 /// Serves one connection as `r` is set to.
-async fn serve(r: Receiver, stream: tokio::net::TcpStream) {
+async fn serve<S>(r: Receiver, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mode = *r.conns.lock().unwrap();
     // When the connection last finished an answer, and how many it is working on.
     let activity = Arc::new(Mutex::new((std::time::Instant::now(), 0usize)));
@@ -271,14 +302,27 @@ impl pb::receiver_server::Receiver for GrpcReceiver {
 
 /// A gRPC receiver answering OK until told otherwise (any non-200 status: UNAVAILABLE).
 pub async fn grpc() -> Receiver {
+    grpc_with(None).await
+}
+
+/// A gRPC receiver over TLS presenting `(cert_pem, key_pem)` (`grpcs://localhost:PORT`).
+pub async fn grpcs(cert_pem: &str, key_pem: &str) -> Receiver {
+    grpc_with(Some(tonic::transport::Identity::from_pem(
+        cert_pem, key_pem,
+    )))
+    .await
+}
+
+async fn grpc_with(tls: Option<tonic::transport::Identity>) -> Receiver {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let r = Receiver::new(listener.local_addr().unwrap());
     let svc = pb::receiver_server::ReceiverServer::new(GrpcReceiver(r.clone()));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(incoming),
-    );
+    let mut server = tonic::transport::Server::builder();
+    if let Some(identity) = tls {
+        let config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        server = server.tls_config(config).unwrap();
+    }
+    tokio::spawn(server.add_service(svc).serve_with_incoming(incoming));
     r
 }
