@@ -248,11 +248,18 @@ impl Pump {
         take_acks(node, &ns, &mut tracker, carried);
         let mut flush = tokio::time::interval(HOLD / 2);
         let tx = self.tx.clone();
+        // The namespace's dispatch rate, read again now and then (a policy may change).
+        let mut rate = dispatch_rate(node, &ns);
+        let mut rate_read = Instant::now();
         let end = loop {
             tokio::select! {
                 delivery = sub.recv() => match delivery {
                     Some(d) => {
                         tracker.sent(&d);
+                        // Paced as they go out, whatever clumps the grants came in.
+                        if let Some(limit) = rate {
+                            node.dispatcher.paced(&ns, limit, &node.config.clock).await;
+                        }
                         if tx.send(Ok(to_pb(d))).await.is_err() {
                             break End::Done;
                         }
@@ -271,6 +278,9 @@ impl Pump {
                     let now_ms = node.config.clock.now_ms();
                     for item in tracker.flush_due(Instant::now(), now_ms) {
                         node.acker.ack(item);
+                    }
+                    if rate_read.elapsed() >= RATE_REREAD {
+                        (rate, rate_read) = (dispatch_rate(node, &ns), Instant::now());
                     }
                 }
                 _ = lost_leadership(&mut metrics) => {
@@ -429,6 +439,18 @@ async fn lost_leadership(
 /// Resolves once the node is shutting down.
 pub(super) async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// How often a stream reads its namespace's dispatch rate again.
+const RATE_REREAD: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `namespace`'s dispatch rate and burst, if it has one (none if its policy cannot be read:
+/// the grants are limited anyway).
+fn dispatch_rate(node: &Node, namespace: &str) -> Option<(u32, u32)> {
+    let policy = node.store.namespace(namespace).ok()?.policy;
+    policy
+        .max_dispatches_per_second
+        .map(|r| (r, policy.max_burst))
 }
 
 fn to_pb(d: Delivery) -> pb::Delivery {

@@ -103,8 +103,10 @@ pub struct Dispatcher {
     registry: Mutex<Registry>,
     wake: Notify,
     store: Store,
-    /// Dispatch-rate buckets per namespace.
+    /// Dispatch-rate buckets per namespace, taken when grants are planned.
     tokens: Buckets,
+    /// The same rates, taken when a delivery goes out (`pace`).
+    sends: Buckets,
 }
 
 /// What planning needs of a namespace, read once per plan.
@@ -195,6 +197,31 @@ impl Dispatcher {
             wake: Notify::new(),
             store,
             tokens: Buckets::default(),
+            sends: Buckets::default(),
+        }
+    }
+
+    /// Whether one more delivery of `namespace`, whose dispatch rate and burst are `limit`, may
+    /// go out at `now_ms` (on a stream or as a push request); `Err(ms)`: not for that long.
+    ///
+    /// The rate is applied here a second time, after the grants: grants ride on entries whose
+    /// commit time varies (a slow fsync holds several, then they apply together), so leases
+    /// arrive in clumps. Paced as they go out, deliveries keep any one-second window at the
+    /// consumers within `burst + rate`; the burst is smaller here by 20 ms of the rate, a margin
+    /// for the jitter between going out and arriving. Shared by every subscription of the
+    /// namespace, and empty when this node starts to lead, like the grants' buckets.
+    pub fn pace(&self, namespace: &str, (rate, burst): (u32, u32), now_ms: i64) -> Result<(), u64> {
+        let leading = self.tokens.current();
+        let burst = burst.saturating_sub(rate / 50).max(1);
+        self.sends
+            .with(leading, now_ms, namespace, (rate, burst), |b| b.take_all(1))
+            .map_err(|wait| wait.unwrap_or(1000).max(1))
+    }
+
+    /// Waits until [`Dispatcher::pace`] lets one delivery of `namespace` go out.
+    pub async fn paced(&self, namespace: &str, limit: (u32, u32), clock: &Clock) {
+        while let Err(ms) = self.pace(namespace, limit, clock.now_ms()) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
 

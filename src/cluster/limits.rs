@@ -136,6 +136,12 @@ impl Buckets {
         f(bucket)
     }
 
+    /// The latest term these buckets know this node led in, and since when.
+    pub fn current(&self) -> (u64, i64) {
+        let inner = self.lock();
+        (inner.term, inner.since_ms)
+    }
+
     /// When this node began to lead in `term`, as far as these buckets know.
     pub fn since(&self, term: u64) -> Option<i64> {
         let inner = self.lock();

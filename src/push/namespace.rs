@@ -23,12 +23,9 @@
 //! backoff.
 //!
 //! **Pacing.** A namespace's dispatch rate is applied twice: when the dispatcher plans a grant
-//! (so leases do not run ahead) and here, before a delivery is queued. The second one is what
-//! the receiver sees: grants ride on entries whose commit time varies (a slow fsync holds
-//! several, then they apply together), so leases arrive in clumps; pacing them keeps any
-//! one-second window at the receiver within `burst + rate` (the burst here is smaller by 20 ms
-//! of the rate, a margin for the jitter between sending and arriving). Like the dispatcher's,
-//! the bucket starts empty when this node starts to lead.
+//! (so leases do not run ahead) and here, before a delivery is queued (`Dispatcher::pace`, as
+//! streams do before they send): what the receiver sees stays within `burst + rate` in any
+//! one second although grants commit in clumps.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,7 +38,6 @@ use tokio::task::JoinSet;
 use super::worker::{PushLoop, Target};
 use super::{http, Answer, Message, MAX_PUSH_IN_FLIGHT};
 use crate::cluster::acks::StreamAcks;
-use crate::cluster::limits::Bucket;
 use crate::cluster::{Delivery, Subscription};
 use crate::metrics::PushMetrics;
 use crate::namespace::Protocol;
@@ -119,10 +115,9 @@ impl Shared {
 
 impl PushLoop {
     /// Pushes what the dispatcher leases to `sub` until the task is dropped.
-    pub(super) async fn namespace(self, shared: Arc<Shared>, mut sub: Subscription, since_ms: i64) {
+    pub(super) async fn namespace(self, shared: Arc<Shared>, mut sub: Subscription) {
         let clock = self.node.config.clock;
         let mut lanes = JoinSet::new();
-        let mut bucket: Option<Bucket> = None;
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // (when, answered so far), over the last QUEUE_WINDOW.
@@ -146,20 +141,8 @@ impl PushLoop {
                 d = sub.recv() => {
                     let Some(d) = d else { return };
                     lock(&shared.tracker).sent(&d);
-                    if let Some((rate, burst)) = shared.target().rate {
-                        // 20 ms of the rate held back from the burst: requests reach the
-                        // receiver with some jitter (a busy leader, the network), and the
-                        // receiver's window must still hold no more than burst + rate.
-                        let burst = burst.saturating_sub(rate / 50).max(1);
-                        let b = bucket.get_or_insert_with(|| {
-                            Bucket::empty_since(rate, burst, since_ms, clock.now_ms())
-                        });
-                        b.refill_with(rate, burst, clock.now_ms());
-                        while let Err(wait) = b.take_all(1) {
-                            let ms = wait.unwrap_or(1000).max(1);
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                            b.refill_with(rate, burst, clock.now_ms());
-                        }
+                    if let Some(limit) = shared.target().rate {
+                        self.node.dispatcher.paced(&d.timer.key.namespace, limit, &clock).await;
                     }
                     lock(&shared.queue).push_back(d);
                     shared.wake.notify_one();

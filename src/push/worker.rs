@@ -86,11 +86,10 @@ impl PushLoop {
     }
 
     async fn lead(&self) {
-        let since_ms = self.node.config.clock.now_ms();
         let mut active: HashMap<String, Active> = HashMap::new();
         loop {
             match self.targets() {
-                Ok(targets) => self.update(&mut active, targets, since_ms),
+                Ok(targets) => self.update(&mut active, targets),
                 Err(e) => tracing::warn!(error = %e, "pusher: cannot read the namespaces"),
             }
             tokio::time::sleep(REFRESH).await;
@@ -118,12 +117,7 @@ impl PushLoop {
         }
     }
 
-    fn update(
-        &self,
-        active: &mut HashMap<String, Active>,
-        targets: HashMap<String, PushConfig>,
-        since_ms: i64,
-    ) {
+    fn update(&self, active: &mut HashMap<String, Active>, targets: HashMap<String, PushConfig>) {
         active.retain(|ns, a| {
             let keep = targets.contains_key(ns);
             if !keep {
@@ -152,7 +146,7 @@ impl PushLoop {
                     // Made with room for the queue; the task sizes it to the receiver's pace.
                     let room = MAX_PUSH_IN_FLIGHT + MAX_QUEUE;
                     let sub = self.node.dispatcher.subscribe(&ns, "pusher", room, true);
-                    let task = tokio::spawn(self.clone().namespace(shared.clone(), sub, since_ms));
+                    let task = tokio::spawn(self.clone().namespace(shared.clone(), sub));
                     active.insert(
                         ns,
                         Active {

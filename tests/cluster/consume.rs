@@ -215,3 +215,56 @@ async fn ending_the_stream_applies_every_ack_before_it_ends() {
     }
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatch_rate_limit_holds_for_streams_across_a_leader_kill() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let followers: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    put_policy(
+        &c,
+        followers[0],
+        "rated",
+        pb::NamespacePolicy {
+            ack_timeout_ms: 5_000,
+            max_dispatches_per_second: Some(200),
+            max_burst: 50,
+            ..Default::default()
+        },
+    )
+    .await;
+    // Two Consume streams through the followers share the namespace's 200/s, burst 50.
+    let a = Consumer::start_consume(&c, followers[0], "rated", 1_000).await;
+    let b = Consumer::start_consume(&c, followers[1], "rated", 1_000).await;
+    let n = 4_000;
+    schedule_many(&c, followers[0], "rated", &ids("r", n), now_ms() + 300, 0).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    c.stop(leader).await;
+    let new_leader = c.leader().await;
+    let via = *followers
+        .iter()
+        .find(|f| **f != new_leader)
+        .unwrap_or(&new_leader);
+    wait_count(
+        &c,
+        new_leader,
+        "rated",
+        pb::TimerState::Acked,
+        n,
+        Duration::from_secs(90),
+    )
+    .await;
+    let mut seen = a.seen();
+    seen.extend(b.seen());
+    let ids: HashSet<&str> = seen.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids.len(), n, "every timer received");
+    let worst = crate::push::worst_window(seen.iter().map(|s| s.received_ms).collect());
+    eprintln!(
+        "streams at 200/s burst 50: {} deliveries, worst 1 s window {worst} (via {via})",
+        seen.len()
+    );
+    assert!(
+        worst <= 250,
+        "{worst} deliveries in one second (limit 200/s + burst 50)"
+    );
+}

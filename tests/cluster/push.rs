@@ -333,7 +333,11 @@ async fn a_hanging_receiver_times_out_and_holds_up_no_other_namespace() {
 
 /// The most requests `got` holds in any one-second window.
 fn worst_second(got: &[Got]) -> usize {
-    let mut at: Vec<i64> = got.iter().map(|g| g.at_ms).collect();
+    worst_window(got.iter().map(|g| g.at_ms).collect())
+}
+
+/// The most of `at` (times in ms) in any one-second window.
+pub(crate) fn worst_window(mut at: Vec<i64>) -> usize {
     at.sort_unstable();
     let mut worst = 0;
     let mut lo = 0;
