@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Reproduces every figure of docs/benchmarks.md: builds release timerd and timerdb-bench, runs
 # the schedule, batch, fire, burst, failover, keys and naive workloads (3 runs of each
-# configuration, taken side by side, reported as medians), the 10,000,000-timer pending workload
-# (one run: it takes minutes), and the Redis comparison. Results go to bench-results/ as
+# configuration, taken side by side, reported as medians), push beside Subscribe at the same
+# rates, the 10,000,000-timer pending workload (one run: it takes minutes), and the Redis
+# comparison. Results go to bench-results/ as
 # Markdown tables and JSON. With --compare it took 42 minutes on an Intel 2-core machine
 # (2026-11-23) and 52 on the AMD one of docs/benchmarks.md (2026-11-25).
 #
@@ -39,6 +40,8 @@ fi
 if [ "$quick" = 1 ]; then
   "$BIN/timerdb-bench" --runs 1 --window 5s --fire-rates 1000,20000 --burst 100000 \
     --json "$out/quick.json" | tee "$out/quick.md"
+  "$BIN/timerdb-bench" push --runs 1 --window 5s --push-rates 1000,20000 \
+    --json "$out/quick-push.json" | tee "$out/quick-push.md"
   if [ "$pending" = 1 ]; then
     "$BIN/timerdb-bench" pending --runs 1 --pending 1000000 --json "$out/quick-pending.json" |
       tee "$out/quick-pending.md"
@@ -50,6 +53,13 @@ echo "== timerdb: schedule, batch, fire, burst, failover, keys, naive (3 side-by
 "$BIN/timerdb-bench" --runs 3 --fire-rates 1000,20000,50000 --burst 200000 \
   --naive-rates 500,5000 --naive-ack stream "${compare[@]}" --json "$out/main.json" |
   tee "$out/main.md"
+echo "== timerdb: push to a local HTTP receiver beside Subscribe at the same rates (3 side-by-side runs)"
+"$BIN/timerdb-bench" fire push --runs 3 --fire-rates 20000,40000,60000,80000 \
+  --push-rates 20000,40000,60000,80000 --json "$out/push.json" | tee "$out/push.md"
+if [ ${#compare[@]} -gt 0 ]; then
+  "$BIN/timerdb-bench" push --runs 3 --push-rates 20000,40000,60000 "${compare[@]}" \
+    --json "$out/push-compare.json" | tee "$out/push-compare.md"
+fi
 if [ "$pending" = 1 ]; then
   echo "== timerdb: 10,000,000 pending timers"
   "$BIN/timerdb-bench" pending --runs 1 "${compare[@]}" --json "$out/pending.json" |

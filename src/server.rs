@@ -117,9 +117,11 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
     tasks.push(tokio::spawn(purger.run(rx.clone())));
     let trust = crate::push::trust::Trust::load(node.config.push_ca.as_deref())?;
     let pusher = crate::push::worker::PushLoop {
-        node: node.clone(),
-        http: crate::push::http::HttpSender::new(&trust)?,
-        grpc: crate::api::receiver::grpc_sender(trust),
+        pusher: crate::push::namespace::Pusher {
+            node: node.clone(),
+            http: crate::push::http::HttpSender::new(&trust)?,
+            grpc: crate::api::receiver::grpc_sender(trust),
+        },
     };
     tasks.push(tokio::spawn(pusher.run(rx.clone())));
     let driver = FireDriver {

@@ -29,6 +29,17 @@ pub struct TimerKey {
 }
 
 impl TimerKey {
+    /// Its key in the `index` family (length-prefixed namespace, then the id).
+    pub fn index_key(&self) -> Vec<u8> {
+        crate::wheel::timer_key_of(&self.namespace, &self.id)
+    }
+
+    /// The key an `index` family key names; `None` if the bytes are not one.
+    pub fn from_index_key(bytes: &[u8]) -> Option<TimerKey> {
+        let (namespace, id) = crate::wheel::decode_timer_key(bytes)?;
+        Some(TimerKey { namespace, id })
+    }
+
     pub fn new(namespace: impl Into<String>, id: impl Into<String>) -> Self {
         TimerKey {
             namespace: namespace.into(),

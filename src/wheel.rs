@@ -21,8 +21,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::timer::TimerKey;
-
 /// Default bucket width: 1 ms, so a timer fires at its own millisecond.
 pub const DEFAULT_BUCKET_MS: u64 = 1;
 
@@ -156,12 +154,8 @@ impl Default for Wheel {
     }
 }
 
-/// Encodes a timer's primary key (the `index` family).
-pub fn timer_key(key: &TimerKey) -> Vec<u8> {
-    timer_key_of(&key.namespace, &key.id)
-}
-
-/// `timer_key` of the timer `id` in `namespace`, without a `TimerKey` to hold them.
+/// Encodes the primary key (the `index` family) of the timer `id` in `namespace`
+/// (`TimerKey::index_key`).
 pub fn timer_key_of(namespace: &str, id: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(2 + namespace.len() + id.len());
     out.extend_from_slice(&(namespace.len() as u16).to_be_bytes());
@@ -170,13 +164,10 @@ pub fn timer_key_of(namespace: &str, id: &str) -> Vec<u8> {
     out
 }
 
-/// Decodes a timer key; `None` if the bytes are not one.
-pub fn decode_timer_key(bytes: &[u8]) -> Option<TimerKey> {
+/// Decodes a timer key into (namespace, id); `None` if the bytes are not one.
+pub fn decode_timer_key(bytes: &[u8]) -> Option<(String, String)> {
     let (ns, rest) = split_namespace(bytes)?;
-    Some(TimerKey {
-        namespace: ns,
-        id: String::from_utf8(rest.to_vec()).ok()?,
-    })
+    Some((ns, String::from_utf8(rest.to_vec()).ok()?))
 }
 
 /// The prefix shared by exactly the timer, row and lease keys of `namespace`.
@@ -238,9 +229,14 @@ pub fn decode_deadline_key(bytes: &[u8]) -> Option<(i64, String, Slot)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::timer::TimerKey;
 
     fn k(ns: &str, id: &str) -> TimerKey {
         TimerKey::new(ns, id)
+    }
+
+    fn k_index(key: &TimerKey) -> Vec<u8> {
+        key.index_key()
     }
 
     fn s(bucket: u64, seq: u64) -> Slot {
@@ -334,7 +330,10 @@ mod tests {
     #[test]
     fn timer_keys_round_trip() {
         for key in [k("a", "b"), k("", "x"), k("ns", ""), k("名前", "ид/1")] {
-            assert_eq!(decode_timer_key(&timer_key(&key)), Some(key.clone()));
+            assert_eq!(
+                TimerKey::from_index_key(&key.index_key()),
+                Some(key.clone())
+            );
         }
         assert_eq!(decode_timer_key(&[0, 5, b'a']), None, "truncated key");
     }
@@ -372,15 +371,15 @@ mod tests {
     #[test]
     fn namespace_prefix_selects_exactly_its_namespace() {
         let p = namespace_prefix("ab");
-        assert!(timer_key(&k("ab", "x")).starts_with(&p));
-        assert!(timer_key(&k("ab", "")).starts_with(&p));
+        assert!(k_index(&k("ab", "x")).starts_with(&p));
+        assert!(k_index(&k("ab", "")).starts_with(&p));
         assert!(slot_key("ab", s(1, 1)).starts_with(&p));
         assert!(
-            !timer_key(&k("abc", "x")).starts_with(&p),
+            !k_index(&k("abc", "x")).starts_with(&p),
             "longer namespace must not match"
         );
         assert!(
-            !timer_key(&k("a", "bx")).starts_with(&p),
+            !k_index(&k("a", "bx")).starts_with(&p),
             "split point must matter"
         );
     }

@@ -18,7 +18,7 @@
 //!   task with the namespace's timeout, and a namespace holds at most its concurrency.
 
 pub mod http;
-mod namespace;
+pub mod namespace;
 pub mod sign;
 pub mod trust;
 pub mod worker;

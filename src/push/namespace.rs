@@ -35,12 +35,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use super::worker::{PushLoop, Target};
-use super::{http, Answer, Message, MAX_PUSH_IN_FLIGHT};
+use super::http::{self, HttpSender};
+use super::sign::Secret;
+use super::{Answer, GrpcSender, Message, MAX_PUSH_IN_FLIGHT};
 use crate::cluster::acks::StreamAcks;
 use crate::cluster::{Delivery, Subscription};
 use crate::metrics::PushMetrics;
-use crate::namespace::Protocol;
+use crate::namespace::{Protocol, PushTarget};
+use crate::node::Node;
 use crate::timer::{AttemptRecord, Channel, Command};
 
 /// Most deliveries a namespace may have leased beyond its requests under way.
@@ -53,6 +55,43 @@ const TICK: Duration = Duration::from_millis(25);
 const LANE_IDLE: Duration = Duration::from_secs(30);
 /// Longest the pusher holds the acks of a lease some of whose requests are unanswered.
 const PUSH_HOLD: Duration = Duration::from_secs(1);
+
+/// A push target as the requests use it (secrets decoded, URL parsed).
+pub struct Target {
+    /// The namespace's dispatch rate and burst, if it has one.
+    pub rate: Option<(u32, u32)>,
+    pub url: String,
+    pub uri: ::http::Uri,
+    pub protocol: Protocol,
+    pub secrets: Vec<Secret>,
+    pub timeout: Duration,
+    pub dead_on_client_error: bool,
+}
+
+impl Target {
+    /// `None` if a secret or the URL does not parse (both were validated when written).
+    pub(super) fn from(t: &PushTarget, rate: Option<(u32, u32)>) -> Option<Target> {
+        let secrets: Option<Vec<Secret>> =
+            t.secrets.iter().map(|s| Secret::parse(s).ok()).collect();
+        Some(Target {
+            rate,
+            url: t.url.clone(),
+            uri: t.url.parse().ok()?,
+            protocol: t.protocol(),
+            secrets: secrets?,
+            timeout: Duration::from_millis(t.timeout_ms),
+            dead_on_client_error: t.dead_on_client_error,
+        })
+    }
+}
+
+/// What every namespace task needs of the node: the node, and the senders.
+#[derive(Clone)]
+pub struct Pusher {
+    pub node: Arc<Node>,
+    pub http: HttpSender,
+    pub grpc: Arc<dyn GrpcSender>,
+}
 
 /// What a namespace task shares with its lanes.
 pub struct Shared {
@@ -113,7 +152,7 @@ impl Shared {
     }
 }
 
-impl PushLoop {
+impl Pusher {
     /// Pushes what the dispatcher leases to `sub` until the task is dropped.
     pub(super) async fn namespace(self, shared: Arc<Shared>, mut sub: Subscription) {
         let clock = self.node.config.clock;

@@ -12,47 +12,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::http::HttpSender;
-use super::namespace::{Shared, MAX_QUEUE};
-use super::sign::Secret;
-use super::{GrpcSender, MAX_PUSH_IN_FLIGHT};
+use super::namespace::{Pusher, Shared, Target, MAX_QUEUE};
+use super::MAX_PUSH_IN_FLIGHT;
 use crate::cluster::driver::while_leader;
-use crate::namespace::{Protocol, PushTarget};
-use crate::node::Node;
+use crate::namespace::PushTarget;
 
 /// How often the namespaces are read for push targets.
 const REFRESH: Duration = Duration::from_millis(500);
 /// Namespaces read per page when looking for push targets.
 const PAGE: usize = 1000;
-
-/// A push target as the requests use it (secrets decoded, URL parsed).
-pub struct Target {
-    /// The namespace's dispatch rate and burst, if it has one.
-    pub rate: Option<(u32, u32)>,
-    pub url: String,
-    pub uri: http::Uri,
-    pub protocol: Protocol,
-    pub secrets: Vec<Secret>,
-    pub timeout: Duration,
-    pub dead_on_client_error: bool,
-}
-
-impl Target {
-    /// `None` if a secret or the URL does not parse (both were validated when written).
-    fn from(t: &PushTarget, rate: Option<(u32, u32)>) -> Option<Target> {
-        let secrets: Option<Vec<Secret>> =
-            t.secrets.iter().map(|s| Secret::parse(s).ok()).collect();
-        Some(Target {
-            rate,
-            url: t.url.clone(),
-            uri: t.url.parse().ok()?,
-            protocol: t.protocol(),
-            secrets: secrets?,
-            timeout: Duration::from_millis(t.timeout_ms),
-            dead_on_client_error: t.dead_on_client_error,
-        })
-    }
-}
 
 /// A namespace's push target and its dispatch rate and burst, as the pusher reads them.
 type PushConfig = (PushTarget, Option<(u32, u32)>);
@@ -71,17 +39,14 @@ impl Drop for Active {
 }
 
 /// The leader's pusher for one node.
-#[derive(Clone)]
 pub struct PushLoop {
-    pub node: Arc<Node>,
-    pub http: HttpSender,
-    pub grpc: Arc<dyn GrpcSender>,
+    pub pusher: Pusher,
 }
 
 impl PushLoop {
     /// Runs until `shutdown` turns true, pushing while this node leads.
     pub async fn run(self, shutdown: watch::Receiver<bool>) {
-        let node = self.node.clone();
+        let node = self.pusher.node.clone();
         while_leader(node.id, &node.raft, "pusher", shutdown, || self.lead()).await;
     }
 
@@ -101,7 +66,7 @@ impl PushLoop {
         let mut out = HashMap::new();
         let mut after: Option<String> = None;
         loop {
-            let page = self.node.store.namespaces(after.as_deref(), PAGE)?;
+            let page = self.pusher.node.store.namespaces(after.as_deref(), PAGE)?;
             let last = page.last().map(|ns| ns.name.clone());
             for ns in page {
                 if let Some(push) = ns.push {
@@ -145,8 +110,8 @@ impl PushLoop {
                     let shared = Arc::new(Shared::new(&ns, target));
                     // Made with room for the queue; the task sizes it to the receiver's pace.
                     let room = MAX_PUSH_IN_FLIGHT + MAX_QUEUE;
-                    let sub = self.node.dispatcher.subscribe(&ns, "pusher", room, true);
-                    let task = tokio::spawn(self.clone().namespace(shared.clone(), sub));
+                    let sub = (self.pusher.node.dispatcher).subscribe(&ns, "pusher", room, true);
+                    let task = tokio::spawn(self.pusher.clone().namespace(shared.clone(), sub));
                     active.insert(
                         ns,
                         Active {

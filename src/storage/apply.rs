@@ -278,7 +278,7 @@ impl<'a> Applier<'a> {
     /// The slot of `key`'s row, if it has one (an index entry of a purged timer is dead:
     /// see `gc.rs`).
     fn slot_of(&mut self, key: &TimerKey) -> Result<Option<Slot>> {
-        let k = wheel::timer_key(key);
+        let k = key.index_key();
         let slot = match self
             .index_staged
             .get(&k)
@@ -307,7 +307,7 @@ impl<'a> Applier<'a> {
         keys: impl Iterator<Item = &'k TimerKey>,
     ) -> Result<()> {
         let mut encoded: Vec<Vec<u8>> = keys
-            .map(wheel::timer_key)
+            .map(TimerKey::index_key)
             .filter(|k| !self.index_staged.contains_key(k) && !self.index_read.contains_key(k))
             .collect();
         if encoded.len() < 2 {
@@ -321,7 +321,7 @@ impl<'a> Applier<'a> {
         for (k, value) in encoded.into_iter().zip(values) {
             let slot = match value? {
                 Some(raw) => Some(Slot::decode(&raw).ok_or_else(|| {
-                    let key = wheel::decode_timer_key(&k).map(|key| key.to_string());
+                    let key = TimerKey::from_index_key(&k).map(|key| key.to_string());
                     Error::Storage(format!("corrupt index of {}", key.unwrap_or_default()))
                 })?),
                 None => None,
@@ -393,7 +393,7 @@ impl<'a> Applier<'a> {
         self.rows.insert(slot, None);
     }
 
-    /// Points the index entry `k` (a `wheel::timer_key`) at `slot`, or deletes it.
+    /// Points the index entry `k` (a `TimerKey::index_key`) at `slot`, or deletes it.
     pub(super) fn set_index(&mut self, k: Vec<u8>, slot: Option<Slot>) {
         match slot {
             Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), &k, s.encode()),

@@ -23,7 +23,8 @@ use rocksdb::{IteratorMode, DB};
 
 use super::meta::NsMeta;
 use super::{cf, codec, CF_NSMETA};
-use crate::wheel::{self, Slot};
+use crate::timer::TimerKey;
+use crate::wheel::Slot;
 use crate::Result;
 
 /// Whether the index entry of a timer of a namespace, pointing at `slot`, is alive given the
@@ -40,7 +41,7 @@ pub fn live_row(
     floor_of: &mut impl FnMut(&str) -> Result<Slot>,
 ) -> Result<bool> {
     let corrupt = || crate::Error::Storage("corrupt index row".into());
-    let k = wheel::decode_timer_key(key).ok_or_else(corrupt)?;
+    let k = TimerKey::from_index_key(key).ok_or_else(corrupt)?;
     let slot = Slot::decode(value).ok_or_else(corrupt)?;
     Ok(live(slot, floor_of(&k.namespace)?))
 }
@@ -119,7 +120,7 @@ impl IndexGc {
     pub fn filter(self: &Arc<Self>) -> impl FnMut(u32, &[u8], &[u8]) -> Decision + Send + 'static {
         let gc = self.clone();
         move |_level, key, value| {
-            let (Some(k), Some(slot)) = (wheel::decode_timer_key(key), Slot::decode(value)) else {
+            let (Some(k), Some(slot)) = (TimerKey::from_index_key(key), Slot::decode(value)) else {
                 return Decision::Keep; // not ours to judge
             };
             let s = gc.lock();
@@ -143,7 +144,7 @@ mod tests {
     fn the_filter_drops_only_dead_entries_and_waits_for_pins() {
         let gc = IndexGc::new();
         let mut f = gc.filter();
-        let key = wheel::timer_key(&crate::timer::TimerKey::new("ns", "a"));
+        let key = crate::timer::TimerKey::new("ns", "a").index_key();
         let mut removes = |slot: Slot| matches!(f(1, &key, &slot.encode()), Decision::Remove);
         assert!(!removes(s(5)), "no floor yet");
         gc.advance("ns", s(5));

@@ -5,7 +5,7 @@
 //! | `log` | log index (u64 BE) | bincode `Entry` | [`LogStore`] |
 //! | `raft` | `vote`, `committed`, `last_purged`; `installing_snapshot` | bincode | [`LogStore`]; [`Snapshots`] |
 //! | `wheel` | `wheel::slot_key` (namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
-//! | `index` | `wheel::timer_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
+//! | `index` | `TimerKey::index_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
 //! | `fires` | the cursor a Fire entry left (slot) | (its log index, its `now_ms`) | [`StateMachine`] |
 //! | `leases` | `wheel::slot_key` (namespace, end slot) | bincode lease (`row.rs`) | [`StateMachine`] |
 //! | `deadlines` | `wheel::deadline_key` | empty: open leases by deadline | [`StateMachine`] |

@@ -124,7 +124,7 @@ impl<'a> Snap<'a> {
     }
 
     fn timer(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
-        let Some(raw) = self.reader.get(CF_INDEX, &wheel::timer_key(key))? else {
+        let Some(raw) = self.reader.get(CF_INDEX, &key.index_key())? else {
             return Ok(None);
         };
         let slot =
@@ -218,7 +218,7 @@ impl Store {
         let start = match q.after.as_deref() {
             // The smallest key strictly after `after`: append a zero byte.
             Some(id) => {
-                let mut k = wheel::timer_key(&TimerKey::new(namespace, id));
+                let mut k = TimerKey::new(namespace, id).index_key();
                 k.push(0);
                 k
             }
@@ -248,7 +248,7 @@ impl Store {
                 page.next_after = last_id;
                 return Ok(page);
             }
-            let key = wheel::decode_timer_key(&k)
+            let key = TimerKey::from_index_key(&k)
                 .ok_or_else(|| Error::Storage("corrupt index key".into()))?;
             last_id = Some(key.id.clone());
             let Some(timer) = snap.timer(&key)? else {
