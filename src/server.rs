@@ -201,7 +201,8 @@ async fn bootstrap(node: &Node) -> Result<()> {
 }
 
 async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-    let timers = TimersServer::new(TimersService::new(node.clone()))
+    let router = Arc::new(crate::api::forward::Router::new(node.clone()));
+    let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
     let peer = RaftServer::new(PeerService::new(node.raft.clone()))
@@ -234,6 +235,7 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
     });
     let result = tonic::transport::Server::builder()
         .layer(crate::api::observe::ObserveLayer)
+        .layer(crate::api::forward::ForwardLayer::new(router))
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)

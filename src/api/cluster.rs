@@ -1,35 +1,25 @@
 //! The client `Cluster` service: this node's view of itself and its cluster, the digest of its
 //! state machine (what the chaos checker compares across replicas), and membership and
 //! leadership changes, which run on the leader (forwarded like writes, see [`super::forward`]),
-//! and backups, streamed from the leader ([`super::backup`]).
+//! and backups, streamed from the leader ([`super::backup`]; a follower relays the stream).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::backup;
-use super::forward::{self, Router};
-use super::pb::{self, cluster_client::ClusterClient, cluster_server};
+use super::pb::{self, cluster_server};
 use crate::membership::Member;
 use crate::node::Node;
-
-/// How long a forwarded AddNode may take: the new node catches up first (up to a minute).
-const ADD_NODE_TIMEOUT: Duration = Duration::from_secs(70);
 
 /// Serves the Cluster service on one node.
 pub struct ClusterService {
     node: Arc<Node>,
-    router: Router,
 }
 
 impl ClusterService {
     pub fn new(node: Arc<Node>) -> Self {
-        ClusterService {
-            router: Router::new(node.clone()),
-            node,
-        }
+        ClusterService { node }
     }
 }
 
@@ -44,33 +34,16 @@ fn members_pb(members: Vec<Member>) -> Vec<pb::Member> {
         .collect()
 }
 
-fn client(ch: Channel) -> ClusterClient<Channel> {
-    ClusterClient::new(ch)
-}
-
 #[tonic::async_trait]
 impl cluster_server::Cluster for ClusterService {
     type BackupStream = backup::BackupStream;
 
     async fn backup(
         &self,
-        request: Request<pb::BackupRequest>,
+        _request: Request<pb::BackupRequest>,
     ) -> Result<Response<Self::BackupStream>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let node = self.node.as_ref();
-        let stream = self
-            .router
-            .route(
-                forwarded,
-                move || async move { Ok(backup::stream(node.id, node.backup().await?)) },
-                move |ch| async move {
-                    let r = forward::stream_request(pb::BackupRequest {});
-                    let reply = client(ch).backup(r).await?;
-                    Ok(reply.map(|s| Box::pin(s) as backup::BackupStream))
-                },
-            )
-            .await?;
-        Ok(Response::new(stream))
+        let snapshot = self.node.backup().await?;
+        Ok(Response::new(backup::stream(self.node.id, snapshot)))
     }
 
     async fn status(
@@ -114,81 +87,33 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let node = self.node.as_ref();
-        let req = &req;
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let members = node
-                        .add_node(req.node_id, req.addr.clone(), !req.learner)
-                        .await?;
-                    Ok(pb::AddNodeResponse {
-                        members: members_pb(members),
-                    })
-                },
-                move |ch| async move {
-                    let r = forward::request(req.clone(), ADD_NODE_TIMEOUT);
-                    client(ch).add_node(r).await
-                },
-            )
+        let members = self
+            .node
+            .add_node(req.node_id, req.addr, !req.learner)
             .await?;
-        Ok(Response::new(reply))
+        Ok(Response::new(pb::AddNodeResponse {
+            members: members_pb(members),
+        }))
     }
 
     async fn remove_node(
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let node = self.node.as_ref();
-        let (req, timeout) = (&req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let members = node.remove_node(req.node_id).await?;
-                    Ok(pb::RemoveNodeResponse {
-                        members: members_pb(members),
-                    })
-                },
-                move |ch| async move {
-                    let r = forward::request(*req, timeout);
-                    client(ch).remove_node(r).await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let members = self.node.remove_node(request.get_ref().node_id).await?;
+        Ok(Response::new(pb::RemoveNodeResponse {
+            members: members_pb(members),
+        }))
     }
 
     async fn transfer_leader(
         &self,
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let node = self.node.as_ref();
-        let (req, timeout) = (&req, self.router.forward_timeout());
-        let to = (req.node_id != 0).then_some(req.node_id);
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let leader_id = node.transfer_leader(to).await?;
-                    Ok(pb::TransferLeaderResponse { leader_id })
-                },
-                move |ch| async move {
-                    let r = forward::request(*req, timeout);
-                    client(ch).transfer_leader(r).await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let node_id = request.get_ref().node_id;
+        let to = (node_id != 0).then_some(node_id);
+        let leader_id = self.node.transfer_leader(to).await?;
+        Ok(Response::new(pb::TransferLeaderResponse { leader_id }))
     }
 }

@@ -37,7 +37,18 @@ impl From<Error> for Status {
                 }
                 return status;
             }
-            Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_) => Code::Unavailable,
+            // Leadership moved (or is moving): the forwarding layer may take the call to the
+            // next leader. A leader cut off from its quorum is told apart (no marker): the
+            // caller hears it at once and tries another node.
+            Error::NotLeader | Error::Unavailable(_) => {
+                let mut status = Status::new(Code::Unavailable, e.to_string());
+                status.metadata_mut().insert(
+                    super::forward::RETRY_HEADER,
+                    tonic::metadata::MetadataValue::from_static("1"),
+                );
+                return status;
+            }
+            Error::NoQuorum(_) => Code::Unavailable,
             Error::Storage(_) | Error::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -1,48 +1,56 @@
-//! Routing a client call to the leader.
+//! Routing a client call to the leader: one tower layer around every service.
 //!
-//! On the leader the call runs locally. On a follower the unchanged request is sent to the
-//! leader's own client service, marked with the `x-timerdb-forwarded` header; a node receiving a
-//! marked request that is not (or no longer) the leader answers UNAVAILABLE at once rather than
-//! forwarding again, so a request makes at most one hop and the follower retries with the
-//! leader it learns next. While no leader is known the call waits, up to the node's
-//! `leader_wait`, then fails UNAVAILABLE.
+//! Each RPC's route is in [`super::methods`]. A `Local` call goes straight to its service. A
+//! `Leader` call runs on this node if it leads; on a follower the unchanged request (method,
+//! headers, the message bytes) is sent to the leader's client port, marked with the
+//! `x-timerdb-forwarded` header, and the leader's answer (a message, or a stream of them) comes
+//! back as it is. A node receiving a marked request that is not (or no longer) the leader
+//! answers UNAVAILABLE at once rather than forwarding again, so a request makes at most one hop
+//! and the follower retries with the leader it learns next. While no leader is known the call
+//! waits, up to the node's `leader_wait`, then fails UNAVAILABLE.
 //!
 //! Retrying is safe because every command is idempotent (DESIGN "unknown outcomes"): a Schedule
-//! that committed before its reply was lost is found again and answered `created = false`.
+//! that committed before its reply was lost is found again and answered `created = false`. So
+//! the request's message is kept (it is one message: no `Leader` RPC streams its requests) and
+//! sent again when the outcome is unknown: the leader could not be reached, went away
+//! mid-call, or answered UNAVAILABLE; or, on the leader itself, the handler found leadership
+//! gone (its status carries [`RETRY_HEADER`]). A stream's answer is not retried once it began.
+//!
+//! The handlers hold only their own logic: they run where this layer sends them.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use tonic::body::Body;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::pb::namespaces_client::NamespacesClient;
+use super::methods::{self, Route};
 use super::pb::timers_client::TimersClient;
 use super::MAX_CLIENT_MESSAGE_BYTES;
 use crate::node::{Leader, Node};
 
 /// Marks a request forwarded by a follower.
 pub const FORWARDED_HEADER: &str = "x-timerdb-forwarded";
+/// On an UNAVAILABLE answer: the handler found this node not (or no longer) the leader, so the
+/// same request may go to the next leader (set by the `Error` → `Status` conversion).
+pub const RETRY_HEADER: &str = "x-timerdb-retry";
 
 /// Pause between attempts while the leader is unknown or changing.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
+/// A gRPC message's frame header (compression flag, length).
+const FRAME_HEADER_BYTES: usize = 5;
 
 /// Whether `req` was forwarded by another node.
 pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED_HEADER)
-}
-
-/// Wraps `msg` for forwarding to the leader.
-pub fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.metadata_mut().insert(
-        FORWARDED_HEADER,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    r.set_timeout(timeout);
-    r
 }
 
 /// Wraps a Subscribe for the leader: marked forwarded, and without a deadline (it is a stream).
@@ -55,16 +63,11 @@ pub fn stream_request<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
-/// A Timers client for forwarding over `ch`, with the client message limits.
+/// A Timers client for relaying streams over `ch`, with the client message limits.
 pub fn timers(ch: Channel) -> TimersClient<Channel> {
     TimersClient::new(ch)
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
-}
-
-/// A Namespaces client for forwarding over `ch`.
-pub fn namespaces(ch: Channel) -> NamespacesClient<Channel> {
-    NamespacesClient::new(ch)
 }
 
 /// Routes calls to the leader; caches one channel per leader address.
@@ -85,11 +88,6 @@ impl Router {
         &self.node
     }
 
-    /// How long a forwarded call may take at the leader.
-    pub fn forward_timeout(&self) -> Duration {
-        self.node.config.write_timeout + Duration::from_secs(1)
-    }
-
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = channels.get(addr) {
@@ -103,90 +101,261 @@ impl Router {
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
+}
 
-    /// Runs `local` if this node leads, else `remote` against the leader, retrying retryable
-    /// failures until the leader wait runs out.
-    pub async fn route<T, L, LF, R, RF>(
-        &self,
-        forwarded: bool,
-        mut local: L,
-        mut remote: R,
-    ) -> Result<T, Status>
-    where
-        L: FnMut() -> LF,
-        LF: Future<Output = crate::Result<T>>,
-        R: FnMut(Channel) -> RF,
-        RF: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        let deadline = Instant::now() + self.node.config.leader_wait;
-        let mut last = String::from("no leader is known");
-        loop {
-            match self.node.leader() {
-                Leader::Me => match local().await {
-                    // Cut off from its quorum, this node will not learn of a new leader by
-                    // waiting: the caller hears it at once and tries another node.
-                    Err(e @ crate::Error::NoQuorum(_)) => return Err(e.into()),
-                    Err(e) if e.is_retryable() => last = e.to_string(),
-                    other => return other.map_err(Status::from),
-                },
-                Leader::Other { id, .. } if forwarded => {
-                    return Err(Status::unavailable(format!(
-                        "node {} is not the leader (node {id} is)",
-                        self.node.id
-                    )))
-                }
-                Leader::Other { id, addr } => match remote(self.channel(&addr)?).await {
-                    Ok(reply) => return Ok(reply.into_inner()),
-                    // The outcome is unknown, and retrying the idempotent request is safe.
-                    Err(s) if unknown_outcome(&s) => {
-                        last = format!("leader {id} at {addr}: {}", s.message())
-                    }
-                    Err(s) => return Err(s),
-                },
-                Leader::Unknown if forwarded => {
-                    return Err(Status::unavailable(format!(
-                        "node {} knows no leader",
-                        self.node.id
-                    )))
-                }
-                Leader::Unknown => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(Status::unavailable(format!(
-                    "no leader could serve the request within {:?}: {last}",
-                    self.node.config.leader_wait
-                )));
-            }
-            tokio::time::sleep(RETRY_PAUSE).await;
+/// Wraps the server's services in [`Forward`].
+#[derive(Clone)]
+pub struct ForwardLayer {
+    router: Arc<Router>,
+}
+
+impl ForwardLayer {
+    pub fn new(router: Arc<Router>) -> Self {
+        ForwardLayer { router }
+    }
+}
+
+impl<S> tower::Layer<S> for ForwardLayer {
+    type Service = Forward<S>;
+    fn layer(&self, inner: S) -> Forward<S> {
+        Forward {
+            inner,
+            router: self.router.clone(),
         }
     }
 }
 
-/// Whether a forwarded call failed without an answer from the leader: UNAVAILABLE (it refused
-/// or could not be reached), CANCELLED (it went away mid-call), or the connection broke under
-/// the call (tonic reports a reset HTTP/2 connection as INTERNAL "h2 protocol error"; seen when
-/// a leader is stopped while answering). No timerd handler answers with that message.
-fn unknown_outcome(s: &Status) -> bool {
-    match s.code() {
-        Code::Unavailable | Code::Cancelled => true,
-        Code::Internal => s.message().starts_with("h2 protocol error"),
-        _ => false,
+/// The service [`ForwardLayer`] makes.
+#[derive(Clone)]
+pub struct Forward<S> {
+    inner: S,
+    router: Arc<Router>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> tower::Service<http::Request<Body>> for Forward<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
     }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        // The service that was made ready serves this call; a clone waits for the next one.
+        let ready = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, ready);
+        match methods::rule_of(req.uri().path()).map(|r| r.route) {
+            Some(Route::Leader { timeout }) => {
+                let router = self.router.clone();
+                Box::pin(async move { Ok(on_leader(&router, inner, req, timeout).await) })
+            }
+            // Local, or unknown (the auth layer refuses it; tonic answers UNIMPLEMENTED).
+            _ => {
+                let mut inner = inner;
+                Box::pin(inner.call(req))
+            }
+        }
+    }
+}
+
+/// Runs `req` on the leader: here through `inner`, or forwarded.
+async fn on_leader<S>(
+    router: &Router,
+    inner: S,
+    req: http::Request<Body>,
+    timeout: Option<Duration>,
+) -> http::Response<Body>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone,
+{
+    let node = &router.node;
+    let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+    let (parts, body) = req.into_parts();
+    let message = match read_message(body).await {
+        Ok(m) => m,
+        Err(status) => return status.into_http(),
+    };
+    let timeout = timeout.unwrap_or(node.config.write_timeout + Duration::from_secs(1));
+    let deadline = Instant::now() + node.config.leader_wait;
+    let mut last = String::from("no leader is known");
+    loop {
+        match node.leader() {
+            Leader::Me => {
+                let req = rebuild(&parts, message.clone(), false, timeout);
+                let mut svc = inner.clone();
+                let ready = std::future::poll_fn(|cx| svc.poll_ready(cx)).await;
+                if let Err(never) = ready {
+                    match never {}
+                }
+                let resp = match svc.call(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                };
+                // Leadership moved under the call: the next leader may take it.
+                match retry_status(&resp) {
+                    Some(s) if !forwarded => last = s.message().to_string(),
+                    _ => return resp,
+                }
+            }
+            Leader::Other { id, .. } if forwarded => {
+                let msg = format!("node {} is not the leader (node {id} is)", node.id);
+                return Status::unavailable(msg).into_http();
+            }
+            Leader::Other { id, addr } => {
+                let channel = match router.channel(&addr) {
+                    Ok(c) => c,
+                    Err(s) => return s.into_http(),
+                };
+                let req = rebuild(&parts, message.clone(), true, timeout);
+                let mut channel = channel;
+                // A channel is a buffer in front of the connection: it takes a call only once
+                // ready.
+                let ready = std::future::poll_fn(|cx| {
+                    tower::Service::<http::Request<Body>>::poll_ready(&mut channel, cx)
+                });
+                let sent = match ready.await {
+                    Ok(()) => tower::Service::call(&mut channel, req).await,
+                    Err(e) => Err(e),
+                };
+                match sent {
+                    Ok(resp) => match unknown_outcome(&resp) {
+                        Some(s) => last = format!("leader {id} at {addr}: {}", s.message()),
+                        None => return resp,
+                    },
+                    // The connection failed or broke under the call: the outcome is unknown.
+                    Err(e) => last = format!("leader {id} at {addr}: {}", chain(&e)),
+                }
+            }
+            Leader::Unknown if forwarded => {
+                let msg = format!("node {} knows no leader", node.id);
+                return Status::unavailable(msg).into_http();
+            }
+            Leader::Unknown => {}
+        }
+        if Instant::now() >= deadline {
+            let msg = format!(
+                "no leader could serve the request within {:?}: {last}",
+                node.config.leader_wait
+            );
+            return Status::unavailable(msg).into_http();
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+}
+
+/// The request's bytes (one gRPC message), at most the client message limit.
+async fn read_message(body: Body) -> Result<Bytes, Status> {
+    let limit = MAX_CLIENT_MESSAGE_BYTES + FRAME_HEADER_BYTES;
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => {
+            let too_big = e
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            Err(if too_big {
+                Status::resource_exhausted(format!(
+                    "request larger than {MAX_CLIENT_MESSAGE_BYTES} bytes"
+                ))
+            } else {
+                Status::cancelled(format!("reading the request: {e}"))
+            })
+        }
+    }
+}
+
+/// The request again, from its parts and message; marked forwarded when it leaves, with a
+/// deadline for the leader if the client gave none.
+fn rebuild(
+    parts: &http::request::Parts,
+    message: Bytes,
+    forward: bool,
+    timeout: Duration,
+) -> http::Request<Body> {
+    let mut req = http::Request::new(Body::new(Full::new(message)));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers.clone();
+    if forward {
+        let h = req.headers_mut();
+        h.insert(FORWARDED_HEADER, http::HeaderValue::from_static("1"));
+        if !h.contains_key("grpc-timeout") {
+            let ms = timeout.as_millis().min(99_999_999);
+            if let Ok(v) = http::HeaderValue::from_str(&format!("{ms}m")) {
+                h.insert("grpc-timeout", v);
+            }
+        }
+    }
+    req
+}
+
+/// An error and its sources, as one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+/// The status of an answer that says "try the next leader": UNAVAILABLE marked
+/// [`RETRY_HEADER`] by a handler that found leadership gone.
+fn retry_status(resp: &http::Response<Body>) -> Option<Status> {
+    let status = Status::from_header_map(resp.headers())?;
+    (status.code() == Code::Unavailable && resp.headers().contains_key(RETRY_HEADER))
+        .then_some(status)
+}
+
+/// The status of a forwarded call's answer that leaves its outcome unknown: UNAVAILABLE (the
+/// leader refused or could not serve it) or CANCELLED (it went away mid-call).
+fn unknown_outcome(resp: &http::Response<Body>) -> Option<Status> {
+    let status = Status::from_header_map(resp.headers())?;
+    matches!(status.code(), Code::Unavailable | Code::Cancelled).then_some(status)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn answer(status: Status) -> http::Response<Body> {
+        status.into_http()
+    }
+
     #[test]
-    fn a_broken_connection_is_an_unknown_outcome_and_an_answer_is_not() {
-        assert!(unknown_outcome(&Status::unavailable("no leader")));
-        assert!(unknown_outcome(&Status::cancelled("went away")));
-        assert!(unknown_outcome(&Status::internal(
-            "h2 protocol error: http2 error"
-        )));
-        assert!(!unknown_outcome(&Status::internal("unexpected response")));
-        assert!(!unknown_outcome(&Status::failed_precondition("stale")));
-        assert!(!unknown_outcome(&Status::not_found("no such timer")));
+    fn a_refusal_or_a_cancel_is_an_unknown_outcome_and_an_answer_is_not() {
+        assert!(unknown_outcome(&answer(Status::unavailable("no leader"))).is_some());
+        assert!(unknown_outcome(&answer(Status::cancelled("went away"))).is_some());
+        assert!(unknown_outcome(&answer(Status::failed_precondition("stale"))).is_none());
+        assert!(unknown_outcome(&answer(Status::not_found("no such timer"))).is_none());
+        let ok = http::Response::new(Body::empty());
+        assert!(unknown_outcome(&ok).is_none(), "an answer without a status");
+    }
+
+    #[test]
+    fn only_a_marked_unavailable_sends_a_local_call_to_the_next_leader() {
+        let mut moved = Status::unavailable("this node is not the leader");
+        moved.metadata_mut().insert(
+            RETRY_HEADER,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        assert!(retry_status(&answer(moved)).is_some());
+        let cut_off = Status::unavailable("no quorum for 2 s");
+        assert!(
+            retry_status(&answer(cut_off)).is_none(),
+            "NoQuorum: go elsewhere now"
+        );
     }
 }

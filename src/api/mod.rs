@@ -1,9 +1,11 @@
 //! The gRPC surface: the only module that knows about protobuf and tonic.
 //!
+//! - [`methods`]: every RPC served, with where it runs and who may call it; the layers around
+//!   the services read it. [`forward`] is the layer that runs leader calls on the leader: here
+//!   if this node leads, else the unchanged request is forwarded (waiting a bounded time while
+//!   there is no leader), so any node serves every call and the handlers hold only their logic.
 //! - [`timers`]: the client `Timers` service (the public contract in
-//!   `proto/timerdb/v1/timerdb.proto`). Any node serves every call: [`forward`] proposes locally
-//!   on the leader and forwards the unchanged request to the leader from a follower, waiting a
-//!   bounded time while there is none.
+//!   `proto/timerdb/v1/timerdb.proto`).
 //! - [`subscribe`]: the Subscribe stream, served from the leader's dispatcher and relayed by
 //!   followers, following the leader across changes.
 //! - [`namespaces`]: the client `Namespaces` service (replicated namespace policies), with
@@ -23,6 +25,7 @@ pub mod cluster;
 pub mod convert;
 pub mod forward;
 pub mod health;
+pub mod methods;
 pub mod namespaces;
 pub mod observe;
 pub mod peer;

@@ -1,9 +1,9 @@
-//! The client `Timers` service: validate, then route to the leader (see [`super::forward`]).
+//! The client `Timers` service: validate, then run the domain operation.
 //!
-//! Every handler has the same shape: validate the request here (a bad request never leaves
-//! this node), then let the router run the domain operation on the leader or forward the
-//! original request to it. Subscribe is a stream that follows the leader: see
-//! [`super::subscribe`].
+//! Every handler has the same shape: validate the request, call the node, convert the answer.
+//! Where it runs is not its concern: the forwarding layer ([`super::forward`]) sends each call
+//! to the leader (or keeps it here, for the streams), and the auth layer has checked the
+//! caller. Subscribe and Consume are streams that follow the leader: see [`super::subscribe`].
 
 use std::sync::Arc;
 
@@ -22,10 +22,8 @@ pub struct TimersService {
 }
 
 impl TimersService {
-    pub fn new(node: Arc<Node>) -> Self {
-        TimersService {
-            router: Arc::new(Router::new(node)),
-        }
+    pub fn new(router: Arc<Router>) -> Self {
+        TimersService { router }
     }
 
     fn node(&self) -> &Node {
@@ -43,188 +41,81 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleRequest>,
     ) -> Result<Response<pb::ScheduleResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let spec = &convert::spec(&req, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let (timer, created) = node.schedule(spec.clone()).await?;
-                    Ok(pb::ScheduleResponse {
-                        timer: Some(timer.into()),
-                        created,
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .schedule(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let spec = convert::spec(request.get_ref(), self.limits())?;
+        let (timer, created) = self.node().schedule(spec).await?;
+        Ok(Response::new(pb::ScheduleResponse {
+            timer: Some(timer.into()),
+            created,
+        }))
     }
 
     async fn schedule_batch(
         &self,
         request: Request<pb::ScheduleBatchRequest>,
     ) -> Result<Response<pb::ScheduleBatchResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let limits = self.limits();
-        // The first attempt takes the specs; a retry (leadership moved meanwhile) converts the
-        // request again rather than every call copying 10,000 specs in case it retries.
-        let first = &std::sync::Mutex::new(Some(convert::specs(&req, limits)?));
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let taken = first.lock().expect("specs lock").take();
-                    let specs = match taken {
-                        Some(specs) => specs,
-                        None => convert::specs(req, limits)?,
-                    };
-                    let results = node.schedule_batch(specs).await?;
-                    let results = results
-                        .into_iter()
-                        .map(|(t, created)| pb::ScheduleResponse {
-                            timer: Some(t.into()),
-                            created,
-                        })
-                        .collect();
-                    Ok(pb::ScheduleBatchResponse { results })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .schedule_batch(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let specs = convert::specs(request.get_ref(), self.limits())?;
+        let results = self.node().schedule_batch(specs).await?;
+        let results = results
+            .into_iter()
+            .map(|(t, created)| pb::ScheduleResponse {
+                timer: Some(t.into()),
+                created,
+            })
+            .collect();
+        Ok(Response::new(pb::ScheduleBatchResponse { results }))
     }
 
     async fn cancel(
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.cancel(key.clone()).await?;
-                    Ok(pb::CancelResponse {
-                        timer: Some(timer.into()),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .cancel(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
+        let timer = self.node().cancel(key).await?;
+        Ok(Response::new(pb::CancelResponse {
+            timer: Some(timer.into()),
+        }))
     }
 
     async fn reschedule(
         &self,
         request: Request<pb::RescheduleRequest>,
     ) -> Result<Response<pb::RescheduleResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let when = convert::reschedule_when(req.when, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.reschedule(key.clone(), when).await?;
-                    Ok(pb::RescheduleResponse {
-                        timer: Some(timer.into()),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .reschedule(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let timer = self.node().reschedule(key, when).await?;
+        Ok(Response::new(pb::RescheduleResponse {
+            timer: Some(timer.into()),
+        }))
     }
 
     async fn get(
         &self,
         request: Request<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.get(key).await?;
-                    Ok(pb::GetResponse {
-                        timer: Some(timer.into()),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .get(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
+        let timer = self.node().get(&key).await?;
+        Ok(Response::new(pb::GetResponse {
+            timer: Some(timer.into()),
+        }))
     }
 
     async fn list(
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let p = &convert::list_query(&req, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let page = node.list(p).await?;
-                    Ok(pb::ListResponse {
-                        timers: page.timers.into_iter().map(Into::into).collect(),
-                        next_page_token: page
-                            .next_after
-                            .as_deref()
-                            .map(encode_token)
-                            .unwrap_or_default(),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .list(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let query = convert::list_query(request.get_ref(), self.limits())?;
+        let page = self.node().list(&query).await?;
+        Ok(Response::new(pb::ListResponse {
+            timers: page.timers.into_iter().map(Into::into).collect(),
+            next_page_token: page
+                .next_after
+                .as_deref()
+                .map(encode_token)
+                .unwrap_or_default(),
+        }))
     }
 
     type SubscribeStream = subscribe::DeliveryStream;
@@ -289,119 +180,54 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.ack(key.clone(), attempt).await?;
-                    Ok(pb::AckResponse {
-                        timer: Some(timer.into()),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .ack(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let timer = self.node().ack(key, attempt).await?;
+        Ok(Response::new(pb::AckResponse {
+            timer: Some(timer.into()),
+        }))
     }
 
     async fn ack_batch(
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let acks = &convert::acks(&req, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let results = node.ack_batch(acks.clone()).await?;
-                    Ok(pb::AckBatchResponse {
-                        results: results.into_iter().map(convert::ack_result).collect(),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .ack_batch(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let acks = convert::acks(request.get_ref(), self.limits())?;
+        let results = self.node().ack_batch(acks).await?;
+        Ok(Response::new(pb::AckBatchResponse {
+            results: results.into_iter().map(convert::ack_result).collect(),
+        }))
     }
 
     async fn nack(
         &self,
         request: Request<pb::NackRequest>,
     ) -> Result<Response<pb::NackResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
         let req = request.into_inner();
-        let key = &convert::key(&req.namespace, &req.id, self.limits())?;
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    let timer = node.nack(key.clone(), attempt).await?;
-                    Ok(pb::NackResponse {
-                        timer: Some(timer.into()),
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .nack(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let timer = self.node().nack(key, attempt).await?;
+        Ok(Response::new(pb::NackResponse {
+            timer: Some(timer.into()),
+        }))
     }
 
     async fn redrive(
         &self,
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
-        let forwarded = forward::is_forwarded(&request);
-        let req = request.into_inner();
-        let target = &convert::redrive_target(&req, self.limits())?;
-        let (node, req, timeout) = (self.node(), &req, self.router.forward_timeout());
-        let reply = self
-            .router
-            .route(
-                forwarded,
-                move || async move {
-                    Ok(match target {
-                        RedriveTarget::One(key) => pb::RedriveResponse {
-                            timers: vec![node.redrive(key.clone()).await?.into()],
-                            redriven: 1,
-                        },
-                        RedriveTarget::All(namespace) => pb::RedriveResponse {
-                            timers: Vec::new(),
-                            redriven: node.redrive_all(namespace).await?,
-                        },
-                    })
-                },
-                move |ch| async move {
-                    forward::timers(ch)
-                        .redrive(forward::request(req.clone(), timeout))
-                        .await
-                },
-            )
-            .await?;
-        Ok(Response::new(reply))
+        let target = convert::redrive_target(request.get_ref(), self.limits())?;
+        let node = self.node();
+        Ok(Response::new(match target {
+            RedriveTarget::One(key) => pb::RedriveResponse {
+                timers: vec![node.redrive(key).await?.into()],
+                redriven: 1,
+            },
+            RedriveTarget::All(namespace) => pb::RedriveResponse {
+                timers: Vec::new(),
+                redriven: node.redrive_all(&namespace).await?,
+            },
+        }))
     }
 }

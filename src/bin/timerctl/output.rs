@@ -64,7 +64,9 @@ const UNREACHABLE: &str = "is timerd running there? Point --endpoint (or TIMERDB
 /// A gRPC status as an error with a hint for the codes a person can act on.
 pub fn status_err(s: tonic::Status) -> anyhow::Error {
     let hint = match s.code() {
-        tonic::Code::Unavailable if s.message().contains("transport") => Some(UNREACHABLE),
+        // This client could not reach the node (the status carries the transport error as its
+        // source; a status the node answered has none).
+        tonic::Code::Unavailable if std::error::Error::source(&s).is_some() => Some(UNREACHABLE),
         tonic::Code::Unavailable => Some(NO_LEADER),
         tonic::Code::DeadlineExceeded => {
             Some("the node did not answer in time; it may be overloaded")

@@ -1,0 +1,256 @@
+//! Every RPC a node serves, and what the layers around the services do with each: where it runs
+//! ([`Route`]) and who may call it ([`Access`]).
+//!
+//! One table, so a concern that applies to many RPCs is decided once per RPC, here, instead of
+//! in each handler. The forwarding layer (`forward`) reads the route; the auth layer reads the
+//! access. An RPC the table does not name is refused (default deny): a unit test checks the
+//! table against the descriptors of every service the server registers, so a new RPC cannot
+//! be forgotten.
+
+use std::time::Duration;
+
+/// Where an RPC runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// On the node that received it (node-local answers, and the streams that follow the
+    /// leader by themselves: Subscribe, Consume).
+    Local,
+    /// On the leader: a follower forwards it (`timeout` for the forwarded call when the client
+    /// set none; `None`: the node's write timeout).
+    Leader { timeout: Option<Duration> },
+}
+
+/// What a namespace permission allows (docs/security.md, "Roles").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Permission {
+    /// Schedule, ScheduleBatch, Cancel, Reschedule.
+    Schedule,
+    /// Get, List, GetNamespace, ListNamespaces.
+    Read,
+    /// Subscribe, Consume, Ack, AckBatch, Nack.
+    Consume,
+    /// PutNamespace, Pause/ResumeNamespace, Redrive.
+    Manage,
+}
+
+impl Permission {
+    pub fn name(self) -> &'static str {
+        match self {
+            Permission::Schedule => "schedule",
+            Permission::Read => "read",
+            Permission::Consume => "consume",
+            Permission::Manage => "manage",
+        }
+    }
+}
+
+/// Who may call an RPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Anyone (health checks, reflection).
+    Open,
+    /// Only another member of the cluster (the peer `Raft` service).
+    Peer,
+    /// Any valid credential.
+    Authenticated,
+    /// An admin.
+    Admin,
+    /// A credential holding this permission on every namespace the request names.
+    Namespace(Permission),
+}
+
+/// One RPC's rule.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    /// The gRPC path, `/package.Service/Method`.
+    pub path: &'static str,
+    pub route: Route,
+    pub access: Access,
+}
+
+const LEADER: Route = Route::Leader { timeout: None };
+const fn leader_within(secs: u64) -> Route {
+    Route::Leader {
+        timeout: Some(Duration::from_secs(secs)),
+    }
+}
+
+/// How long a forwarded AddNode may take: the new node catches up first (up to a minute).
+const ADD_NODE_SECS: u64 = 70;
+/// A forwarded Backup streams a whole snapshot: bounded by the client, not by the node.
+const BACKUP_SECS: u64 = 24 * 3600;
+
+/// Every RPC of every service the client and peer ports serve.
+pub const RULES: &[Rule] = &[
+    // timerdb.v1.Timers
+    rule(
+        "/timerdb.v1.Timers/Schedule",
+        LEADER,
+        ns(Permission::Schedule),
+    ),
+    rule(
+        "/timerdb.v1.Timers/ScheduleBatch",
+        LEADER,
+        ns(Permission::Schedule),
+    ),
+    rule(
+        "/timerdb.v1.Timers/Cancel",
+        LEADER,
+        ns(Permission::Schedule),
+    ),
+    rule(
+        "/timerdb.v1.Timers/Reschedule",
+        LEADER,
+        ns(Permission::Schedule),
+    ),
+    rule("/timerdb.v1.Timers/Get", LEADER, ns(Permission::Read)),
+    rule("/timerdb.v1.Timers/List", LEADER, ns(Permission::Read)),
+    rule(
+        "/timerdb.v1.Timers/Subscribe",
+        Route::Local,
+        ns(Permission::Consume),
+    ),
+    rule(
+        "/timerdb.v1.Timers/Consume",
+        Route::Local,
+        ns(Permission::Consume),
+    ),
+    rule("/timerdb.v1.Timers/Ack", LEADER, ns(Permission::Consume)),
+    rule(
+        "/timerdb.v1.Timers/AckBatch",
+        LEADER,
+        ns(Permission::Consume),
+    ),
+    rule("/timerdb.v1.Timers/Nack", LEADER, ns(Permission::Consume)),
+    rule("/timerdb.v1.Timers/Redrive", LEADER, ns(Permission::Manage)),
+    // timerdb.v1.Namespaces
+    rule(
+        "/timerdb.v1.Namespaces/PutNamespace",
+        LEADER,
+        ns(Permission::Manage),
+    ),
+    rule(
+        "/timerdb.v1.Namespaces/GetNamespace",
+        LEADER,
+        ns(Permission::Read),
+    ),
+    rule(
+        "/timerdb.v1.Namespaces/ListNamespaces",
+        LEADER,
+        ns(Permission::Read),
+    ),
+    rule(
+        "/timerdb.v1.Namespaces/PauseNamespace",
+        LEADER,
+        ns(Permission::Manage),
+    ),
+    rule(
+        "/timerdb.v1.Namespaces/ResumeNamespace",
+        LEADER,
+        ns(Permission::Manage),
+    ),
+    // timerdb.v1.Cluster
+    rule(
+        "/timerdb.v1.Cluster/Status",
+        Route::Local,
+        Access::Authenticated,
+    ),
+    rule(
+        "/timerdb.v1.Cluster/Digest",
+        Route::Local,
+        Access::Authenticated,
+    ),
+    rule(
+        "/timerdb.v1.Cluster/AddNode",
+        leader_within(ADD_NODE_SECS),
+        Access::Admin,
+    ),
+    rule("/timerdb.v1.Cluster/RemoveNode", LEADER, Access::Admin),
+    rule("/timerdb.v1.Cluster/TransferLeader", LEADER, Access::Admin),
+    rule(
+        "/timerdb.v1.Cluster/Backup",
+        leader_within(BACKUP_SECS),
+        Access::Admin,
+    ),
+    // timerdb.v1.Raft (peers only)
+    rule("/timerdb.v1.Raft/AppendEntries", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Raft/Vote", Route::Local, Access::Peer),
+    rule(
+        "/timerdb.v1.Raft/InstallSnapshot",
+        Route::Local,
+        Access::Peer,
+    ),
+    rule("/timerdb.v1.Raft/TimeoutNow", Route::Local, Access::Peer),
+    // grpc.health.v1 and server reflection
+    rule("/grpc.health.v1.Health/Check", Route::Local, Access::Open),
+    rule("/grpc.health.v1.Health/Watch", Route::Local, Access::Open),
+    rule(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        Route::Local,
+        Access::Open,
+    ),
+];
+
+const fn rule(path: &'static str, route: Route, access: Access) -> Rule {
+    Rule {
+        path,
+        route,
+        access,
+    }
+}
+
+const fn ns(p: Permission) -> Access {
+    Access::Namespace(p)
+}
+
+/// The rule of the RPC at `path`, if there is one.
+pub fn rule_of(path: &str) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.path == path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+    use prost_types::FileDescriptorSet;
+
+    /// Every method of the services in `set`, as gRPC paths.
+    fn paths(set: &[u8]) -> Vec<String> {
+        let set = FileDescriptorSet::decode(set).unwrap();
+        let mut out = Vec::new();
+        for file in set.file {
+            let package = file.package.unwrap_or_default();
+            for service in file.service {
+                let name = service.name.unwrap_or_default();
+                for m in service.method {
+                    out.push(format!("/{package}.{name}/{}", m.name.unwrap_or_default()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_rpc_the_server_registers_has_a_rule_and_no_rule_is_stale() {
+        let mut served = paths(crate::api::FILE_DESCRIPTOR_SET);
+        served.extend(paths(tonic_health::pb::FILE_DESCRIPTOR_SET));
+        served.push("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo".into());
+        // The Receiver service is what push receivers implement; no node serves it.
+        served.retain(|p| !p.starts_with("/timerdb.v1.Receiver/"));
+        for path in &served {
+            assert!(
+                rule_of(path).is_some(),
+                "no rule for {path}: add it to RULES"
+            );
+        }
+        for r in RULES {
+            assert!(
+                served.iter().any(|p| p == r.path),
+                "{} is not served",
+                r.path
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        assert!(RULES.iter().all(|r| seen.insert(r.path)), "a path twice");
+    }
+}
