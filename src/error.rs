@@ -9,7 +9,7 @@
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in timerdb, by meaning.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum Error {
     /// The request is malformed or out of range; retrying it unchanged cannot succeed.
     #[error("{0}")]

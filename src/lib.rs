@@ -9,6 +9,7 @@
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`timer`]: domain types and the replicated command vocabulary.
 //! - [`namespace`]: namespaces and their replicated policy.
+//! - [`auth`]: API keys, roles and the replicated auth switch (who may do what).
 //! - [`wheel`]: bucket arithmetic and order-preserving key encoding (pure).
 //! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
 //! - [`cluster`]: openraft types, peer network, fire driver.
@@ -21,6 +22,7 @@
 //! - [`config`], [`error`]: configuration and the one error type.
 
 pub mod api;
+pub mod auth;
 pub mod backup;
 pub mod clock;
 pub mod cluster;

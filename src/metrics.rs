@@ -194,3 +194,10 @@ impl PushMetrics {
 pub fn schedule_throttled(namespace: &str) {
     counter!("timerdb_schedule_throttled_total", "namespace" => namespace.to_string()).increment(1);
 }
+
+/// A call the auth layer refused, by gRPC path and reason (`missing`, `malformed`, `unknown`,
+/// `not_admin`, `no_permission`).
+pub fn auth_denied(method: &str, reason: &'static str) {
+    counter!("timerdb_auth_denied_total", "method" => method.to_string(), "reason" => reason)
+        .increment(1);
+}

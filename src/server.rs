@@ -21,8 +21,10 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
+use crate::api::access::AccessService;
 use crate::api::cluster::ClusterService;
 use crate::api::namespaces::NamespacesService;
+use crate::api::pb::access_server::AccessServer;
 use crate::api::pb::namespaces_server::NamespacesServer;
 use crate::api::pb::{
     cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer,
@@ -90,7 +92,16 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         schedule_tokens: Default::default(),
     });
 
-    let mut tasks = vec![tokio::spawn(serve(node.clone(), listener, rx.clone()))];
+    let gate = crate::api::auth::Gate::new(
+        store.clone(),
+        node.config.auth_bootstrap_token()?.as_deref(),
+    );
+    let mut tasks = vec![tokio::spawn(serve(
+        node.clone(),
+        gate,
+        listener,
+        rx.clone(),
+    ))];
     tasks.push(tokio::spawn(crate::cluster::elect::run(
         node.config.clone(),
         raft.clone(),
@@ -200,7 +211,12 @@ async fn bootstrap(node: &Node) -> Result<()> {
     }
 }
 
-async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+async fn serve(
+    node: Arc<Node>,
+    gate: crate::api::auth::Gate,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let router = Arc::new(crate::api::forward::Router::new(node.clone()));
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
@@ -235,12 +251,14 @@ async fn serve(node: Arc<Node>, listener: TcpListener, mut shutdown: watch::Rece
     });
     let result = tonic::transport::Server::builder()
         .layer(crate::api::observe::ObserveLayer)
+        .layer(crate::api::auth::AuthLayer::new(gate))
         .layer(crate::api::forward::ForwardLayer::new(router))
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)
         .add_service(NamespacesServer::new(NamespacesService::new(node.clone())))
         .add_service(ClusterServer::new(ClusterService::new(node.clone())))
+        .add_service(AccessServer::new(AccessService::new(node.clone())))
         .add_service(peer)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.wait_for(|stop| *stop).await;

@@ -381,6 +381,8 @@ pub enum Command {
     /// Several client commands proposed together (one log entry, one fsync, one apply), each
     /// applied in order as if alone; never nested, never holds Fire, Deliver or Purge.
     Multi(Vec<Command>),
+    /// Change the access state: put or revoke a key, switch auth on or off (`crate::auth`).
+    Access(crate::auth::AccessChange),
 }
 
 impl Command {
@@ -415,6 +417,7 @@ impl Command {
             Command::PutNamespace { .. } => "put_namespace",
             Command::Purge { .. } => "purge",
             Command::Multi(_) => "multi",
+            Command::Access(_) => "access",
         }
     }
 }
@@ -435,6 +438,8 @@ pub enum Rejection {
         key: TimerKey,
         why: String,
     },
+    /// An access change that does not apply to the access state as it is.
+    Access(crate::Error),
 }
 
 /// What applying a command produced; returned to the proposer.
@@ -475,6 +480,11 @@ pub enum Response {
     Namespace(Namespace),
     /// Multi: one response per command, in order.
     Multi(Vec<Response>),
+    /// Access: whether auth is on after the change, and the key put or revoked.
+    Access {
+        enabled: bool,
+        key: Option<crate::auth::Key>,
+    },
     Rejected(Rejection),
 }
 
@@ -560,6 +570,7 @@ impl Rejection {
             Rejection::Refused { key, why } => {
                 Error::FailedPrecondition(format!("timer {key} {why}"))
             }
+            Rejection::Access(e) => e,
         }
     }
 }

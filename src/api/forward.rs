@@ -53,13 +53,20 @@ pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED_HEADER)
 }
 
-/// Wraps a Subscribe for the leader: marked forwarded, and without a deadline (it is a stream).
-pub fn stream_request<T>(msg: T) -> tonic::Request<T> {
+/// Wraps a Subscribe for the leader: marked forwarded, with the client's credential, and
+/// without a deadline (it is a stream).
+pub fn stream_request<T>(
+    msg: T,
+    credential: Option<super::subscribe::Credential>,
+) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut().insert(
         FORWARDED_HEADER,
         tonic::metadata::MetadataValue::from_static("1"),
     );
+    if let Some(c) = credential {
+        r.metadata_mut().insert(super::auth::AUTHORIZATION, c);
+    }
     r
 }
 

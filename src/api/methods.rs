@@ -20,28 +20,20 @@ pub enum Route {
     Leader { timeout: Option<Duration> },
 }
 
-/// What a namespace permission allows (docs/security.md, "Roles").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Permission {
-    /// Schedule, ScheduleBatch, Cancel, Reschedule.
-    Schedule,
-    /// Get, List, GetNamespace, ListNamespaces.
-    Read,
-    /// Subscribe, Consume, Ack, AckBatch, Nack.
-    Consume,
-    /// PutNamespace, Pause/ResumeNamespace, Redrive.
-    Manage,
-}
+pub use crate::auth::Permission;
 
-impl Permission {
-    pub fn name(self) -> &'static str {
-        match self {
-            Permission::Schedule => "schedule",
-            Permission::Read => "read",
-            Permission::Consume => "consume",
-            Permission::Manage => "manage",
-        }
-    }
+/// Where in a request message the namespaces it touches are (the auth layer decodes only
+/// these fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    /// Field 1 is the namespace (or, in the Namespaces service, its name).
+    Field1,
+    /// Field 1 is a repeated message whose field 1 is a namespace (ScheduleBatch, AckBatch).
+    EachOf1,
+    /// Field 1 is a message whose field 1 is the namespace (Consume's first message).
+    InnerOf1,
+    /// Every namespace (ListNamespaces lists them all).
+    All,
 }
 
 /// Who may call an RPC.
@@ -55,8 +47,9 @@ pub enum Access {
     Authenticated,
     /// An admin.
     Admin,
-    /// A credential holding this permission on every namespace the request names.
-    Namespace(Permission),
+    /// A credential holding this permission on every namespace the request names (found
+    /// where [`Names`] says).
+    Namespace(Permission, Names),
 }
 
 /// One RPC's rule.
@@ -91,7 +84,7 @@ pub const RULES: &[Rule] = &[
     rule(
         "/timerdb.v1.Timers/ScheduleBatch",
         LEADER,
-        ns(Permission::Schedule),
+        ns_in(Permission::Schedule, Names::EachOf1),
     ),
     rule(
         "/timerdb.v1.Timers/Cancel",
@@ -113,13 +106,13 @@ pub const RULES: &[Rule] = &[
     rule(
         "/timerdb.v1.Timers/Consume",
         Route::Local,
-        ns(Permission::Consume),
+        ns_in(Permission::Consume, Names::InnerOf1),
     ),
     rule("/timerdb.v1.Timers/Ack", LEADER, ns(Permission::Consume)),
     rule(
         "/timerdb.v1.Timers/AckBatch",
         LEADER,
-        ns(Permission::Consume),
+        ns_in(Permission::Consume, Names::EachOf1),
     ),
     rule("/timerdb.v1.Timers/Nack", LEADER, ns(Permission::Consume)),
     rule("/timerdb.v1.Timers/Redrive", LEADER, ns(Permission::Manage)),
@@ -137,7 +130,7 @@ pub const RULES: &[Rule] = &[
     rule(
         "/timerdb.v1.Namespaces/ListNamespaces",
         LEADER,
-        ns(Permission::Read),
+        ns_in(Permission::Read, Names::All),
     ),
     rule(
         "/timerdb.v1.Namespaces/PauseNamespace",
@@ -172,6 +165,16 @@ pub const RULES: &[Rule] = &[
         leader_within(BACKUP_SECS),
         Access::Admin,
     ),
+    // timerdb.v1.Access
+    rule("/timerdb.v1.Access/CreateKey", LEADER, Access::Admin),
+    rule("/timerdb.v1.Access/RevokeKey", LEADER, Access::Admin),
+    rule("/timerdb.v1.Access/ListKeys", LEADER, Access::Admin),
+    rule("/timerdb.v1.Access/SetAuth", LEADER, Access::Admin),
+    rule(
+        "/timerdb.v1.Access/WhoAmI",
+        Route::Local,
+        Access::Authenticated,
+    ),
     // timerdb.v1.Raft (peers only)
     rule("/timerdb.v1.Raft/AppendEntries", Route::Local, Access::Peer),
     rule("/timerdb.v1.Raft/Vote", Route::Local, Access::Peer),
@@ -200,7 +203,11 @@ const fn rule(path: &'static str, route: Route, access: Access) -> Rule {
 }
 
 const fn ns(p: Permission) -> Access {
-    Access::Namespace(p)
+    Access::Namespace(p, Names::Field1)
+}
+
+const fn ns_in(p: Permission, names: Names) -> Access {
+    Access::Namespace(p, names)
 }
 
 /// The rule of the RPC at `path`, if there is one.

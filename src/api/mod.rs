@@ -20,6 +20,8 @@
 //! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
 //!   [`crate::Error`] becomes a `tonic::Status`.
 
+pub mod access;
+pub mod auth;
 pub mod backup;
 pub mod cluster;
 pub mod convert;

@@ -123,6 +123,7 @@ pub fn start(
     router: Arc<Router>,
     req: pb::SubscribeRequest,
     forwarded: bool,
+    credential: Option<Credential>,
     acks: Option<Inbound>,
 ) -> Result<DeliveryStream, Status> {
     if forwarded && router.node().leader() != Leader::Me {
@@ -142,6 +143,7 @@ pub fn start(
         router,
         req,
         forwarded,
+        credential,
         tx,
         acks,
         carried: Vec::new(),
@@ -158,6 +160,17 @@ fn not_leader(node: &Node) -> Status {
     ))
 }
 
+/// A client's `authorization` value.
+pub type Credential = tonic::metadata::MetadataValue<tonic::metadata::Ascii>;
+
+/// Whether the leader refused a relayed stream's credential.
+fn refused(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    )
+}
+
 /// Why one leg of a stream ended.
 enum End {
     /// The client went away, sent a bad message, or the node is shutting down: it is over.
@@ -171,6 +184,8 @@ struct Pump {
     router: Arc<Router>,
     req: pb::SubscribeRequest,
     forwarded: bool,
+    /// The client's `authorization`, for the leader to authorize the relayed stream again.
+    credential: Option<Credential>,
     tx: Sink,
     /// The client's acks (Consume only).
     acks: Option<Inbound>,
@@ -327,14 +342,19 @@ impl Pump {
                 drop(std::mem::replace(&mut up, mpsc::unbounded_channel().0));
             }
             let outbound = UnboundedReceiverStream::new(up_rx);
-            client.consume(forward::stream_request(outbound)).await
+            let req = forward::stream_request(outbound, self.credential.clone());
+            client.consume(req).await
         } else {
-            client
-                .subscribe(forward::stream_request(self.req.clone()))
-                .await
+            let req = forward::stream_request(self.req.clone(), self.credential.clone());
+            client.subscribe(req).await
         };
         let mut upstream = match opened {
             Ok(s) => s.into_inner(),
+            // The leader's own access state refuses the client (revoked meanwhile): say so.
+            Err(status) if refused(&status) => {
+                let _ = self.tx.send(Err(status)).await;
+                return End::Done;
+            }
             Err(status) => {
                 tracing::debug!(addr, %status, "subscribe at the leader failed; retrying");
                 return End::Moved;

@@ -65,6 +65,10 @@ pub struct Settings {
     /// may chain to, besides the public web roots: for receivers with private certificates.
     #[arg(long, env = "TIMERDB_PUSH_CA")]
     pub push_ca: Option<PathBuf>,
+    /// A file holding a token (16+ characters) that acts as an admin on this node whatever
+    /// the replicated keys say: the break-glass credential for turning auth on or recovering.
+    #[arg(long, env = "TIMERDB_AUTH_BOOTSTRAP_TOKEN_FILE")]
+    pub auth_bootstrap_token_file: Option<PathBuf>,
     #[command(flatten)]
     #[serde(default)]
     pub raft: RaftSettings,
@@ -137,6 +141,8 @@ impl Settings {
             log: self.log.or(lower.log),
             log_format: self.log_format.or(lower.log_format),
             push_ca: self.push_ca.or(lower.push_ca),
+            auth_bootstrap_token_file: (self.auth_bootstrap_token_file)
+                .or(lower.auth_bootstrap_token_file),
             raft: RaftSettings {
                 heartbeat_ms: self.raft.heartbeat_ms.or(lower.raft.heartbeat_ms),
                 election_timeout_min_ms: (self.raft.election_timeout_min_ms)
@@ -172,6 +178,7 @@ impl Settings {
         let mut c = NodeConfig::new(id, data_dir, parse_peers(peers)?);
         c.join = self.join.unwrap_or(false);
         c.push_ca = self.push_ca.clone();
+        c.auth_bootstrap_token_file = self.auth_bootstrap_token_file.clone();
         set(&mut c.bucket_ms, self.bucket_ms);
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(

@@ -119,6 +119,8 @@ pub struct NodeConfig {
     pub join: bool,
     /// PEM file of extra CAs for push receivers' certificates (besides the web roots).
     pub push_ca: Option<PathBuf>,
+    /// File of this node's bootstrap admin token (`--auth-bootstrap-token-file`).
+    pub auth_bootstrap_token_file: Option<PathBuf>,
 }
 
 /// Deliberate bugs, each breaking one guarantee, switched on only by the chaos harness's proof
@@ -173,6 +175,7 @@ impl NodeConfig {
             faults: Faults::default(),
             join: false,
             push_ca: None,
+            auth_bootstrap_token_file: None,
         }
     }
 
@@ -185,6 +188,29 @@ impl NodeConfig {
     }
 
     /// Checks the configuration is coherent.
+    /// The bootstrap admin token from `auth_bootstrap_token_file`, if set: read when the node
+    /// starts; too short or unreadable is an error (a typo must not leave auth without it).
+    pub fn auth_bootstrap_token(&self) -> Result<Option<String>> {
+        let Some(path) = &self.auth_bootstrap_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "--auth-bootstrap-token-file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let token = text.trim();
+        if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(Error::InvalidArgument(format!(
+                "--auth-bootstrap-token-file {}: the token must be 16 or more characters \
+                 without spaces",
+                path.display()
+            )));
+        }
+        Ok(Some(token.to_string()))
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !self.peers.contains_key(&self.id) {
             return Err(Error::InvalidArgument(format!(

@@ -78,6 +78,10 @@ pub(super) struct Applier<'a> {
     /// while an entry applies, so they stay true; staged writes are consulted first.
     index_read: HashMap<Vec<u8>, Option<Slot>>,
     leases: HashMap<(String, Slot), Lease>,
+    /// The access state as this entry changed it (`access.rs`).
+    pub(super) access_staged: Option<crate::auth::AccessState>,
+    /// Whether this entry changed the access state (published once the batch is written).
+    pub access_changed: bool,
 }
 
 impl<'a> Applier<'a> {
@@ -112,6 +116,8 @@ impl<'a> Applier<'a> {
             index_staged: HashMap::default(),
             index_read: HashMap::default(),
             leases: HashMap::default(),
+            access_staged: None,
+            access_changed: false,
         }
     }
 
@@ -210,6 +216,7 @@ impl<'a> Applier<'a> {
                 namespace,
                 through,
             } => self.purge(now_ms, &namespace, through),
+            Command::Access(change) => self.access(change),
         }
     }
 

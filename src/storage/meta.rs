@@ -23,6 +23,9 @@ pub const PROGRESS: &[u8] = b"progress";
 /// Key of the storage format the database was created with (`storage::FORMAT`).
 pub const FORMAT: &[u8] = b"format";
 
+/// Key of the access state (`crate::auth::AccessState`: keys, auth on/off).
+pub const ACCESS: &[u8] = b"access";
+
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 pub const BUCKET_MS: &[u8] = b"bucket_ms";
 

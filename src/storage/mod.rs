@@ -26,6 +26,7 @@
 //! workers) go through [`Store`], which only reads, from one snapshot per question, and so sees
 //! each applied entry whole (every entry is one WriteBatch that also moves `last_applied`).
 
+mod access;
 mod apply;
 mod codec;
 mod deliver;

@@ -55,6 +55,7 @@ impl StateMachine {
         let meta = SmMeta::load(store.db())?;
         store.gc.load(store.db())?;
         store.reload_heads(meta.cursor)?;
+        store.reload_access()?;
         Ok(StateMachine {
             store,
             meta,
@@ -99,6 +100,10 @@ impl StateMachine {
                     visited: std::mem::take(&mut applier.visited),
                     purged: std::mem::take(&mut applier.purged),
                     events: std::mem::take(&mut applier.events),
+                    access: applier
+                        .access_changed
+                        .then(|| applier.access_staged.take())
+                        .flatten(),
                 };
                 response
             }
@@ -119,6 +124,9 @@ impl StateMachine {
             std::sync::atomic::Ordering::Relaxed,
         );
         after.events.record();
+        if let Some(state) = after.access {
+            self.store.set_access(state);
+        }
         for (ns, floor) in &after.purged {
             self.store.gc.advance(ns, *floor);
         }
@@ -154,6 +162,7 @@ struct AfterWrite {
     visited: Vec<String>,
     purged: Vec<(String, Slot)>,
     events: crate::metrics::Events,
+    access: Option<crate::auth::AccessState>,
 }
 
 /// Records the bucket width on first open; refuses a different one later.
@@ -231,6 +240,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
         self.store.reload_heads(self.meta.cursor).map_err(sm_err)?;
         self.store.gc.load(self.store.db()).map_err(sm_err)?;
+        self.store.reload_access().map_err(sm_err)?;
         tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);

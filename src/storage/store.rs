@@ -79,6 +79,8 @@ pub struct Store {
     pub(super) heads: Arc<Mutex<Heads>>,
     /// Which index entries compaction may drop; pinned while a digest reads.
     pub(super) gc: Arc<IndexGc>,
+    /// The applied access state (keys, auth on/off), read on every call (`access.rs`).
+    pub(super) access: Arc<std::sync::RwLock<Arc<crate::auth::AccessState>>>,
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
@@ -176,6 +178,7 @@ impl Store {
             acked: Arc::default(),
             heads: Arc::default(),
             gc,
+            access: Arc::default(),
         }
     }
 

@@ -136,7 +136,7 @@ impl TestCluster {
             .expect("no follower running")
     }
 
-    async fn channel(&self, id: u64) -> Channel {
+    pub async fn channel(&self, id: u64) -> Channel {
         let addr = format!("http://{}", self.peers[&id]);
         tonic::transport::Endpoint::from_shared(addr)
             .unwrap()

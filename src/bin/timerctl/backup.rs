@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::Ch as Channel;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use timerdb::api::pb::{self, cluster_client::ClusterClient};
 use timerdb::storage::restore::{inspect as inspect_file, BackupSummary};
 use tokio::io::AsyncWriteExt;
-use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 

@@ -1,7 +1,7 @@
 //! `timerctl watch|ack|nack|redrive`: consuming fired timers by hand.
 
+use crate::Ch as Channel;
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 

@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
+use crate::Ch as Channel;
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use tonic::transport::Channel;
 
 use crate::{now_ms, status_err};
 

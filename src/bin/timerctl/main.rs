@@ -4,6 +4,7 @@
 //! forwards to the leader. Output is for people (one line per timer, times in RFC 3339 UTC)
 //! or, with `--output json`, for scripts (see `output`).
 
+mod access;
 mod backup;
 mod delivery;
 mod load;
@@ -31,6 +32,10 @@ struct Cli {
         default_value = "127.0.0.1:7101"
     )]
     endpoint: String,
+    /// An API key (`tdbk_...`) or bootstrap token, sent as `authorization: Bearer` on every
+    /// call; needed once auth is on (docs/security.md).
+    #[arg(long, global = true, env = "TIMERDB_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// text (for people) or json (one document per command, for scripts).
     #[arg(long, short, global = true, value_enum, default_value = "text")]
     output: output::Format,
@@ -100,6 +105,11 @@ enum Command {
     },
     /// Show every member of the cluster: role, term, applied index, lag, pending timers.
     Status,
+    /// Access control: API keys and the auth switch (docs/security.md).
+    Auth {
+        #[command(subcommand)]
+        command: access::AuthCommand,
+    },
     /// Add, remove and list cluster members.
     Member {
         #[command(subcommand)]
@@ -197,13 +207,43 @@ fn endpoint_uri(e: &str) -> String {
     }
 }
 
-pub(crate) async fn channel(endpoint: &str) -> anyhow::Result<Channel> {
+/// A connection to a node that sends the `--token` credential with every call.
+pub(crate) type Ch = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer <token>` to each request (nothing without a token).
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+pub(crate) async fn channel(endpoint: &str) -> anyhow::Result<Ch> {
     let uri = endpoint_uri(endpoint);
-    tonic::transport::Endpoint::from_shared(uri.clone())?
+    let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| output::unreachable(&uri, &e))
+        .map_err(|e| output::unreachable(&uri, &e))?;
+    let bearer = match TOKEN.get().cloned().flatten() {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .context("the token holds characters a header cannot carry")?,
+        ),
+        None => None,
+    };
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        ch,
+        Bearer(bearer),
+    ))
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -227,6 +267,7 @@ pub(crate) use output::status_err;
 async fn main() {
     let cli = Cli::parse();
     output::set(cli.output);
+    let _ = TOKEN.set(cli.token.clone());
     if let Err(e) = run(cli).await {
         output::error(&e);
         std::process::exit(1);
@@ -318,6 +359,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status => status::status(ch).await?,
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,
+        Command::Auth { command } => access::auth(ch, command).await?,
         Command::Leader { command } => member::leader(ch, command).await?,
         Command::Backup { .. } => unreachable!("run before connecting"),
         Command::Watch {
@@ -360,7 +402,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn list(
-    timers: &mut TimersClient<Channel>,
+    timers: &mut TimersClient<Ch>,
     namespace: String,
     state: Option<State>,
     limit: u32,

@@ -2,9 +2,9 @@
 //!
 //! Every command may be sent to any node; the node forwards it to the leader.
 
+use crate::Ch as Channel;
 use clap::Subcommand;
 use timerdb::api::pb::{self, cluster_client::ClusterClient};
-use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 

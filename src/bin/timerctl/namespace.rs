@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::Ch as Channel;
 use clap::Subcommand;
 use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
-use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 

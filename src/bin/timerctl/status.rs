@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use crate::Ch as Channel;
 use futures::future::join_all;
 use serde_json::{json, Value};
 use timerdb::api::pb::{self, cluster_client::ClusterClient};
-use tonic::transport::Channel;
 
 use crate::output::{self, status_err};
 

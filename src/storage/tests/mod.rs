@@ -494,6 +494,21 @@ fn workload() -> Vec<Command> {
             attempt: 1,
         },
     ]));
+    // The access state: keys, the switch, a refused revoke (the last admin).
+    cmds.push(Command::Access(crate::auth::AccessChange::PutKey(
+        crate::auth::Key {
+            id: "ad".into(),
+            name: "ops".into(),
+            secret_sha256: Some([7; 32]),
+            cert_name: None,
+            roles: vec![crate::auth::Role::Admin],
+            created_ms: T0,
+        },
+    )));
+    cmds.push(Command::Access(crate::auth::AccessChange::Enable(true)));
+    cmds.push(Command::Access(crate::auth::AccessChange::RevokeKey(
+        "ad".into(),
+    )));
     cmds
 }
 
@@ -752,6 +767,7 @@ async fn namespaces_are_replicated_state() {
     assert_eq!(other.store.digest().unwrap(), s.store.digest().unwrap());
 }
 
+mod access;
 mod attempts;
 mod deliver;
 mod restore;

@@ -1,0 +1,496 @@
+//! Who may call what: one tower layer around every service, driven by the access rule of each
+//! RPC in [`super::methods`].
+//!
+//! Per call, before anything else runs (so an answer never depends on whether a timer or a
+//! namespace exists):
+//! - a path without a rule is refused (default deny); `Open` RPCs (health, reflection) pass;
+//! - while auth is off (the replicated switch, `crate::auth`) every call passes as today;
+//! - otherwise the caller's credential (`authorization: Bearer <token>`: an API key, or the
+//!   node's bootstrap token) must be valid: UNAUTHENTICATED if it is missing, malformed,
+//!   unknown or revoked;
+//! - `Admin` RPCs need the admin role; `Namespace(permission, names)` RPCs need the permission
+//!   on every namespace the request names, read from the first request message (only the
+//!   fields [`methods::Names`] points at are decoded; the bytes read are handed on unchanged).
+//!   A lacking role is PERMISSION_DENIED, naming the permission and the namespace.
+//!
+//! Every refusal is counted (`timerdb_auth_denied_total{method,reason}`) and logged with the
+//! key id, never the token. The caller's [`Principal`] goes into the request's extensions for
+//! the handlers that answer about it (WhoAmI).
+//!
+//! A follower authorizes a call before forwarding it, and the leader authorizes it again from
+//! its own state: the `authorization` header travels unchanged, and relayed streams carry it.
+//! The peer service (`Access::Peer`) is guarded by the peer TLS identity, not by keys.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use prost::Message;
+use tonic::body::Body;
+use tonic::Status;
+
+use super::methods::{self, Access, Names, Permission};
+use super::MAX_CLIENT_MESSAGE_BYTES;
+use crate::auth::{self, AccessState, Principal, Unauthenticated};
+use crate::storage::Store;
+
+/// The header a credential travels in.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// A gRPC message's frame header: compression flag, then the length (u32, big-endian).
+const FRAME_HEADER_BYTES: usize = 5;
+
+/// What the layer checks against: the replicated access state and this node's bootstrap token.
+pub struct Gate {
+    store: Store,
+    /// SHA-256 of `--auth-bootstrap-token-file`'s token: an admin on this node only.
+    bootstrap: Option<[u8; 32]>,
+}
+
+impl Gate {
+    pub fn new(store: Store, bootstrap_token: Option<&str>) -> Gate {
+        Gate {
+            store,
+            bootstrap: bootstrap_token.map(|t| auth::sha256(t.as_bytes())),
+        }
+    }
+
+    /// The caller named by `headers`' credential.
+    fn principal(
+        &self,
+        headers: &http::HeaderMap,
+        state: &AccessState,
+    ) -> Result<Principal, Unauthenticated> {
+        let value = headers.get(AUTHORIZATION).ok_or(Unauthenticated::Missing)?;
+        let text = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
+        let token = bearer(text).ok_or(Unauthenticated::Malformed)?;
+        if let Some(want) = &self.bootstrap {
+            if auth::digest_eq(&auth::sha256(token.as_bytes()), want) {
+                return Ok(Principal::Bootstrap);
+            }
+        }
+        state.by_token(token).map(|k| Principal::Key(k.clone()))
+    }
+
+    /// Lets `req` through (with its principal in its extensions) or refuses it.
+    async fn check(&self, mut req: http::Request<Body>) -> Result<http::Request<Body>, Status> {
+        let path = req.uri().path().to_string();
+        let Some(rule) = methods::rule_of(&path) else {
+            return Err(Status::unimplemented(format!("no method {path}")));
+        };
+        if matches!(rule.access, Access::Open | Access::Peer) {
+            return Ok(req);
+        }
+        let state = self.store.access();
+        if !state.enabled {
+            req.extensions_mut().insert(Principal::Anyone);
+            return Ok(req);
+        }
+        let principal = match self.principal(req.headers(), &state) {
+            Ok(p) => p,
+            Err(why) => {
+                denied(&path, why.reason(), None);
+                return Err(Status::unauthenticated(why.message()));
+            }
+        };
+        match rule.access {
+            Access::Open | Access::Peer | Access::Authenticated => {}
+            Access::Admin => {
+                if !principal.is_admin() {
+                    denied(&path, "not_admin", Some(&principal));
+                    return Err(Status::permission_denied(format!(
+                        "{} is not an admin: {path} needs the admin role",
+                        principal.describe()
+                    )));
+                }
+            }
+            Access::Namespace(permission, names) => {
+                let (parts, body) = req.into_parts();
+                let first = first_message(body).await?;
+                if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
+                    denied(&path, "no_permission", Some(&principal));
+                    return Err(Status::permission_denied(format!(
+                        "{} may not {} in namespace {namespace:?}",
+                        principal.describe(),
+                        permission.name()
+                    )));
+                }
+                let body = Prefixed {
+                    chunks: first.chunks,
+                    rest: first.rest,
+                };
+                req = http::Request::from_parts(parts, Body::new(body));
+            }
+        }
+        req.extensions_mut().insert(principal);
+        Ok(req)
+    }
+}
+
+/// The token of an `authorization` value `Bearer <token>` (the scheme in any case).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Counts and logs a refusal; never the token.
+fn denied(path: &str, reason: &'static str, principal: Option<&Principal>) {
+    crate::metrics::auth_denied(path, reason);
+    let who = principal.map(Principal::describe);
+    tracing::warn!(method = path, reason, who, "call refused");
+}
+
+/// The namespace `principal` may not use `permission` in, among those `message` names.
+fn refusal(
+    principal: &Principal,
+    permission: Permission,
+    names: Names,
+    message: &[u8],
+) -> Result<Option<String>, Status> {
+    let undecodable = |e: prost::DecodeError| {
+        Status::invalid_argument(format!("the request message does not decode: {e}"))
+    };
+    let namespaces: Vec<String> = match names {
+        Names::All => {
+            return Ok((!principal.allows_every(permission)).then(|| "*".to_string()));
+        }
+        Names::Field1 => vec![Named::decode(message).map_err(undecodable)?.namespace],
+        Names::EachOf1 => {
+            let each = EachNamed::decode(message).map_err(undecodable)?.items;
+            let mut names: Vec<String> = each.into_iter().map(|n| n.namespace).collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        }
+        Names::InnerOf1 => {
+            let inner = Nested::decode(message).map_err(undecodable)?.inner;
+            vec![inner.unwrap_or_default().namespace]
+        }
+    };
+    Ok(namespaces
+        .into_iter()
+        .find(|ns| !principal.allows(permission, ns)))
+}
+
+/// A request whose field 1 is a namespace (every other field skipped unread).
+#[derive(Clone, PartialEq, prost::Message)]
+struct Named {
+    #[prost(string, tag = "1")]
+    namespace: String,
+}
+
+/// A request whose field 1 is a list of [`Named`].
+#[derive(Clone, PartialEq, prost::Message)]
+struct EachNamed {
+    #[prost(message, repeated, tag = "1")]
+    items: Vec<Named>,
+}
+
+/// A request whose field 1 is a [`Named`].
+#[derive(Clone, PartialEq, prost::Message)]
+struct Nested {
+    #[prost(message, optional, tag = "1")]
+    inner: Option<Named>,
+}
+
+/// The first request message, read off a body.
+struct First {
+    /// The bytes read, as they came (the first frame and maybe more).
+    chunks: VecDeque<Bytes>,
+    /// The first message, without its frame header.
+    message: Bytes,
+    /// The body after the bytes read.
+    rest: Body,
+}
+
+/// Reads the body up to the end of its first gRPC message, at most the client message limit.
+async fn first_message(mut body: Body) -> Result<First, Status> {
+    let mut chunks = VecDeque::new();
+    let mut have = 0usize;
+    let mut need = None;
+    loop {
+        if need.is_none() && have >= FRAME_HEADER_BYTES {
+            let head = gather(&chunks, FRAME_HEADER_BYTES);
+            if head[0] != 0 {
+                return Err(Status::invalid_argument(
+                    "compressed request messages are not accepted",
+                ));
+            }
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            if len > MAX_CLIENT_MESSAGE_BYTES {
+                return Err(Status::resource_exhausted(format!(
+                    "request message of {len} bytes; the limit is {MAX_CLIENT_MESSAGE_BYTES}"
+                )));
+            }
+            need = Some(FRAME_HEADER_BYTES + len);
+        }
+        if let Some(n) = need {
+            if have >= n {
+                let mut all = gather(&chunks, n);
+                all.advance(FRAME_HEADER_BYTES);
+                return Ok(First {
+                    chunks,
+                    message: all,
+                    rest: body,
+                });
+            }
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    have += data.len();
+                    chunks.push_back(data);
+                }
+            }
+            Some(Err(e)) => return Err(Status::cancelled(format!("reading the request: {e}"))),
+            None => {
+                return Err(Status::invalid_argument(
+                    "the request ended before its first message was whole",
+                ))
+            }
+        }
+    }
+}
+
+/// The first `n` bytes of `chunks` (no copy when the first chunk holds them).
+fn gather(chunks: &VecDeque<Bytes>, n: usize) -> Bytes {
+    if let Some(first) = chunks.front().filter(|c| c.len() >= n) {
+        return first.slice(..n);
+    }
+    let mut out = BytesMut::with_capacity(n);
+    for c in chunks {
+        let take = (n - out.len()).min(c.len());
+        out.extend_from_slice(&c[..take]);
+        if out.len() == n {
+            break;
+        }
+    }
+    out.freeze()
+}
+
+/// A body that yields the bytes already read, then the rest of the original.
+struct Prefixed {
+    chunks: VecDeque<Bytes>,
+    rest: Body,
+}
+
+impl hyper::body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(c) = self.chunks.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(c))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+}
+
+/// Wraps the server's services in [`Auth`].
+#[derive(Clone)]
+pub struct AuthLayer {
+    gate: Arc<Gate>,
+}
+
+impl AuthLayer {
+    pub fn new(gate: Gate) -> Self {
+        AuthLayer {
+            gate: Arc::new(gate),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] makes.
+#[derive(Clone)]
+pub struct Auth<S> {
+    inner: S,
+    gate: Arc<Gate>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> tower::Service<http::Request<Body>> for Auth<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        // The service that was made ready serves this call; a clone waits for the next one.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            match gate.check(req).await {
+                Ok(req) => inner.call(req).await,
+                Err(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_takes_the_token_in_any_case_and_nothing_else() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer"), None);
+        assert_eq!(bearer("Bearer "), None);
+    }
+
+    fn framed(msg: &impl Message) -> Vec<u8> {
+        let body = msg.encode_to_vec();
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[tokio::test]
+    async fn the_first_message_is_read_across_chunks_and_handed_on_whole() {
+        let req = super::super::pb::ScheduleRequest {
+            namespace: "orders".into(),
+            id: "x".repeat(100),
+            ..Default::default()
+        };
+        let mut bytes = framed(&req);
+        bytes.extend_from_slice(b"tail");
+        let chunks: Vec<Result<Frame<Bytes>, Status>> = bytes
+            .chunks(7)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            chunks,
+        )));
+        let first = first_message(body).await.unwrap();
+        assert_eq!(
+            Named::decode(first.message.clone()).unwrap().namespace,
+            "orders"
+        );
+        let whole = Prefixed {
+            chunks: first.chunks,
+            rest: first.rest,
+        };
+        let again = whole.collect().await.unwrap().to_bytes();
+        assert_eq!(&again[..], &bytes[..], "every byte handed on, in order");
+    }
+
+    #[tokio::test]
+    async fn a_short_an_oversized_or_a_compressed_message_is_refused() {
+        let short = Body::new(http_body_util::Full::new(Bytes::from_static(&[
+            0, 0, 0, 0, 9, 1,
+        ])));
+        let e = first_message(short).await.err().unwrap();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let huge = Body::new(http_body_util::Full::new(Bytes::from_static(&[
+            0, 255, 255, 255, 255,
+        ])));
+        let e = first_message(huge).await.err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        let packed = Body::new(http_body_util::Full::new(Bytes::from_static(&[
+            1, 0, 0, 0, 0,
+        ])));
+        let e = first_message(packed).await.err().unwrap();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn the_namespaces_of_a_batch_and_of_a_consume_are_all_checked() {
+        use super::super::pb;
+        let k = crate::auth::Key {
+            id: "aa".into(),
+            name: "orders-writer".into(),
+            secret_sha256: None,
+            cert_name: Some("x".into()),
+            roles: vec![crate::auth::Role::parse("schedule:orders*").unwrap()],
+            created_ms: 0,
+        };
+        let p = Principal::Key(k);
+        let batch = pb::ScheduleBatchRequest {
+            timers: vec![
+                pb::ScheduleRequest {
+                    namespace: "orders-1".into(),
+                    ..Default::default()
+                },
+                pb::ScheduleRequest {
+                    namespace: "billing".into(),
+                    ..Default::default()
+                },
+            ],
+        };
+        let refused = refusal(
+            &p,
+            Permission::Schedule,
+            Names::EachOf1,
+            &batch.encode_to_vec(),
+        );
+        assert_eq!(refused.unwrap().as_deref(), Some("billing"));
+        let consume = pb::ConsumeRequest {
+            subscribe: Some(pb::SubscribeRequest {
+                namespace: "orders".into(),
+                ..Default::default()
+            }),
+            acks: vec![],
+        };
+        let r = refusal(
+            &p,
+            Permission::Consume,
+            Names::InnerOf1,
+            &consume.encode_to_vec(),
+        );
+        assert_eq!(
+            r.unwrap().as_deref(),
+            Some("orders"),
+            "schedule is not consume"
+        );
+        let one = pb::CancelRequest {
+            namespace: "orders-9".into(),
+            id: "a".into(),
+        };
+        let r = refusal(
+            &p,
+            Permission::Schedule,
+            Names::Field1,
+            &one.encode_to_vec(),
+        );
+        assert_eq!(r.unwrap(), None);
+        let r = refusal(&p, Permission::Read, Names::All, &[]);
+        assert_eq!(r.unwrap().as_deref(), Some("*"));
+        let garbage = refusal(&p, Permission::Schedule, Names::Field1, &[0xff, 0xff, 0xff]);
+        assert_eq!(garbage.unwrap_err().code(), tonic::Code::InvalidArgument);
+    }
+}

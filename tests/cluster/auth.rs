@@ -1,0 +1,510 @@
+//! Access control on a real cluster (docs/security.md): every RPC, listed from server
+//! reflection, refused without a key once auth is on; roles deciding each call on every node;
+//! a revoked key refused everywhere within a second; the switch's own safety rules.
+
+use std::time::{Duration, Instant};
+
+use timerdb::api::pb::{
+    self, access_client::AccessClient, cluster_client::ClusterClient,
+    namespaces_client::NamespacesClient, timers_client::TimersClient,
+};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use tonic_reflection::pb::v1::{
+    server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+    server_reflection_response::MessageResponse, ServerReflectionRequest,
+};
+
+use crate::harness::{now_ms, TestCluster};
+
+/// Sends `authorization: Bearer <token>` (nothing for `None`).
+#[derive(Clone)]
+struct Bearer(Option<String>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.0 {
+            let v = format!("Bearer {t}").parse().expect("ascii token");
+            req.metadata_mut().insert("authorization", v);
+        }
+        Ok(req)
+    }
+}
+
+type Ch = InterceptedService<Channel, Bearer>;
+
+async fn ch(c: &TestCluster, id: u64, token: Option<&str>) -> Ch {
+    InterceptedService::new(c.channel(id).await, Bearer(token.map(str::to_string)))
+}
+
+async fn timers(c: &TestCluster, id: u64, token: Option<&str>) -> TimersClient<Ch> {
+    TimersClient::new(ch(c, id, token).await)
+}
+
+async fn access(c: &TestCluster, id: u64, token: Option<&str>) -> AccessClient<Ch> {
+    AccessClient::new(ch(c, id, token).await)
+}
+
+/// Creates a key with `roles` through node `id`; returns (key id, token).
+async fn create_key(
+    c: &TestCluster,
+    id: u64,
+    admin: Option<&str>,
+    name: &str,
+    roles: &[&str],
+) -> (String, String) {
+    let r = access(c, id, admin)
+        .await
+        .create_key(pb::CreateKeyRequest {
+            name: name.into(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    (r.key.unwrap().id, r.token)
+}
+
+/// Every method of every service `addr` serves, from its reflection descriptors.
+async fn reflected_methods(c: &TestCluster, id: u64) -> Vec<String> {
+    let mut client = ServerReflectionClient::new(c.channel(id).await);
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let one = |m| futures::stream::iter(vec![ask(m)]);
+    let mut stream = client
+        .server_reflection_info(one(MessageRequest::ListServices(String::new())))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        stream.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("no service list");
+    };
+    let mut out = Vec::new();
+    for service in list.service {
+        let mut stream = client
+            .server_reflection_info(one(MessageRequest::FileContainingSymbol(
+                service.name.clone(),
+            )))
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(MessageResponse::FileDescriptorResponse(files)) =
+            stream.message().await.unwrap().unwrap().message_response
+        else {
+            panic!("no descriptor for {}", service.name);
+        };
+        for raw in files.file_descriptor_proto {
+            let file =
+                <prost_types::FileDescriptorProto as prost::Message>::decode(&raw[..]).unwrap();
+            let package = file.package.clone().unwrap_or_default();
+            for s in &file.service {
+                let full = format!("{package}.{}", s.name());
+                if full != service.name {
+                    continue;
+                }
+                for m in &s.method {
+                    out.push(format!("/{full}/{}", m.name()));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Calls `path` with an empty message; the answer's code (Ok for a success).
+async fn call_empty(ch: Ch, path: &str) -> Code {
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.unwrap();
+    let path = PathAndQuery::try_from(path.to_string()).unwrap();
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    match grpc.unary(Request::new(()), path, codec).await {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// Turns auth on with a fresh admin key made while it was off; returns the admin token.
+async fn enable(c: &TestCluster, through: u64) -> String {
+    let (_, admin) = create_key(c, through, None, "ops", &["admin"]).await;
+    let on = access(c, through, Some(&admin))
+        .await
+        .set_auth(pb::SetAuthRequest { enabled: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(on.enabled);
+    admin
+}
+
+/// Asserts `r` is PERMISSION_DENIED with a message holding `words`.
+fn denied<T>(r: Result<T, Status>, words: &str) {
+    let Err(s) = r else {
+        panic!("allowed; expected PERMISSION_DENIED with {words:?}")
+    };
+    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}");
+    assert!(
+        s.message().contains(words),
+        "{:?} lacks {words:?}",
+        s.message()
+    );
+}
+
+/// Waits until every node applied what the leader has.
+async fn settle(c: &TestCluster) {
+    c.converged().await;
+}
+
+#[tokio::test]
+async fn with_auth_on_every_rpc_of_every_service_is_refused_without_a_valid_key() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let leader = c.leader().await;
+    enable(&c, follower).await;
+    settle(&c).await;
+
+    let methods = reflected_methods(&c, follower).await;
+    assert!(methods.len() >= 30, "reflection listed only {methods:?}");
+    let mut checked = 0;
+    for path in &methods {
+        // Open by design: a load balancer's health check and a generic tool's discovery.
+        if path.starts_with("/grpc.health.v1.") || path.starts_with("/grpc.reflection.") {
+            assert_eq!(
+                timerdb::api::methods::rule_of(path).unwrap().access,
+                timerdb::api::methods::Access::Open
+            );
+            continue;
+        }
+        // The peer service answers to the peer TLS identity, not to keys (tls tests).
+        if path.starts_with("/timerdb.v1.Raft/") {
+            continue;
+        }
+        // In the descriptors (receivers implement it) but served by no node: no rule, so
+        // refused by default, credential or not.
+        if timerdb::api::methods::rule_of(path).is_none() {
+            assert!(
+                path.starts_with("/timerdb.v1.Receiver/"),
+                "{path} has no rule"
+            );
+            let code = call_empty(ch(&c, follower, None).await, path).await;
+            assert_eq!(code, Code::Unimplemented, "{path}");
+            continue;
+        }
+        for node in [follower, leader] {
+            for token in [None, Some("tdbk_00ff_00ff"), Some("not-a-key")] {
+                let code = call_empty(ch(&c, node, token).await, path).await;
+                assert_eq!(
+                    code,
+                    Code::Unauthenticated,
+                    "{path} on node {node} with {token:?}"
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 27, "only {checked} RPCs checked");
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let admin = enable(&c, follower).await;
+    let a = Some(admin.as_str());
+    let (_, sched) = create_key(&c, follower, a, "orders-writer", &["schedule:orders*"]).await;
+    let (_, cons) = create_key(&c, follower, a, "orders-consumer", &["consume:orders"]).await;
+    let (_, reader) = create_key(&c, follower, a, "auditor", &["read:*"]).await;
+    settle(&c).await;
+    let due = now_ms() + 300;
+    let sreq = |ns: &str, id: &str| pb::ScheduleRequest {
+        namespace: ns.into(),
+        id: id.into(),
+        when: crate::harness::at(due),
+        ..Default::default()
+    };
+
+    for node in c.running() {
+        let mut t = timers(&c, node, Some(&sched)).await;
+        // schedule:orders* schedules in orders-*, and nowhere else.
+        t.schedule(sreq("orders-eu", &format!("o{node}")))
+            .await
+            .unwrap();
+        t.schedule(sreq("orders", &format!("o{node}")))
+            .await
+            .unwrap();
+        denied(
+            t.schedule(sreq("billing", "b")).await,
+            "may not schedule in namespace \"billing\"",
+        );
+        // A batch naming one namespace it may not use is refused whole.
+        let batch = pb::ScheduleBatchRequest {
+            timers: vec![
+                sreq("orders", &format!("batch{node}")),
+                sreq("billing", "b2"),
+            ],
+        };
+        denied(t.schedule_batch(batch).await, "\"billing\"");
+        // Refused before anything is read: the same answer for a timer that does not exist.
+        let cancel = |ns: &str| pb::CancelRequest {
+            namespace: ns.into(),
+            id: "no-such-timer".into(),
+        };
+        denied(t.cancel(cancel("billing")).await, "may not schedule");
+        assert_eq!(
+            t.cancel(cancel("orders")).await.unwrap_err().code(),
+            Code::NotFound,
+            "allowed through, then answered"
+        );
+        let get = pb::GetRequest {
+            namespace: "orders".into(),
+            id: format!("o{node}"),
+        };
+        denied(t.get(get.clone()).await, "may not read");
+
+        // consume:orders may not cancel, and may ack (answered by the timer's state).
+        let mut t = timers(&c, node, Some(&cons)).await;
+        denied(
+            t.cancel(pb::CancelRequest {
+                namespace: "orders".into(),
+                id: format!("o{node}"),
+            })
+            .await,
+            "may not schedule in namespace \"orders\"",
+        );
+        let ack = pb::AckRequest {
+            namespace: "orders".into(),
+            id: "no-such-timer".into(),
+            attempt: 1,
+        };
+        assert_eq!(t.ack(ack).await.unwrap_err().code(), Code::NotFound);
+        let sub = |ns: &str| pb::SubscribeRequest {
+            namespace: ns.into(),
+            ..Default::default()
+        };
+        denied(t.subscribe(sub("billing")).await, "may not consume");
+        let first = pb::ConsumeRequest {
+            subscribe: Some(sub("orders-eu")),
+            acks: vec![],
+        };
+        denied(
+            t.consume(futures::stream::iter(vec![first])).await,
+            "may not consume in namespace \"orders-eu\"",
+        );
+
+        // read:* reads anything, lists namespaces, and changes nothing.
+        let mut t = timers(&c, node, Some(&reader)).await;
+        assert_eq!(
+            t.get(get).await.unwrap().into_inner().timer.unwrap().id,
+            format!("o{node}")
+        );
+        let mut ns = NamespacesClient::new(ch(&c, node, Some(&reader)).await);
+        ns.list_namespaces(pb::ListNamespacesRequest::default())
+            .await
+            .unwrap();
+        denied(
+            ns.pause_namespace(pb::PauseNamespaceRequest {
+                name: "orders".into(),
+            })
+            .await,
+            "may not manage",
+        );
+        let mut ns = NamespacesClient::new(ch(&c, node, Some(&sched)).await);
+        denied(
+            ns.list_namespaces(pb::ListNamespacesRequest::default())
+                .await,
+            "may not read in namespace \"*\"",
+        );
+
+        // Admin-only calls; Status for any key.
+        let mut cl = ClusterClient::new(ch(&c, node, Some(&sched)).await);
+        cl.status(pb::StatusRequest {}).await.unwrap();
+        denied(
+            cl.transfer_leader(pb::TransferLeaderRequest { node_id: 0 })
+                .await,
+            "needs the admin role",
+        );
+        denied(
+            access(&c, node, Some(&sched))
+                .await
+                .create_key(pb::CreateKeyRequest {
+                    name: "escalate".into(),
+                    roles: vec!["admin".into()],
+                    ..Default::default()
+                })
+                .await,
+            "needs the admin role",
+        );
+        let me = access(&c, node, Some(&sched))
+            .await
+            .who_am_i(pb::WhoAmIRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(me.principal.contains("orders-writer"), "{me:?}");
+        assert_eq!(me.roles, vec!["schedule:orders*".to_string()]);
+    }
+
+    // The consumer's stream, opened through a follower (relayed to the leader with the
+    // client's key), gets the orders timers.
+    let mut t = timers(&c, follower, Some(&cons)).await;
+    let mut stream = t
+        .subscribe(pb::SubscribeRequest {
+            namespace: "orders".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let got = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a delivery within 10 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.timer.unwrap().namespace, "orders");
+
+    // Nothing of the refused batches was written.
+    let mut t = timers(&c, follower, a).await;
+    for node in c.running() {
+        let get = pb::GetRequest {
+            namespace: "orders".into(),
+            id: format!("batch{node}"),
+        };
+        assert_eq!(t.get(get).await.unwrap_err().code(), Code::NotFound);
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_by_every_node_within_a_second() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let admin = enable(&c, follower).await;
+    let (id, token) = create_key(&c, follower, Some(&admin), "temp", &["read:*"]).await;
+    settle(&c).await;
+    let get = pb::GetRequest {
+        namespace: "x".into(),
+        id: "y".into(),
+    };
+    let mut clients = Vec::new();
+    for node in c.running() {
+        let mut t = timers(&c, node, Some(&token)).await;
+        assert_eq!(t.get(get.clone()).await.unwrap_err().code(), Code::NotFound);
+        clients.push((node, t));
+    }
+    let revoked_at = Instant::now();
+    access(&c, follower, Some(&admin))
+        .await
+        .revoke_key(pb::RevokeKeyRequest { id: id.clone() })
+        .await
+        .unwrap();
+    for (node, mut t) in clients {
+        loop {
+            match t.get(get.clone()).await {
+                Err(s) if s.code() == Code::Unauthenticated => break,
+                _ => {}
+            }
+            let waited = revoked_at.elapsed();
+            assert!(
+                waited < Duration::from_secs(1),
+                "node {node} still accepts the revoked key after {waited:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let waited = revoked_at.elapsed();
+        println!("node {node}: refused {waited:?} after the revoke was acknowledged");
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_switch_cannot_lock_operators_out_and_the_bootstrap_token_is_an_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bootstrap");
+    std::fs::write(&file, "break-glass-0123456789\n").unwrap();
+    let f = file.clone();
+    let c = TestCluster::start_with(3, move |cfg| {
+        cfg.auth_bootstrap_token_file = Some(f.clone())
+    })
+    .await;
+    let node = c.follower().await;
+    let mut off = access(&c, node, None).await;
+    // No admin key yet: enabling is refused, naming what to do.
+    let e = off
+        .set_auth(pb::SetAuthRequest { enabled: true })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("no key holds the admin role"), "{e:?}");
+    // Bad roles are named.
+    let e = off
+        .create_key(pb::CreateKeyRequest {
+            name: "x".into(),
+            roles: vec!["write:orders".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("schedule, read, consume or manage"),
+        "{e:?}"
+    );
+
+    let admin = enable(&c, node).await;
+    let keys = access(&c, node, Some(&admin))
+        .await
+        .list_keys(pb::ListKeysRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(keys.auth_enabled);
+    let admin_id = keys.keys[0].id.clone();
+    assert!(
+        !format!("{keys:?}").contains(&admin[10..]),
+        "a secret was listed"
+    );
+    // The last admin key cannot be revoked while auth is on.
+    let e = access(&c, node, Some(&admin))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: admin_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // The bootstrap token acts as an admin on the node that holds it.
+    let boot = Some("break-glass-0123456789");
+    let me = access(&c, node, boot)
+        .await
+        .who_am_i(pb::WhoAmIRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(me.principal, "the bootstrap token");
+    access(&c, node, boot)
+        .await
+        .set_auth(pb::SetAuthRequest { enabled: false })
+        .await
+        .unwrap();
+    settle(&c).await;
+    // Off again: calls without a key work as before.
+    let mut t = timers(&c, node, None).await;
+    let e = t
+        .get(pb::GetRequest {
+            namespace: "x".into(),
+            id: "y".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    c.shutdown().await;
+}
