@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs a local 3-node timerdb cluster on loopback.
 #
-#   scripts/cluster.sh start   [--dir DIR] [--base-port 7101]   build, start 3 nodes, wait for a leader
+#   scripts/cluster.sh start   [--dir DIR] [--base-port 7101] [--tls]
+#                                                                build, start 3 nodes, wait for a leader;
+#                                                                --tls: certificates made in DIR/certs
+#                                                                (scripts/certs.sh), client and peer TLS,
+#                                                                clients must present a certificate (mTLS)
 #   scripts/cluster.sh status  [--dir DIR]                       every member: role, term, applied, lag
 #   scripts/cluster.sh stop    [--dir DIR]                       SIGTERM every node (clean shutdown)
 #   scripts/cluster.sh kill N  [--dir DIR]                       SIGKILL node N (a crash)
@@ -9,12 +13,15 @@
 #   scripts/cluster.sh leader  [--dir DIR]                       print the leader's node id
 #
 # Data, logs and pids live under DIR (default ./.cluster). Node N listens on base-port + N - 1.
+# A cluster started with --tls stays TLS (restart, status); timerctl then needs
+#   --ca DIR/certs/ca.crt --cert DIR/certs/client.crt --key DIR/certs/client.key
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmd=${1:-}
 shift || true
 node_arg=""
+TLS=""
 if [[ "$cmd" == kill || "$cmd" == restart ]]; then node_arg=${1:?"$cmd needs a node id (1-3)"}; shift; fi
 DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 BASE_PORT=${TIMERDB_BASE_PORT:-7101}
@@ -22,6 +29,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
+    --tls) TLS=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -40,13 +48,33 @@ build() {
   fi
 }
 
+# TLS: chosen at start, remembered in DIR/tls for the later commands.
+if [[ -n "$TLS" ]]; then
+  bash scripts/certs.sh "$DIR/certs" >/dev/null
+  touch "$DIR/tls"
+fi
+CERTS="$DIR/certs"
+tls_node_args() {
+  [[ -f "$DIR/tls" ]] || return 0
+  echo "--tls-cert $CERTS/node-$1.crt --tls-key $CERTS/node-$1.key --client-ca $CERTS/client-ca.crt" \
+    "--peer-ca $CERTS/ca.crt --peer-cert $CERTS/node-$1.crt --peer-key $CERTS/node-$1.key"
+}
+ctl() {
+  if [[ -f "$DIR/tls" ]]; then
+    "$BIN/timerctl" --ca "$CERTS/ca.crt" --cert "$CERTS/client.crt" --key "$CERTS/client.key" "$@"
+  else
+    "$BIN/timerctl" "$@"
+  fi
+}
+
 alive() { [[ -f "$DIR/n$1.pid" ]] && kill -0 "$(cat "$DIR/n$1.pid")" 2>/dev/null; }
 
 start_node() {
   local n=$1
   if alive "$n"; then echo "node $n already running (pid $(cat "$DIR/n$n.pid"))"; return; fi
+  # shellcheck disable=SC2046 # the TLS flags are words
   nohup "$BIN/timerd" --id "$n" --listen "$(addr "$n")" --data-dir "$DIR/n$n" --peers "$PEERS" \
-    >>"$DIR/n$n.log" 2>&1 &
+    $(tls_node_args "$n") >>"$DIR/n$n.log" 2>&1 &
   echo $! >"$DIR/n$n.pid"
   echo "node $n started on $(addr "$n") (pid $!, log $DIR/n$n.log)"
 }
@@ -54,7 +82,7 @@ start_node() {
 leader() {
   for n in 1 2 3; do
     # Capture, then match: `| grep -q` can SIGPIPE timerctl, which pipefail reports as failure.
-    if alive "$n" && out=$("$BIN/timerctl" -e "$(addr "$n")" status 2>/dev/null) &&
+    if alive "$n" && out=$(ctl -e "$(addr "$n")" status 2>/dev/null) &&
       [[ "$out" =~ leader:\ node\ ([0-9]+) ]]; then
       echo "${BASH_REMATCH[1]}"; return 0
     fi
@@ -80,7 +108,7 @@ case "$cmd" in
   status)
     # One table of every member, asked through the first node that runs.
     for n in 1 2 3; do
-      if alive "$n"; then "$BIN/timerctl" -e "$(addr "$n")" status; exit 0; fi
+      if alive "$n"; then ctl -e "$(addr "$n")" status; exit 0; fi
     done
     echo "no node is running" >&2
     exit 1
@@ -109,5 +137,5 @@ case "$cmd" in
     leader
     ;;
   *)
-    sed -n '2,12p' "$0"; exit 2 ;;
+    sed -n '2,17p' "$0"; exit 2 ;;
 esac

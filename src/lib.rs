@@ -19,6 +19,7 @@
 //! - [`api`]: gRPC services, validation, forwarding to the leader.
 //! - [`sample`]: the once-a-second gauge sampler of a running node.
 //! - [`server`]: wires a node together and runs it.
+//! - [`tls`]: transport security of the client and peer ports (rustls), and dialling peers.
 //! - [`config`], [`error`]: configuration and the one error type.
 
 pub mod api;
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod listen;
 pub mod membership;
 pub mod metrics;
 pub mod namespace;
@@ -37,6 +39,7 @@ pub mod sample;
 pub mod server;
 pub mod storage;
 pub mod timer;
+pub mod tls;
 pub mod wheel;
 
 pub use error::{Error, Result};

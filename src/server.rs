@@ -18,10 +18,9 @@ use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 
 use crate::api::access::AccessService;
+use crate::api::auth::{AuthLayer, Gate};
 use crate::api::cluster::ClusterService;
 use crate::api::namespaces::NamespacesService;
 use crate::api::pb::access_server::AccessServer;
@@ -40,6 +39,7 @@ use crate::cluster::{
 use crate::config::NodeConfig;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
+use crate::tls::Port;
 use crate::wheel::Wheel;
 use crate::{Error, Result};
 
@@ -56,7 +56,22 @@ pub struct RunningNode {
 
 /// Opens storage, starts Raft, serves gRPC on `listener` and starts the fire driver.
 pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningNode> {
+    start_with(config, listener, None).await
+}
+
+/// [`start`], with the peers' own listener when `--peer-listen` is set (required then).
+pub async fn start_with(
+    config: NodeConfig,
+    listener: TcpListener,
+    peer_listener: Option<TcpListener>,
+) -> Result<RunningNode> {
     config.validate()?;
+    config.tls.load()?;
+    if config.tls.files.peer_listen.is_some() != peer_listener.is_some() {
+        return Err(Error::InvalidArgument(
+            "--peer-listen and the peer listener go together".into(),
+        ));
+    }
     let config = Arc::new(config);
     let addr = listener.local_addr()?;
     let gc = storage::IndexGc::new();
@@ -92,16 +107,21 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningN
         schedule_tokens: Default::default(),
     });
 
-    let gate = crate::api::auth::Gate::new(
-        store.clone(),
-        node.config.auth_bootstrap_token()?.as_deref(),
-    );
-    let mut tasks = vec![tokio::spawn(serve(
-        node.clone(),
-        gate,
-        listener,
-        rx.clone(),
-    ))];
+    let bootstrap_token = node.config.auth_bootstrap_token()?;
+    let mut tasks = Vec::new();
+    let mut listeners = vec![(Port::Client, listener)];
+    listeners.extend(peer_listener.map(|l| (Port::Peer, l)));
+    for (port, listener) in listeners {
+        let gate = Gate::new(node.clone(), bootstrap_token.as_deref(), port);
+        let tls = node.config.tls.clone();
+        let incoming = crate::listen::incoming(listener, tls, port, rx.clone());
+        tasks.push(tokio::spawn(serve(
+            node.clone(),
+            gate,
+            incoming,
+            rx.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(crate::cluster::elect::run(
         node.config.clone(),
         raft.clone(),
@@ -213,8 +233,8 @@ async fn bootstrap(node: &Node) -> Result<()> {
 
 async fn serve(
     node: Arc<Node>,
-    gate: crate::api::auth::Gate,
-    listener: TcpListener,
+    gate: Gate,
+    incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::listen::Conn>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let router = Arc::new(crate::api::forward::Router::new(node.clone()));
@@ -240,18 +260,9 @@ async fn serve(
             None
         }
     };
-    // tonic ignores its own `tcp_nodelay` for an injected listener, so every accepted
-    // connection (clients and peers) would run with Nagle's algorithm: a small answer (an Ack,
-    // an AppendEntries reply) then waits for the peer's delayed ACK, ~20-40 ms (measured: a
-    // unary Ack took 22 ms under load). Set it here, on each connection.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok::<_, std::io::Error>(conn)
-    });
     let result = tonic::transport::Server::builder()
         .layer(crate::api::observe::ObserveLayer)
-        .layer(crate::api::auth::AuthLayer::new(gate))
+        .layer(AuthLayer::new(gate))
         .layer(crate::api::forward::ForwardLayer::new(router))
         .add_service(health)
         .add_optional_service(reflection)

@@ -19,7 +19,11 @@
 //!
 //! A follower authorizes a call before forwarding it, and the leader authorizes it again from
 //! its own state: the `authorization` header travels unchanged, and relayed streams carry it.
-//! The peer service (`Access::Peer`) is guarded by the peer TLS identity, not by keys.
+//! The peer service (`Access::Peer`) is guarded by the peer TLS identity, not by keys: with
+//! peer TLS on, only a connection whose client certificate chains to the peer CA reaches it
+//! (and none on the client port when the peers have their own). A client certificate (mTLS)
+//! names a certificate user: the key bound to one of its names. A follower forwarding such a
+//! user's call names it in [`PRINCIPAL_HEADER`], which a node believes only from a peer.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -38,7 +42,10 @@ use tonic::Status;
 use super::methods::{self, Access, Names, Permission};
 use super::MAX_CLIENT_MESSAGE_BYTES;
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
+use crate::listen::ConnInfo;
+use crate::node::Node;
 use crate::storage::Store;
+use crate::tls::Port;
 
 /// The header a credential travels in.
 pub const AUTHORIZATION: &str = "authorization";
@@ -46,28 +53,65 @@ pub const AUTHORIZATION: &str = "authorization";
 /// A gRPC message's frame header: compression flag, then the length (u32, big-endian).
 const FRAME_HEADER_BYTES: usize = 5;
 
-/// What the layer checks against: the replicated access state and this node's bootstrap token.
+/// Carries a certificate user's name on a call a follower forwards (believed only from a
+/// connection that presented a peer certificate).
+pub const PRINCIPAL_HEADER: &str = "x-timerdb-principal";
+
+/// What the layer checks against: the replicated access state, this node's bootstrap token,
+/// and which listener it guards.
 pub struct Gate {
-    store: Store,
+    node: Arc<Node>,
     /// SHA-256 of `--auth-bootstrap-token-file`'s token: an admin on this node only.
     bootstrap: Option<[u8; 32]>,
+    port: Port,
 }
 
 impl Gate {
-    pub fn new(store: Store, bootstrap_token: Option<&str>) -> Gate {
+    pub fn new(node: Arc<Node>, bootstrap_token: Option<&str>, port: Port) -> Gate {
         Gate {
-            store,
+            node,
             bootstrap: bootstrap_token.map(|t| auth::sha256(t.as_bytes())),
+            port,
         }
     }
 
-    /// The caller named by `headers`' credential.
+    fn store(&self) -> &Store {
+        &self.node.store
+    }
+
+    /// Whether `conn` is another member: a client certificate the peer CA signed (naming a
+    /// member, if required). Without peer TLS nothing can be told apart: every caller is.
+    fn peer(&self, conn: Option<&ConnInfo>) -> Result<(), String> {
+        let tls = &self.node.config.tls;
+        if self.port == Port::Client && tls.files.peer_listen.is_some() {
+            return Err("this node serves its peers on its peer port only".into());
+        }
+        if !tls.peer_tls() {
+            return Ok(());
+        }
+        let certs = conn.and_then(|c| c.certs.as_deref()).map(Vec::as_slice);
+        tls.check_peer(certs, || self.members())
+    }
+
+    /// The addresses of the current members.
+    fn members(&self) -> Vec<String> {
+        let metrics = self.node.raft.metrics();
+        let m = metrics.borrow();
+        let nodes = m.membership_config.membership().nodes();
+        nodes.map(|(_, n)| n.addr.clone()).collect()
+    }
+
+    /// The caller: a bearer token's key (or the bootstrap token), else the key bound to the
+    /// connection's client certificate (or, from a peer, the certificate user it forwards).
     fn principal(
         &self,
         headers: &http::HeaderMap,
+        conn: Option<&ConnInfo>,
         state: &AccessState,
     ) -> Result<Principal, Unauthenticated> {
-        let value = headers.get(AUTHORIZATION).ok_or(Unauthenticated::Missing)?;
+        let Some(value) = headers.get(AUTHORIZATION) else {
+            return self.cert_principal(headers, conn, state);
+        };
         let text = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
         let token = bearer(text).ok_or(Unauthenticated::Malformed)?;
         if let Some(want) = &self.bootstrap {
@@ -78,21 +122,58 @@ impl Gate {
         state.by_token(token).map(|k| Principal::Key(k.clone()))
     }
 
+    fn cert_principal(
+        &self,
+        headers: &http::HeaderMap,
+        conn: Option<&ConnInfo>,
+        state: &AccessState,
+    ) -> Result<Principal, Unauthenticated> {
+        let certs = conn.and_then(|c| c.certs.as_deref());
+        let Some(end) = certs.and_then(|c| c.first()) else {
+            return Err(Unauthenticated::Missing);
+        };
+        if let Some(name) = headers.get(PRINCIPAL_HEADER) {
+            if self.node.config.tls.peer_tls() && self.peer(conn).is_ok() {
+                let name = name.to_str().map_err(|_| Unauthenticated::Malformed)?;
+                let key = state.by_cert_name(name).ok_or(Unauthenticated::Unknown)?;
+                return Ok(Principal::Key(key.clone()));
+            }
+        }
+        // Verified by the handshake against --client-ca (or the peer CA on a shared port).
+        let names = crate::tls::cert_names(end);
+        let key = names.iter().find_map(|n| state.by_cert_name(n));
+        key.map(|k| Principal::Key(k.clone()))
+            .ok_or(Unauthenticated::Unknown)
+    }
+
     /// Lets `req` through (with its principal in its extensions) or refuses it.
     async fn check(&self, mut req: http::Request<Body>) -> Result<http::Request<Body>, Status> {
         let path = req.uri().path().to_string();
         let Some(rule) = methods::rule_of(&path) else {
             return Err(Status::unimplemented(format!("no method {path}")));
         };
-        if matches!(rule.access, Access::Open | Access::Peer) {
-            return Ok(req);
+        match rule.access {
+            Access::Open => return Ok(req),
+            Access::Peer => {
+                return match self.peer(req.extensions().get::<ConnInfo>()) {
+                    Ok(()) => Ok(req),
+                    Err(why) => {
+                        denied(&path, "not_peer", None);
+                        Err(Status::unauthenticated(format!(
+                            "{path} is for the cluster's members only: {why}"
+                        )))
+                    }
+                };
+            }
+            _ => {}
         }
-        let state = self.store.access();
+        let state = self.store().access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
             return Ok(req);
         }
-        let principal = match self.principal(req.headers(), &state) {
+        let conn = req.extensions().get::<ConnInfo>();
+        let principal = match self.principal(req.headers(), conn, &state) {
             Ok(p) => p,
             Err(why) => {
                 denied(&path, why.reason(), None);
@@ -130,6 +211,30 @@ impl Gate {
         }
         req.extensions_mut().insert(principal);
         Ok(req)
+    }
+}
+
+/// What a relayed stream carries to the leader for it to authorize the client again: its
+/// `authorization`, or the certificate user it is (in [`PRINCIPAL_HEADER`]).
+pub type Credential = (
+    &'static str,
+    tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+);
+
+/// The credential of `req` to send on (see [`Credential`]).
+pub fn credential<T>(req: &tonic::Request<T>) -> Option<Credential> {
+    if let Some(v) = req.metadata().get(AUTHORIZATION) {
+        return Some((AUTHORIZATION, v.clone()));
+    }
+    let name = cert_user(req.extensions())?;
+    Some((PRINCIPAL_HEADER, name.parse().ok()?))
+}
+
+/// The certificate name of the certificate user a call comes from, if it does.
+pub fn cert_user(extensions: &http::Extensions) -> Option<&str> {
+    match extensions.get::<Principal>()? {
+        Principal::Key(k) => k.cert_name.as_deref(),
+        _ => None,
     }
 }
 

@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use tonic::body::Body;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use super::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
 use super::methods::{self, Route};
 use super::pb::timers_client::TimersClient;
 use super::MAX_CLIENT_MESSAGE_BYTES;
@@ -55,17 +56,14 @@ pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
 
 /// Wraps a Subscribe for the leader: marked forwarded, with the client's credential, and
 /// without a deadline (it is a stream).
-pub fn stream_request<T>(
-    msg: T,
-    credential: Option<super::subscribe::Credential>,
-) -> tonic::Request<T> {
+pub fn stream_request<T>(msg: T, credential: Option<super::auth::Credential>) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut().insert(
         FORWARDED_HEADER,
         tonic::metadata::MetadataValue::from_static("1"),
     );
-    if let Some(c) = credential {
-        r.metadata_mut().insert(super::auth::AUTHORIZATION, c);
+    if let Some((header, value)) = credential {
+        r.metadata_mut().insert(header, value);
     }
     r
 }
@@ -100,11 +98,9 @@ impl Router {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::internal(format!("bad leader address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = (self.node.config.tls)
+            .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
+            .map_err(|e| Status::internal(format!("leader address {addr}: {e}")))?;
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }
@@ -297,6 +293,15 @@ fn rebuild(
     if forward {
         let h = req.headers_mut();
         h.insert(FORWARDED_HEADER, http::HeaderValue::from_static("1"));
+        // The leader believes this header from a peer: only this node may set it, to the
+        // certificate user the auth layer found here.
+        h.remove(PRINCIPAL_HEADER);
+        if !h.contains_key(AUTHORIZATION) {
+            let user = cert_user(&parts.extensions);
+            if let Some(v) = user.and_then(|n| http::HeaderValue::from_str(n).ok()) {
+                h.insert(PRINCIPAL_HEADER, v);
+            }
+        }
         if !h.contains_key("grpc-timeout") {
             let ms = timeout.as_millis().min(99_999_999);
             if let Ok(v) = http::HeaderValue::from_str(&format!("{ms}m")) {

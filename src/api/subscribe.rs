@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::Status;
 
+use super::auth::Credential;
 use super::convert::check_name;
 use super::forward::{self, Router};
 use super::pb;
@@ -159,9 +160,6 @@ fn not_leader(node: &Node) -> Status {
         node.id
     ))
 }
-
-/// A client's `authorization` value.
-pub type Credential = tonic::metadata::MetadataValue<tonic::metadata::Ascii>;
 
 /// Whether the leader refused a relayed stream's credential.
 fn refused(status: &Status) -> bool {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::AUTHORIZATION;
 use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
 use super::pb::{self, timers_server};
@@ -126,7 +125,7 @@ impl timers_server::Timers for TimersService {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = request.metadata().get(AUTHORIZATION).cloned();
+        let credential = super::auth::credential(&request);
         let req = subscribe::validate(request.into_inner(), self.limits())?;
         let stream = subscribe::start(self.router.clone(), req, forwarded, credential, None)?;
         Ok(Response::new(stream))
@@ -139,7 +138,7 @@ impl timers_server::Timers for TimersService {
         request: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = request.metadata().get(AUTHORIZATION).cloned();
+        let credential = super::auth::credential(&request);
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("the stream ended before its first message (subscribe)")

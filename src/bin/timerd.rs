@@ -86,6 +86,23 @@ fn restore(backup: &std::path::Path, config: &timerdb::config::NodeConfig) -> an
     Ok(())
 }
 
+/// Reads the certificate files again on each SIGHUP (rotation without a restart); a file that
+/// does not load leaves the ones in use in place.
+async fn reload_on_sighup(tls: timerdb::tls::Tls) {
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("SIGHUP cannot be caught: certificates reload only on restart");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match tls.reload() {
+            Ok(()) => tracing::info!("SIGHUP: certificates reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: certificates not reloaded; the old ones stay")
+            }
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     configure_malloc();
     tokio::runtime::Builder::new_multi_thread()
@@ -169,9 +186,19 @@ async fn run() -> anyhow::Result<()> {
     let listener = TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    let node = timerdb::server::start(config, listener)
+    let peer_listener = match &config.tls.files.peer_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on --peer-listen {addr}"))?,
+        ),
+        None => None,
+    };
+    let tls = config.tls.clone();
+    let node = timerdb::server::start_with(config, listener, peer_listener)
         .await
         .context("node failed to start")?;
+    tokio::spawn(reload_on_sighup(tls));
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

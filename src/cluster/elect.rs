@@ -73,7 +73,7 @@ pub async fn run(config: Arc<NodeConfig>, raft: Raft, mut shutdown: watch::Recei
         });
         for (id, addr) in &voters {
             if *id != config.id && !probes.contains_key(id) {
-                let task = tokio::spawn(probe(*id, addr.clone(), seen.clone()));
+                let task = tokio::spawn(probe(*id, addr.clone(), seen.clone(), config.tls.clone()));
                 probes.insert(*id, (addr.clone(), task));
             }
         }
@@ -110,16 +110,12 @@ pub async fn run(config: Arc<NodeConfig>, raft: Raft, mut shutdown: watch::Recei
 }
 
 /// Checks peer `id` at `addr` every [`PROBE_EVERY`], noting in `seen` when it answered.
-async fn probe(id: NodeId, addr: String, seen: Seen) {
-    let Ok(endpoint) = Endpoint::from_shared(format!("http://{addr}")) else {
+async fn probe(id: NodeId, addr: String, seen: Seen, tls: crate::tls::Tls) {
+    let tuned = |e: Endpoint| e.connect_timeout(REACH_TTL).timeout(REACH_TTL);
+    let Ok(channel) = tls.channel(&addr, tuned) else {
         tracing::warn!(id, addr, "elections: bad peer address; never in reach");
         return;
     };
-    let channel = endpoint
-        .connect_timeout(REACH_TTL)
-        .timeout(REACH_TTL)
-        .tcp_nodelay(true)
-        .connect_lazy();
     let mut client = HealthClient::new(channel);
     loop {
         let asked = Instant::now();

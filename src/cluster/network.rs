@@ -28,7 +28,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::{de::DeserializeOwned, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::{NodeId, TypeConfig};
 use crate::api::pb::{raft_client::RaftClient, RaftMessage};
@@ -47,19 +47,17 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient::new(target, &self.config.dial_addr(target, &node.addr))
+        let addr = self.config.dial_addr(target, &node.addr);
+        PeerClient::new(target, &addr, &self.config.tls)
     }
 }
 
 /// Asks the node at `addr` to stand for election now, if it follows the leader of `term`
 /// (leadership transfer, see `membership`). Whether it did.
-pub async fn timeout_now(addr: &str, term: u64) -> crate::Result<bool> {
+pub async fn timeout_now(tls: &crate::tls::Tls, addr: &str, term: u64) -> crate::Result<bool> {
     let unreachable = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| unreachable(e.to_string()))?
-        .connect_timeout(Duration::from_secs(1))
-        .connect()
-        .await
+    let channel = tls
+        .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
     let mut request = tonic::Request::new(RaftMessage {
         data: encode(&term),
@@ -86,14 +84,11 @@ enum Rpc {
 }
 
 impl PeerClient {
-    fn new(target: NodeId, addr: &str) -> Self {
-        let client = Endpoint::from_shared(format!("http://{addr}"))
+    fn new(target: NodeId, addr: &str, tls: &crate::tls::Tls) -> Self {
+        let client = tls
+            .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .ok()
-            .map(|e| {
-                let channel = e
-                    .connect_timeout(Duration::from_secs(1))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+            .map(|channel| {
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)

@@ -75,6 +75,40 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(default)]
     pub snapshot: SnapshotSettings,
+    #[command(flatten)]
+    #[serde(default)]
+    pub tls: TlsSettings,
+}
+
+/// `[tls]`: transport security of the client and peer ports (docs/security.md). Files are
+/// PEM; every one is read again on SIGHUP.
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// The client port's certificate (chain): the port then speaks TLS only.
+    #[arg(long = "tls-cert", env = "TIMERDB_TLS_CERT")]
+    pub cert: Option<PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long = "tls-key", env = "TIMERDB_TLS_KEY")]
+    pub key: Option<PathBuf>,
+    /// CA certificates a client certificate must chain to: every client then needs one (mTLS).
+    #[arg(long = "client-ca", env = "TIMERDB_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// The cluster CA: peers must present a certificate it signed, and are trusted through it.
+    #[arg(long = "peer-ca", env = "TIMERDB_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+    /// This node's peer certificate (presented to the other nodes, and on the peer port).
+    #[arg(long = "peer-cert", env = "TIMERDB_PEER_CERT")]
+    pub peer_cert: Option<PathBuf>,
+    /// The private key of --peer-cert.
+    #[arg(long = "peer-key", env = "TIMERDB_PEER_KEY")]
+    pub peer_key: Option<PathBuf>,
+    /// Accept peer calls only from a certificate naming (DNS or IP SAN, or CN) a member's host.
+    #[arg(long = "peer-require-member", env = "TIMERDB_PEER_REQUIRE_MEMBER")]
+    pub peer_require_member: Option<bool>,
+    /// Serve the peers on their own address (HOST:PORT); --peers then lists these addresses.
+    #[arg(long = "peer-listen", env = "TIMERDB_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
 }
 
 /// `[raft]`: timing. All nodes should agree; see `RaftTiming` for why the defaults are what
@@ -156,6 +190,17 @@ impl Settings {
                 keep_log_entries: (self.snapshot.keep_log_entries)
                     .or(lower.snapshot.keep_log_entries),
             },
+            tls: TlsSettings {
+                cert: self.tls.cert.or(lower.tls.cert),
+                key: self.tls.key.or(lower.tls.key),
+                client_ca: self.tls.client_ca.or(lower.tls.client_ca),
+                peer_ca: self.tls.peer_ca.or(lower.tls.peer_ca),
+                peer_cert: self.tls.peer_cert.or(lower.tls.peer_cert),
+                peer_key: self.tls.peer_key.or(lower.tls.peer_key),
+                peer_require_member: (self.tls.peer_require_member)
+                    .or(lower.tls.peer_require_member),
+                peer_listen: self.tls.peer_listen.or(lower.tls.peer_listen),
+            },
         }
     }
 
@@ -179,6 +224,16 @@ impl Settings {
         c.join = self.join.unwrap_or(false);
         c.push_ca = self.push_ca.clone();
         c.auth_bootstrap_token_file = self.auth_bootstrap_token_file.clone();
+        c.tls = crate::tls::Tls::new(crate::tls::TlsFiles {
+            cert: self.tls.cert.clone(),
+            key: self.tls.key.clone(),
+            client_ca: self.tls.client_ca.clone(),
+            peer_ca: self.tls.peer_ca.clone(),
+            peer_cert: self.tls.peer_cert.clone(),
+            peer_key: self.tls.peer_key.clone(),
+            peer_require_member: self.tls.peer_require_member.unwrap_or(false),
+            peer_listen: self.tls.peer_listen.clone(),
+        });
         set(&mut c.bucket_ms, self.bucket_ms);
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(

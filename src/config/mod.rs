@@ -121,6 +121,8 @@ pub struct NodeConfig {
     pub push_ca: Option<PathBuf>,
     /// File of this node's bootstrap admin token (`--auth-bootstrap-token-file`).
     pub auth_bootstrap_token_file: Option<PathBuf>,
+    /// Transport security: the certificate files and what was loaded from them.
+    pub tls: crate::tls::Tls,
 }
 
 /// Deliberate bugs, each breaking one guarantee, switched on only by the chaos harness's proof
@@ -176,6 +178,7 @@ impl NodeConfig {
             join: false,
             push_ca: None,
             auth_bootstrap_token_file: None,
+            tls: Default::default(),
         }
     }
 

@@ -53,7 +53,32 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// A certificate whose common name and DNS name are `name` (a client or a node).
+    pub fn named(&self, name: &str, extra: &[&str]) -> Pair {
+        let mut names = vec![name.to_string()];
+        names.extend(extra.iter().map(|n| n.to_string()));
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Pair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+}
+
 impl Pair {
+    /// Writes `dir/stem.crt` and `dir/stem.key`; returns their paths.
+    pub fn write(&self, dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+        let cert = dir.join(format!("{stem}.crt"));
+        let key = dir.join(format!("{stem}.key"));
+        std::fs::write(&cert, &self.cert_pem).unwrap();
+        std::fs::write(&key, &self.key_pem).unwrap();
+        (cert, key)
+    }
+
     /// A TLS server configuration presenting this certificate.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         use rustls_pki_types::pem::PemObject;

@@ -18,3 +18,4 @@ mod push;
 mod push_http;
 mod receiver;
 mod rejoin;
+mod tls;

@@ -36,6 +36,15 @@ struct Cli {
     /// call; needed once auth is on (docs/security.md).
     #[arg(long, global = true, env = "TIMERDB_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM CA certificate(s) to trust for a TLS cluster (implies https://).
+    #[arg(long, global = true, env = "TIMERDB_CA")]
+    ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for a cluster that asks for one (mTLS); with --key.
+    #[arg(long, global = true, env = "TIMERDB_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, global = true, env = "TIMERDB_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
     /// text (for people) or json (one document per command, for scripts).
     #[arg(long, short, global = true, value_enum, default_value = "text")]
     output: output::Format,
@@ -224,11 +233,40 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+static TLS: std::sync::OnceLock<Option<tonic::transport::ClientTlsConfig>> =
+    std::sync::OnceLock::new();
+
+/// The TLS settings `--ca`, `--cert` and `--key` make (none: plain text).
+fn client_tls(cli: &Cli) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    if cli.ca.is_none() && cli.cert.is_none() && !cli.endpoint.starts_with("https://") {
+        return Ok(None);
+    }
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    let mut tls = ClientTlsConfig::new().with_webpki_roots();
+    if let Some(ca) = &cli.ca {
+        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(Some(tls))
+}
 
 pub(crate) async fn channel(endpoint: &str) -> anyhow::Result<Ch> {
-    let uri = endpoint_uri(endpoint);
-    let ch = tonic::transport::Endpoint::from_shared(uri.clone())?
-        .connect_timeout(Duration::from_secs(3))
+    let tls = TLS.get().cloned().flatten();
+    let mut uri = endpoint_uri(endpoint);
+    if tls.is_some() && uri.starts_with("http://") {
+        uri = uri.replacen("http://", "https://", 1);
+    }
+    let mut ep = tonic::transport::Endpoint::from_shared(uri.clone())?
+        .connect_timeout(Duration::from_secs(3));
+    if let Some(tls) = tls {
+        ep = ep.tls_config(tls)?;
+    }
+    let ch = ep
         .connect()
         .await
         .map_err(|e| output::unreachable(&uri, &e))?;
@@ -268,6 +306,15 @@ async fn main() {
     let cli = Cli::parse();
     output::set(cli.output);
     let _ = TOKEN.set(cli.token.clone());
+    match client_tls(&cli) {
+        Ok(tls) => {
+            let _ = TLS.set(tls);
+        }
+        Err(e) => {
+            output::error(&e);
+            std::process::exit(1);
+        }
+    }
     if let Err(e) = run(cli).await {
         output::error(&e);
         std::process::exit(1);

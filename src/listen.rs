@@ -1,0 +1,179 @@
+//! Accepting connections for the gRPC server: TCP, then TLS when the port has it.
+//!
+//! Each accepted socket gets `TCP_NODELAY` (tonic ignores its own setting for an injected
+//! listener, and Nagle's algorithm held small answers back for a delayed ACK, ~20-40 ms). A
+//! TLS handshake runs in its own task, bounded in time and in number, so a client that
+//! connects and says nothing holds up neither the accept loop nor other clients. The acceptor
+//! is asked for at each handshake, so a SIGHUP reload applies to the next connection.
+//!
+//! Every connection reports a [`ConnInfo`] (tonic puts it in each request's extensions): the
+//! remote address and the client certificates it presented, which the auth layer reads to
+//! tell a peer from a client and to find a certificate user.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::tls::{Port, Tls};
+
+/// Longest a TLS handshake may take.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+/// Most TLS handshakes in progress at once on one listener.
+const MAX_HANDSHAKES: usize = 256;
+
+/// One accepted connection, plain or TLS.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// What a request knows of its connection.
+#[derive(Debug, Clone, Default)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// The client's certificate chain (end entity first), if it presented one over TLS.
+    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Conn::Plain(s) => ConnInfo {
+                remote: s.peer_addr().ok(),
+                certs: None,
+            },
+            Conn::Tls(s) => {
+                let (tcp, session) = s.get_ref();
+                ConnInfo {
+                    remote: tcp.peer_addr().ok(),
+                    certs: session.peer_certificates().map(|c| Arc::new(c.to_vec())),
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The connections accepted on `listener`, TLS if `tls` has a configuration for `port`, until
+/// `shutdown`.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Tls,
+    port: Port,
+    mut shutdown: watch::Receiver<bool>,
+) -> ReceiverStream<io::Result<Conn>> {
+    let (tx, rx) = mpsc::channel(64);
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: go on after a pause.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "set_nodelay failed");
+            }
+            let Some(acceptor) = tls.acceptor(port) else {
+                if tx.send(Ok(Conn::Plain(tcp))).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                tracing::warn!("too many TLS handshakes in progress; connection dropped");
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let remote = tcp.peer_addr().ok();
+                match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => {
+                        let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(?remote, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(?remote, "TLS handshake timed out"),
+                }
+                drop(permit);
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
