@@ -196,6 +196,8 @@ pub enum Unauthenticated {
     Malformed,
     /// Unknown id, wrong secret, or revoked: the same answer, so a caller learns nothing.
     Unknown,
+    /// No token, and no key is bound to the client certificate presented.
+    UnknownCert,
 }
 
 impl Unauthenticated {
@@ -204,6 +206,7 @@ impl Unauthenticated {
             Unauthenticated::Missing => "missing",
             Unauthenticated::Malformed => "malformed",
             Unauthenticated::Unknown => "unknown",
+            Unauthenticated::UnknownCert => "unknown_cert",
         }
     }
 
@@ -216,6 +219,9 @@ impl Unauthenticated {
                 "the authorization header is not 'Bearer tdbk_<id>_<secret>'"
             }
             Unauthenticated::Unknown => "unknown or revoked API key",
+            Unauthenticated::UnknownCert => {
+                "no API key was sent, and no key is bound to the client certificate's names"
+            }
         }
     }
 }

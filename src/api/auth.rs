@@ -143,7 +143,7 @@ impl Gate {
         let names = crate::tls::cert_names(end);
         let key = names.iter().find_map(|n| state.by_cert_name(n));
         key.map(|k| Principal::Key(k.clone()))
-            .ok_or(Unauthenticated::Unknown)
+            .ok_or(Unauthenticated::UnknownCert)
     }
 
     /// Lets `req` through (with its principal in its extensions) or refuses it.

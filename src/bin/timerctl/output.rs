@@ -61,6 +61,9 @@ const NO_LEADER: &str = "the cluster has no leader that could take the call: a m
 const UNREACHABLE: &str = "is timerd running there? Point --endpoint (or TIMERDB_ENDPOINT) at \
     any node of the cluster";
 
+const TLS_HINT: &str = "if the cluster speaks TLS, pass its CA with --ca (TIMERDB_CA), and with \
+    mTLS a client certificate with --cert and --key (TIMERDB_CERT, TIMERDB_KEY)";
+
 /// A gRPC status as an error with a hint for the codes a person can act on.
 pub fn status_err(s: tonic::Status) -> anyhow::Error {
     let hint = match s.code() {
@@ -71,11 +74,25 @@ pub fn status_err(s: tonic::Status) -> anyhow::Error {
         tonic::Code::DeadlineExceeded => {
             Some("the node did not answer in time; it may be overloaded")
         }
+        // The connection failed under the call: often a TLS handshake the node refused.
+        tonic::Code::Unknown if std::error::Error::source(&s).is_some() => Some(TLS_HINT),
+        // Plain text sent to a TLS port gets a TLS alert back, which HTTP/2 cannot read.
+        tonic::Code::Internal if s.message().contains("h2 protocol error") => Some(TLS_HINT),
+        tonic::Code::Unauthenticated => Some(
+            "auth is on: pass an API key with --token (or TIMERDB_TOKEN); \
+             `timerctl auth key create` makes one",
+        ),
         _ => None,
+    };
+    let message = match std::error::Error::source(&s) {
+        Some(cause) if s.code() == tonic::Code::Unknown => {
+            format!("{}: {}", s.message(), causes(cause))
+        }
+        _ => s.message().to_string(),
     };
     CallError {
         code: format!("{:?}", s.code()),
-        message: s.message().to_string(),
+        message,
         hint,
     }
     .into()

@@ -21,16 +21,16 @@ struct Row {
     status: Result<pb::StatusResponse, String>,
 }
 
+/// Asks the member at `addr` with the same TLS settings and credential as the first node.
 async fn ask(addr: &str) -> Result<pb::StatusResponse, String> {
-    let uri = format!("http://{addr}");
-    let endpoint = tonic::transport::Endpoint::from_shared(uri).map_err(|e| e.to_string())?;
-    let ch = endpoint
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(2))
-        .connect()
+    let limit = Duration::from_secs(2);
+    let ch = tokio::time::timeout(limit, crate::channel(addr))
         .await
-        .map_err(|e| output::causes(&e))?;
-    let reply = ClusterClient::new(ch).status(pb::StatusRequest {}).await;
+        .map_err(|_| "no connection within 2 s".to_string())?
+        .map_err(|e| format!("{e:#}"))?;
+    let mut req = tonic::Request::new(pb::StatusRequest {});
+    req.set_timeout(limit);
+    let reply = ClusterClient::new(ch).status(req).await;
     reply
         .map(|r| r.into_inner())
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
