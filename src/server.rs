@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::api::access::AccessService;
 use crate::api::auth::{AuthLayer, Gate};
 use crate::api::cluster::ClusterService;
+use crate::api::limit::{LimitLayer, MAX_REQUESTS_IN_PROGRESS};
 use crate::api::namespaces::NamespacesService;
 use crate::api::pb::access_server::AccessServer;
 use crate::api::pb::namespaces_server::NamespacesServer;
@@ -260,16 +261,27 @@ async fn serve(
             None
         }
     };
+    let small = crate::api::MAX_SMALL_MESSAGE_BYTES;
     let result = tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .layer(crate::api::observe::ObserveLayer)
+        .layer(LimitLayer::new(MAX_REQUESTS_IN_PROGRESS))
         .layer(AuthLayer::new(gate))
         .layer(crate::api::forward::ForwardLayer::new(router))
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)
-        .add_service(NamespacesServer::new(NamespacesService::new(node.clone())))
-        .add_service(ClusterServer::new(ClusterService::new(node.clone())))
-        .add_service(AccessServer::new(AccessService::new(node.clone())))
+        .add_service(
+            NamespacesServer::new(NamespacesService::new(node.clone()))
+                .max_decoding_message_size(small),
+        )
+        .add_service(
+            ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(small),
+        )
+        .add_service(
+            AccessServer::new(AccessService::new(node.clone())).max_decoding_message_size(small),
+        )
         .add_service(peer)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
@@ -365,6 +377,11 @@ async fn wait_sole_owner(db: &Arc<rocksdb::DB>, within: Duration) -> bool {
     }
     true
 }
+
+/// Streams one client connection may have open at once (HTTP/2 refuses more).
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Largest header block a request may send.
+const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 
 /// Bound on the leadership hand-off before a planned stop.
 const HAND_OFF_LIMIT: Duration = Duration::from_secs(5);

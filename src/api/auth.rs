@@ -40,7 +40,6 @@ use tonic::body::Body;
 use tonic::Status;
 
 use super::methods::{self, Access, Names, Permission};
-use super::MAX_CLIENT_MESSAGE_BYTES;
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
 use crate::listen::ConnInfo;
 use crate::node::Node;
@@ -193,7 +192,7 @@ impl Gate {
             }
             Access::Namespace(permission, names) => {
                 let (parts, body) = req.into_parts();
-                let first = first_message(body).await?;
+                let first = first_message(body, methods::message_limit(&path)).await?;
                 if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
                     denied(&path, "no_permission", Some(&principal));
                     return Err(Status::permission_denied(format!(
@@ -315,8 +314,8 @@ struct First {
     rest: Body,
 }
 
-/// Reads the body up to the end of its first gRPC message, at most the client message limit.
-async fn first_message(mut body: Body) -> Result<First, Status> {
+/// Reads the body up to the end of its first gRPC message, of at most `max` bytes.
+async fn first_message(mut body: Body, max: usize) -> Result<First, Status> {
     let mut chunks = VecDeque::new();
     let mut have = 0usize;
     let mut need = None;
@@ -329,9 +328,9 @@ async fn first_message(mut body: Body) -> Result<First, Status> {
                 ));
             }
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            if len > MAX_CLIENT_MESSAGE_BYTES {
+            if len > max {
                 return Err(Status::resource_exhausted(format!(
-                    "request message of {len} bytes; the limit is {MAX_CLIENT_MESSAGE_BYTES}"
+                    "request message of {len} bytes; the limit is {max}"
                 )));
             }
             need = Some(FRAME_HEADER_BYTES + len);
@@ -466,6 +465,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::MAX_CLIENT_MESSAGE_BYTES;
     use super::*;
 
     #[test]
@@ -501,7 +501,7 @@ mod tests {
         let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
             chunks,
         )));
-        let first = first_message(body).await.unwrap();
+        let first = first_message(body, MAX_CLIENT_MESSAGE_BYTES).await.unwrap();
         assert_eq!(
             Named::decode(first.message.clone()).unwrap().namespace,
             "orders"
@@ -519,17 +519,26 @@ mod tests {
         let short = Body::new(http_body_util::Full::new(Bytes::from_static(&[
             0, 0, 0, 0, 9, 1,
         ])));
-        let e = first_message(short).await.err().unwrap();
+        let e = first_message(short, MAX_CLIENT_MESSAGE_BYTES)
+            .await
+            .err()
+            .unwrap();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         let huge = Body::new(http_body_util::Full::new(Bytes::from_static(&[
             0, 255, 255, 255, 255,
         ])));
-        let e = first_message(huge).await.err().unwrap();
+        let e = first_message(huge, MAX_CLIENT_MESSAGE_BYTES)
+            .await
+            .err()
+            .unwrap();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted);
         let packed = Body::new(http_body_util::Full::new(Bytes::from_static(&[
             1, 0, 0, 0, 0,
         ])));
-        let e = first_message(packed).await.err().unwrap();
+        let e = first_message(packed, MAX_CLIENT_MESSAGE_BYTES)
+            .await
+            .err()
+            .unwrap();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 

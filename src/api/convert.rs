@@ -239,13 +239,19 @@ pub fn encode_token(id: &str) -> String {
     id.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Longest page token this server issues: an id of at most 256 bytes, in hex (with room).
+const MAX_TOKEN_CHARS: usize = 1024;
+
 pub(crate) fn decode_token(token: &str) -> Result<String, Error> {
     let bad = || {
-        invalid(format!(
-            "page_token {token:?} is not one this server issued"
-        ))
+        // Not echoed: a token can be anything a client sends, of any length.
+        invalid("page_token is not one this server issued (pass next_page_token as it came)".into())
     };
-    if !token.len().is_multiple_of(2) {
+    // Checked as bytes before slicing, so a multi-byte character cannot split a slice.
+    if token.len() > MAX_TOKEN_CHARS
+        || !token.len().is_multiple_of(2)
+        || !token.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return Err(bad());
     }
     let bytes = (0..token.len())

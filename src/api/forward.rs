@@ -184,8 +184,9 @@ where
 {
     let node = &router.node;
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+    let limit = methods::message_limit(req.uri().path());
     let (parts, body) = req.into_parts();
-    let message = match read_message(body).await {
+    let message = match read_message(body, limit).await {
         Ok(m) => m,
         Err(status) => return status.into_http(),
     };
@@ -257,9 +258,9 @@ where
     }
 }
 
-/// The request's bytes (one gRPC message), at most the client message limit.
-async fn read_message(body: Body) -> Result<Bytes, Status> {
-    let limit = MAX_CLIENT_MESSAGE_BYTES + FRAME_HEADER_BYTES;
+/// The request's bytes (one gRPC message of at most `max` bytes).
+async fn read_message(body: Body, max: usize) -> Result<Bytes, Status> {
+    let limit = max + FRAME_HEADER_BYTES;
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) => {
@@ -267,9 +268,7 @@ async fn read_message(body: Body) -> Result<Bytes, Status> {
                 .downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some();
             Err(if too_big {
-                Status::resource_exhausted(format!(
-                    "request larger than {MAX_CLIENT_MESSAGE_BYTES} bytes"
-                ))
+                Status::resource_exhausted(format!("request larger than {max} bytes"))
             } else {
                 Status::cancelled(format!("reading the request: {e}"))
             })

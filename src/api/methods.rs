@@ -210,6 +210,18 @@ const fn ns_in(p: Permission, names: Names) -> Access {
     Access::Namespace(p, names)
 }
 
+/// Largest request message the RPC at `path` accepts: what the layers that read a request
+/// before its service (auth, forwarding) buffer at most.
+pub fn message_limit(path: &str) -> usize {
+    if path.starts_with("/timerdb.v1.Timers/") {
+        super::MAX_CLIENT_MESSAGE_BYTES
+    } else if path.starts_with("/timerdb.v1.Raft/") {
+        crate::cluster::network::MAX_PEER_MESSAGE_BYTES
+    } else {
+        super::MAX_SMALL_MESSAGE_BYTES
+    }
+}
+
 /// The rule of the RPC at `path`, if there is one.
 pub fn rule_of(path: &str) -> Option<&'static Rule> {
     RULES.iter().find(|r| r.path == path)

@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod convert;
 pub mod forward;
 pub mod health;
+pub mod limit;
 pub mod methods;
 pub mod namespaces;
 pub mod observe;
@@ -48,3 +49,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// Largest client message: a ScheduleBatch of `max_batch` timers with payloads.
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Largest request of the other client services (Namespaces, Cluster, Access): tonic's
+/// default, set explicitly so the layers that buffer a request stop at the same size.
+pub const MAX_SMALL_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -35,7 +35,7 @@ use crate::api::pb::{raft_client::RaftClient, RaftMessage};
 use crate::storage::{decode, encode};
 
 /// Largest peer message accepted or sent: entries batch many timers with their payloads.
-pub const MAX_PEER_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+pub const MAX_PEER_MESSAGE_BYTES: usize = crate::storage::MAX_DECODE_BYTES;
 
 /// Makes a [`PeerClient`] per target node, dialling the configured override if there is one.
 #[derive(Clone)]

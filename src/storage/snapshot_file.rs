@@ -185,19 +185,28 @@ pub struct RowReader {
     crc: crc32fast::Hasher,
     rows: u64,
     done: bool,
+    /// Bytes of the file not read yet: a length is checked against it before allocating.
+    left: u64,
 }
+
+/// Longest key or value a snapshot row may hold (the largest real one, the access state with
+/// every key, is far below it).
+const MAX_PART_BYTES: u64 = 64 * 1024 * 1024;
 
 /// One row: (column family index in `SM_CFS`, key, value).
 pub type Row = (u8, Vec<u8>, Vec<u8>);
 
 impl RowReader {
     pub fn open(path: &Path) -> Result<RowReader> {
-        let input = BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+        let file = std::fs::File::open(path)?;
+        let left = file.metadata()?.len();
+        let input = BufReader::with_capacity(1 << 20, file);
         let mut r = RowReader {
             input,
             crc: crc32fast::Hasher::new(),
             rows: 0,
             done: false,
+            left,
         };
         let mut magic = [0u8; 8];
         r.take(&mut magic)
@@ -219,6 +228,7 @@ impl RowReader {
     fn take(&mut self, buf: &mut [u8]) -> Result<()> {
         self.input.read_exact(buf).map_err(truncated)?;
         self.crc.update(buf);
+        self.left = self.left.saturating_sub(buf.len() as u64);
         Ok(())
     }
 
@@ -265,7 +275,16 @@ impl RowReader {
     fn part(&mut self) -> Result<Vec<u8>> {
         let mut len = [0u8; 4];
         self.take(&mut len)?;
-        let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+        let len = u64::from(u32::from_le_bytes(len));
+        if len > MAX_PART_BYTES || len > self.left {
+            return Err(Error::Storage(format!(
+                "snapshot row {} claims {len} bytes; {} are left in the file and a row part \
+                 holds at most {MAX_PART_BYTES} (the file is damaged)",
+                self.rows + 1,
+                self.left
+            )));
+        }
+        let mut buf = vec![0u8; len as usize];
         self.take(&mut buf)?;
         Ok(buf)
     }
@@ -312,6 +331,17 @@ mod tests {
             });
             assert!(outcome.is_err(), "cut at {cut} read as valid");
         }
+
+        // A length claiming 4 GiB (more than the file, more than a row holds): refused
+        // before anything that size is allocated.
+        let mut huge = full.clone();
+        let at = MAGIC.len() + 1; // the first row's key length
+        huge[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&path, &huge).unwrap();
+        let e = RowReader::open(&path)
+            .and_then(|mut r| r.next_row())
+            .unwrap_err();
+        assert!(e.to_string().contains("claims 4294967295 bytes"), "{e}");
 
         // One bit flipped anywhere (lengths aside, which fail on their own): refused.
         for at in 0..full.len() {

@@ -69,7 +69,7 @@ async fn create_key(
 }
 
 /// Every method of every service `addr` serves, from its reflection descriptors.
-async fn reflected_methods(c: &TestCluster, id: u64) -> Vec<String> {
+pub async fn reflected_methods(c: &TestCluster, id: u64) -> Vec<String> {
     let mut client = ServerReflectionClient::new(c.channel(id).await);
     let ask = |m: MessageRequest| ServerReflectionRequest {
         host: String::new(),

@@ -9,6 +9,7 @@ mod consume;
 mod consumer;
 mod ctl;
 mod delivery;
+mod garbage;
 mod harness;
 mod inproc;
 mod observe;

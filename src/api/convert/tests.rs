@@ -159,6 +159,16 @@ fn list_validation_and_tokens() {
     r.limit = 5;
     r.page_token = "zz".into();
     assert!(list_query(&r, &l).is_err());
+    // A multi-byte character where a hex pair would split it, and a huge token: refused, no
+    // panic, and not echoed back.
+    for bad in ["aéb".to_string(), "ab".repeat(100_000)] {
+        r.page_token = bad;
+        let e = list_query(&r, &l).unwrap_err().to_string();
+        assert!(
+            e.contains("not one this server issued") && e.len() < 200,
+            "{e}"
+        );
+    }
     r.page_token = encode_token("id/名");
     let p = list_query(&r, &l).unwrap();
     assert_eq!(p.after.as_deref(), Some("id/名"));
