@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, lints, unit tests, integration tests (real 3-node
 # clusters on loopback, real timerd processes) and the short chaos profile (release timerd
-# processes under faults, checked). Installs missing system packages first.
+# processes under faults, checked), and a short fuzzing run. Installs missing system packages
+# first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -9,12 +10,14 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
-echo "== building release timerd (the million-timer snapshot test runs it)"
-cargo build --release --quiet --bin timerd
+echo "== building release timerd (the million-timer snapshot test runs it) and timerdb-fuzz"
+cargo build --release --quiet --bin timerd --bin timerdb-fuzz
 export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"
 echo "== cargo test"
 cargo test --all-targets -- --test-threads=2 --skip rejoin:: "$@"
 echo "== cargo test: the million-timer wipe-and-rejoin, alone (it needs the machine's 2 cores)"
 cargo test --test cluster rejoin:: -- --test-threads=1 "$@"
+echo "== fuzzing (a short run over the committed corpus: scripts/fuzz.sh for longer)"
+bash scripts/fuzz.sh --seconds 40
 echo "== chaos (short profile)"
 bash scripts/chaos.sh --short

@@ -64,6 +64,11 @@ impl StateMachine {
         })
     }
 
+    /// The read side of this state machine.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The snapshot directory, for its counters.
     pub fn snapshots(&self) -> Arc<Snapshots> {
         self.snapshots.clone()

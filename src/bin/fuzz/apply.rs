@@ -1,0 +1,267 @@
+//! The apply target: bytes read as a program of client and leader commands (schedule, batch,
+//! cancel, reschedule, fire, deliver, ack, nack, redrive, namespace policy, access changes),
+//! applied to two fresh state machines — one entry at a time on one, all entries in one call
+//! on the other — which must give the same answers and the same digest (the determinism
+//! oracle of `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
+//!
+//! Programs stay in the domain the leader proposes from (its replicated clock only moves
+//! forward), so a disagreement is a real bug, not an impossible log.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+use timerdb::auth::{AccessChange, Key, Role};
+use timerdb::cluster::{FireSignal, TypeConfig};
+use timerdb::namespace::Policy;
+use timerdb::storage::{self, IndexGc, StateMachine, Store};
+use timerdb::timer::{Command, Grant, Response, TimerKey, TimerSpec, When};
+use timerdb::wheel::Wheel;
+
+use crate::targets::Verdict;
+
+/// A fixed start of the replicated clock (2026-01-01).
+const T0: i64 = 1_767_225_600_000;
+/// Most commands one program runs.
+const MAX_COMMANDS: usize = 64;
+const NAMESPACES: [&str; 2] = ["orders", "billing"];
+
+/// Reads bytes one at a time, 0 past the end.
+struct Bytes<'a>(&'a [u8], usize);
+
+impl Bytes<'_> {
+    fn next(&mut self) -> u8 {
+        let b = self.0.get(self.1).copied().unwrap_or(0);
+        self.1 += 1;
+        b
+    }
+
+    fn done(&self) -> bool {
+        self.1 >= self.0.len()
+    }
+
+    fn key(&mut self) -> TimerKey {
+        let ns = NAMESPACES[usize::from(self.next()) % NAMESPACES.len()];
+        TimerKey::new(ns, format!("t{}", self.next() % 24))
+    }
+}
+
+/// The commands `input` describes.
+pub fn program(input: &[u8]) -> Vec<Command> {
+    let mut b = Bytes(input, 0);
+    let mut now = T0;
+    let mut out = Vec::new();
+    while !b.done() && out.len() < MAX_COMMANDS {
+        let op = b.next() % 11;
+        let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
+        let cmd = match op {
+            0 => {
+                let key = b.key();
+                let when = When::At(at(&mut b, now));
+                let payload = vec![b.next(); usize::from(b.next() % 8)];
+                Command::Schedule {
+                    now_ms: now,
+                    spec: TimerSpec {
+                        key,
+                        when,
+                        payload,
+                        content_type: String::new(),
+                    },
+                }
+            }
+            1 => {
+                let n = 1 + b.next() % 4;
+                let specs = (0..n)
+                    .map(|_| TimerSpec {
+                        key: b.key(),
+                        when: When::At(at(&mut b, now)),
+                        payload: Vec::new(),
+                        content_type: String::new(),
+                    })
+                    .collect();
+                Command::ScheduleBatch { now_ms: now, specs }
+            }
+            2 => Command::Cancel {
+                now_ms: now,
+                key: b.key(),
+            },
+            3 => Command::Reschedule {
+                now_ms: now,
+                key: b.key(),
+                when: When::At(at(&mut b, now)),
+            },
+            4 => {
+                now += i64::from(b.next()) * 40;
+                Command::Fire {
+                    now_ms: now,
+                    max: 1 + u32::from(b.next() % 40),
+                    grants: Vec::new(),
+                }
+            }
+            5 => Command::Deliver {
+                now_ms: now,
+                grants: vec![Grant {
+                    namespace: NAMESPACES[usize::from(b.next()) % 2].into(),
+                    room: 1 + u32::from(b.next() % 8),
+                    push: false,
+                }],
+            },
+            6 => Command::Ack {
+                now_ms: now,
+                key: b.key(),
+                attempt: 1 + u32::from(b.next() % 3),
+            },
+            7 => Command::Nack {
+                now_ms: now,
+                key: b.key(),
+                attempt: 1 + u32::from(b.next() % 3),
+            },
+            8 => Command::Redrive {
+                now_ms: now,
+                keys: vec![b.key(), b.key()],
+            },
+            9 => Command::PutNamespace {
+                name: NAMESPACES[usize::from(b.next()) % 2].into(),
+                policy: Policy {
+                    max_attempts: 1 + u32::from(b.next() % 4),
+                    ack_timeout_ms: 1_000 + u64::from(b.next()) * 100,
+                    ..Policy::default()
+                },
+                push: None,
+            },
+            _ => Command::Access(match b.next() % 3 {
+                0 => AccessChange::PutKey(Key {
+                    id: format!("k{}", b.next() % 4),
+                    name: "fuzz".into(),
+                    secret_sha256: Some([b.next(); 32]),
+                    cert_name: None,
+                    roles: vec![if b.next() % 2 == 0 {
+                        Role::Admin
+                    } else {
+                        Role::parse("read:orders*").expect("a valid role")
+                    }],
+                    created_ms: now,
+                }),
+                1 => AccessChange::RevokeKey(format!("k{}", b.next() % 4)),
+                _ => AccessChange::Enable(b.next() % 2 == 0),
+            }),
+        };
+        out.push(cmd);
+    }
+    out
+}
+
+fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Arc::new(cmd)),
+    }
+}
+
+fn open(dir: &Path) -> Result<StateMachine, String> {
+    let gc = IndexGc::new();
+    let db = storage::open_db(dir, &gc).map_err(|e| e.to_string())?;
+    let store = Store::new(db, Wheel::default(), gc);
+    StateMachine::open(store, dir, Arc::new(FireSignal::default())).map_err(|e| e.to_string())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Runs the program on two state machines and compares them.
+pub fn run(input: &[u8]) -> Verdict {
+    let cmds = program(input);
+    if cmds.is_empty() {
+        return Ok("empty".into());
+    }
+    let (d1, d2) = (tempdir()?, tempdir()?);
+    runtime().block_on(async {
+        let (mut one, mut two) = (open(d1.path())?, open(d2.path())?);
+        let mut answers = Vec::new();
+        for (i, c) in cmds.iter().enumerate() {
+            let mut r = one
+                .apply([entry(i as u64 + 1, c.clone())])
+                .await
+                .map_err(|e| format!("apply failed: {e}"))?;
+            answers.push(r.pop().ok_or("no answer")?);
+        }
+        let entries: Vec<_> = (cmds.iter().cloned().enumerate())
+            .map(|(i, c)| entry(i as u64 + 1, c))
+            .collect();
+        let grouped = two
+            .apply(entries)
+            .await
+            .map_err(|e| format!("apply failed: {e}"))?;
+        if answers != grouped {
+            return Err(format!(
+                "same log, different answers:\n{answers:?}\n{grouped:?}"
+            ));
+        }
+        let digest = |sm: &StateMachine| sm_store(sm).digest().map_err(|e| e.to_string());
+        if digest(&one)? != digest(&two)? {
+            return Err("same log, different state (digests differ)".into());
+        }
+        let rejected = answers
+            .iter()
+            .filter(|r| matches!(r, Response::Rejected(_)))
+            .count();
+        Ok(format!(
+            "{} cmds {} rejected",
+            cmds.len().min(8),
+            rejected.min(4)
+        ))
+    })
+}
+
+fn tempdir() -> Result<crate::Scratch, String> {
+    crate::Scratch::new()
+}
+
+fn sm_store(sm: &StateMachine) -> &Store {
+    sm.store()
+}
+
+/// Seed programs: every op, then a day of fires.
+pub fn seed_programs() -> Vec<Vec<u8>> {
+    vec![
+        vec![0, 0, 1, 4, 7, 2, 0, 1, 1, 9, 4, 50, 5, 0, 5, 6, 0, 1, 1],
+        vec![
+            9, 0, 0, 200, 1, 3, 0, 1, 4, 1, 2, 5, 4, 200, 9, 5, 0, 8, 7, 0, 2, 1, 4, 250, 9,
+        ],
+        vec![10, 0, 1, 3, 1, 10, 2, 1, 10, 1, 0, 10, 2, 0, 10, 1, 2],
+        vec![
+            0, 1, 5, 10, 3, 2, 3, 1, 5, 20, 2, 1, 5, 4, 100, 9, 8, 1, 5, 1, 6,
+        ],
+    ]
+}
+
+/// A real backup file (a snapshot of a state machine that ran a seed program).
+pub fn seed_backup() -> Vec<Vec<u8>> {
+    let Ok(dir) = tempdir() else {
+        return Vec::new();
+    };
+    let built = runtime().block_on(async {
+        let mut sm = open(dir.path()).ok()?;
+        let entries: Vec<_> = (program(&seed_programs()[1]).into_iter().enumerate())
+            .map(|(i, c)| entry(i as u64 + 1, c))
+            .collect();
+        sm.apply(entries).await.ok()?;
+        sm.get_snapshot_builder().await.build_snapshot().await.ok()
+    });
+    if built.is_none() {
+        return Vec::new();
+    }
+    let files = std::fs::read_dir(dir.path().join("snapshot"))
+        .into_iter()
+        .flatten();
+    files
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".data"))
+        .filter_map(|f| std::fs::read(f.path()).ok())
+        .collect()
+}
