@@ -187,6 +187,9 @@ pub struct AccessState {
     pub enabled: bool,
     /// By id.
     pub keys: BTreeMap<String, Key>,
+    /// Ids of revoked keys, oldest first, the latest [`MAX_KEYS`]: a node refuses them at
+    /// once, while it gives an id it has never seen a moment to arrive (`api::auth`).
+    pub revoked: std::collections::VecDeque<String>,
 }
 
 /// Why a credential was not accepted (UNAUTHENTICATED), for metrics and messages.
@@ -194,8 +197,10 @@ pub struct AccessState {
 pub enum Unauthenticated {
     Missing,
     Malformed,
-    /// Unknown id, wrong secret, or revoked: the same answer, so a caller learns nothing.
+    /// Unknown id or wrong secret: the same answer as revoked, so a caller learns nothing.
     Unknown,
+    /// A revoked key (answered as `Unknown`; told apart for metrics and for waiting).
+    Revoked,
     /// No token, and no key is bound to the client certificate presented.
     UnknownCert,
 }
@@ -206,6 +211,7 @@ impl Unauthenticated {
             Unauthenticated::Missing => "missing",
             Unauthenticated::Malformed => "malformed",
             Unauthenticated::Unknown => "unknown",
+            Unauthenticated::Revoked => "revoked",
             Unauthenticated::UnknownCert => "unknown_cert",
         }
     }
@@ -218,7 +224,7 @@ impl Unauthenticated {
             Unauthenticated::Malformed => {
                 "the authorization header is not 'Bearer tdbk_<id>_<secret>'"
             }
-            Unauthenticated::Unknown => "unknown or revoked API key",
+            Unauthenticated::Unknown | Unauthenticated::Revoked => "unknown or revoked API key",
             Unauthenticated::UnknownCert => {
                 "no API key was sent, and no key is bound to the client certificate's names"
             }
@@ -234,7 +240,12 @@ impl AccessState {
     /// The key a token names, if its secret is right.
     pub fn by_token(&self, token: &str) -> std::result::Result<&Key, Unauthenticated> {
         let (id, secret) = split_token(token).ok_or(Unauthenticated::Malformed)?;
-        let key = self.keys.get(id).ok_or(Unauthenticated::Unknown)?;
+        let Some(key) = self.keys.get(id) else {
+            return Err(match self.revoked.contains(&id.to_string()) {
+                true => Unauthenticated::Revoked,
+                false => Unauthenticated::Unknown,
+            });
+        };
         match &key.secret_sha256 {
             Some(want) if digest_eq(&sha256(secret.as_bytes()), want) => Ok(key),
             _ => Err(Unauthenticated::Unknown),
@@ -280,6 +291,10 @@ impl AccessState {
                     )));
                 }
                 self.keys.remove(id);
+                self.revoked.push_back(id.clone());
+                if self.revoked.len() > MAX_KEYS {
+                    self.revoked.pop_front();
+                }
             }
             AccessChange::Enable(on) => {
                 if *on && !self.has_admin() {
@@ -493,6 +508,10 @@ mod tests {
         s.change(&AccessChange::Enable(false)).unwrap();
         s.change(&AccessChange::RevokeKey("bb".into())).unwrap();
         assert!(s.keys.is_empty());
+        // A revoked key is told from one never seen (answered alike; waited for differently).
+        let token = |id: &str| format!("{TOKEN_PREFIX}{id}_{}", "0".repeat(64));
+        assert_eq!(s.by_token(&token("bb")), Err(Unauthenticated::Revoked));
+        assert_eq!(s.by_token(&token("cc")), Err(Unauthenticated::Unknown));
     }
 
     #[test]

@@ -42,12 +42,15 @@ use tonic::Status;
 use super::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
 use crate::listen::ConnInfo;
-use crate::node::Node;
+use crate::node::{Leader, Node};
 use crate::storage::Store;
 use crate::tls::Port;
 
 /// The header a credential travels in.
 pub const AUTHORIZATION: &str = "authorization";
+
+/// Longest a follower waits to learn of a key it does not know (see `after_catching_up`).
+const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// A gRPC message's frame header: compression flag, then the length (u32, big-endian).
 const FRAME_HEADER_BYTES: usize = 5;
@@ -121,6 +124,33 @@ impl Gate {
         state.by_token(token).map(|k| Principal::Key(k.clone()))
     }
 
+    /// A key this follower does not know may have been created an instant ago: its creation is
+    /// acknowledged once the leader applied it, and a follower applies it a heartbeat later
+    /// at most. So wait for the access state to change, up to [`CATCH_UP`], and look again.
+    /// (A caller with a made-up key is held that long at most, within the node's bound on
+    /// requests in progress.)
+    async fn after_catching_up(
+        &self,
+        headers: &http::HeaderMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<Principal, Unauthenticated> {
+        let changes = self.store().access_changes();
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        loop {
+            let next = changes.notified();
+            tokio::pin!(next);
+            next.as_mut().enable();
+            let state = self.store().access();
+            match self.principal(headers, conn, &state) {
+                Err(Unauthenticated::Unknown) => {}
+                found => return found,
+            }
+            if tokio::time::timeout_at(deadline, next).await.is_err() {
+                return Err(Unauthenticated::Unknown);
+            }
+        }
+    }
+
     fn cert_principal(
         &self,
         headers: &http::HeaderMap,
@@ -172,7 +202,13 @@ impl Gate {
             return Ok(req);
         }
         let conn = req.extensions().get::<ConnInfo>();
-        let principal = match self.principal(req.headers(), conn, &state) {
+        let found = match self.principal(req.headers(), conn, &state) {
+            Err(Unauthenticated::Unknown) if self.node.leader() != Leader::Me => {
+                self.after_catching_up(req.headers(), conn).await
+            }
+            other => other,
+        };
+        let principal = match found {
             Ok(p) => p,
             Err(why) => {
                 denied(&path, why.reason(), None);

@@ -28,6 +28,12 @@ impl Store {
     /// Makes `state` the one callers see (after the entry that changed it was written).
     pub(super) fn set_access(&self, state: AccessState) {
         *self.access.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(state);
+        self.access_changed.notify_waiters();
+    }
+
+    /// What wakes a waiter when the access state changes next (see `api::auth`).
+    pub fn access_changes(&self) -> Arc<tokio::sync::Notify> {
+        self.access_changed.clone()
     }
 
     /// Reads the access state from the database (on open, after a snapshot install).

@@ -81,6 +81,8 @@ pub struct Store {
     pub(super) gc: Arc<IndexGc>,
     /// The applied access state (keys, auth on/off), read on every call (`access.rs`).
     pub(super) access: Arc<std::sync::RwLock<Arc<crate::auth::AccessState>>>,
+    /// Woken each time the access state changes.
+    pub(super) access_changed: Arc<tokio::sync::Notify>,
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
@@ -179,6 +181,7 @@ impl Store {
             heads: Arc::default(),
             gc,
             access: Arc::default(),
+            access_changed: Arc::default(),
         }
     }
 

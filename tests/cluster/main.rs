@@ -19,4 +19,5 @@ mod push;
 mod push_http;
 mod receiver;
 mod rejoin;
+mod secure_process;
 mod tls;
