@@ -20,9 +20,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::access::AccessService;
-use crate::api::auth::{AuthLayer, Gate};
+use crate::api::auth::Gate;
 use crate::api::cluster::ClusterService;
-use crate::api::limit::{LimitLayer, MAX_REQUESTS_IN_PROGRESS};
+use crate::api::layer::LayerOf;
+use crate::api::limit::{Bound, MAX_REQUESTS_IN_PROGRESS};
 use crate::api::namespaces::NamespacesService;
 use crate::api::pb::access_server::AccessServer;
 use crate::api::pb::namespaces_server::NamespacesServer;
@@ -266,9 +267,11 @@ async fn serve(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .layer(crate::api::observe::ObserveLayer)
-        .layer(LimitLayer::new(MAX_REQUESTS_IN_PROGRESS))
-        .layer(AuthLayer::new(gate))
-        .layer(crate::api::forward::ForwardLayer::new(router))
+        // The layers are each an `api::layer::Around`: the request bound, then auth, then
+        // forwarding to the leader.
+        .layer(LayerOf(Bound::new(MAX_REQUESTS_IN_PROGRESS)))
+        .layer(LayerOf(Arc::new(gate)))
+        .layer(LayerOf(router))
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)

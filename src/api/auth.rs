@@ -26,8 +26,6 @@
 //! user's call names it in [`PRINCIPAL_HEADER`], which a node believes only from a peer.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -39,6 +37,7 @@ use prost::Message;
 use tonic::body::Body;
 use tonic::Status;
 
+use super::layer::{Answer, Around, Inner};
 use super::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
 use crate::listen::ConnInfo;
@@ -436,65 +435,15 @@ impl hyper::body::Body for Prefixed {
     }
 }
 
-/// Wraps the server's services in [`Auth`].
-#[derive(Clone)]
-pub struct AuthLayer {
-    gate: Arc<Gate>,
-}
-
-impl AuthLayer {
-    pub fn new(gate: Gate) -> Self {
-        AuthLayer {
-            gate: Arc::new(gate),
-        }
-    }
-}
-
-impl<S> tower::Layer<S> for AuthLayer {
-    type Service = Auth<S>;
-    fn layer(&self, inner: S) -> Auth<S> {
-        Auth {
-            inner,
-            gate: self.gate.clone(),
-        }
-    }
-}
-
-/// The service [`AuthLayer`] makes.
-#[derive(Clone)]
-pub struct Auth<S> {
-    inner: S,
-    gate: Arc<Gate>,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S> tower::Service<http::Request<Body>> for Auth<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        // The service that was made ready serves this call; a clone waits for the next one.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
-        let gate = self.gate.clone();
+/// The auth layer (`LayerOf(Arc<Gate>)`): [`Gate::check`] before every call.
+impl Around for Arc<Gate> {
+    fn around<S: Inner>(&self, inner: S, req: http::Request<Body>) -> Answer {
+        let gate = self.clone();
         Box::pin(async move {
-            match gate.check(req).await {
-                Ok(req) => inner.call(req).await,
-                Err(status) => Ok(status.into_http()),
-            }
+            Ok(match gate.check(req).await {
+                Ok(req) => super::layer::call(inner, req).await,
+                Err(status) => status.into_http(),
+            })
         })
     }
 }

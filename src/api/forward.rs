@@ -19,11 +19,7 @@
 //! The handlers hold only their own logic: they run where this layer sends them.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,6 +29,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
+use super::layer::{Answer, Around, Inner};
 use super::methods::{self, Route};
 use super::pb::timers_client::TimersClient;
 use super::MAX_CLIENT_MESSAGE_BYTES;
@@ -106,60 +103,12 @@ impl Router {
     }
 }
 
-/// Wraps the server's services in [`Forward`].
-#[derive(Clone)]
-pub struct ForwardLayer {
-    router: Arc<Router>,
-}
-
-impl ForwardLayer {
-    pub fn new(router: Arc<Router>) -> Self {
-        ForwardLayer { router }
-    }
-}
-
-impl<S> tower::Layer<S> for ForwardLayer {
-    type Service = Forward<S>;
-    fn layer(&self, inner: S) -> Forward<S> {
-        Forward {
-            inner,
-            router: self.router.clone(),
-        }
-    }
-}
-
-/// The service [`ForwardLayer`] makes.
-#[derive(Clone)]
-pub struct Forward<S> {
-    inner: S,
-    router: Arc<Router>,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S> tower::Service<http::Request<Body>> for Forward<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        // The service that was made ready serves this call; a clone waits for the next one.
-        let ready = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, ready);
+/// The forwarding layer (`LayerOf(Arc<Router>)`): each call runs where its route says.
+impl Around for Arc<Router> {
+    fn around<S: Inner>(&self, inner: S, req: http::Request<Body>) -> Answer {
         match methods::rule_of(req.uri().path()).map(|r| r.route) {
             Some(Route::Leader { timeout }) => {
-                let router = self.router.clone();
+                let router = self.clone();
                 Box::pin(async move { Ok(on_leader(&router, inner, req, timeout).await) })
             }
             // Local, or unknown (the auth layer refuses it; tonic answers UNIMPLEMENTED).
@@ -172,16 +121,12 @@ where
 }
 
 /// Runs `req` on the leader: here through `inner`, or forwarded.
-async fn on_leader<S>(
+async fn on_leader<S: Inner>(
     router: &Router,
     inner: S,
     req: http::Request<Body>,
     timeout: Option<Duration>,
-) -> http::Response<Body>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone,
-{
+) -> http::Response<Body> {
     let node = &router.node;
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let limit = methods::message_limit(req.uri().path());
@@ -197,15 +142,7 @@ where
         match node.leader() {
             Leader::Me => {
                 let req = rebuild(&parts, message.clone(), false, timeout);
-                let mut svc = inner.clone();
-                let ready = std::future::poll_fn(|cx| svc.poll_ready(cx)).await;
-                if let Err(never) = ready {
-                    match never {}
-                }
-                let resp = match svc.call(req).await {
-                    Ok(r) => r,
-                    Err(never) => match never {},
-                };
+                let resp = super::layer::call(inner.clone(), req).await;
                 // Leadership moved under the call: the next leader may take it.
                 match retry_status(&resp) {
                     Some(s) if !forwarded => last = s.message().to_string(),

@@ -7,83 +7,46 @@
 //! clients must still replicate and elect. Per connection, HTTP/2 bounds the streams
 //! (`MAX_STREAMS_PER_CONNECTION` in `server.rs`).
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use tokio::sync::Semaphore;
 use tonic::body::Body;
 use tonic::Status;
 
+use super::layer::{Answer, Around, Inner};
+
 /// Most client requests a node works on at once.
 pub const MAX_REQUESTS_IN_PROGRESS: usize = 8192;
 
-/// Wraps the server's services in [`Limit`].
+/// The request bound: slots for client requests in progress.
 #[derive(Clone)]
-pub struct LimitLayer {
+pub struct Bound {
     slots: Arc<Semaphore>,
     max: usize,
 }
 
-impl LimitLayer {
+impl Bound {
     pub fn new(max: usize) -> Self {
-        LimitLayer {
+        Bound {
             slots: Arc::new(Semaphore::new(max)),
             max,
         }
     }
 }
 
-impl<S> tower::Layer<S> for LimitLayer {
-    type Service = Limit<S>;
-    fn layer(&self, inner: S) -> Limit<S> {
-        Limit {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service [`LimitLayer`] makes.
-#[derive(Clone)]
-pub struct Limit<S> {
-    inner: S,
-    layer: LimitLayer,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 /// Whether `path` is exempt: peers and health checks.
 fn exempt(path: &str) -> bool {
     path.starts_with("/timerdb.v1.Raft/") || path.starts_with("/grpc.health.v1.")
 }
 
-impl<S> tower::Service<http::Request<Body>> for Limit<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
+/// The request bound as a layer (`LayerOf(Bound)`).
+impl Around for Bound {
+    fn around<S: Inner>(&self, mut inner: S, req: http::Request<Body>) -> Answer {
         if exempt(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
-        let Ok(permit) = self.layer.slots.clone().try_acquire_owned() else {
-            let max = self.layer.max;
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            let max = self.max;
             let status = Status::resource_exhausted(format!(
                 "this node is working on {max} requests already; retry shortly or elsewhere"
             ));
@@ -99,7 +62,9 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::layer::LayerOf;
     use super::*;
+    use std::convert::Infallible;
     use tower::{Layer, Service, ServiceExt};
 
     #[tokio::test]
@@ -112,7 +77,7 @@ mod tests {
                 Ok::<_, Infallible>(http::Response::new(Body::empty()))
             }
         });
-        let mut svc = LimitLayer::new(2).layer(slow);
+        let mut svc = LayerOf(Bound::new(2)).layer(slow);
         let req = |path: &str| {
             http::Request::builder()
                 .uri(path)

@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod convert;
 pub mod forward;
 pub mod health;
+pub mod layer;
 pub mod limit;
 pub mod methods;
 pub mod namespaces;

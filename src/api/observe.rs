@@ -7,10 +7,10 @@
 //! layer does not wait for). Latency is the time to the response headers, which for a unary
 //! call is the whole call.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
+
+use super::layer::BoxFuture;
 
 /// Wraps a service in [`Observe`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -28,8 +28,6 @@ impl<S> tower::Layer<S> for ObserveLayer {
 pub struct Observe<S> {
     inner: S,
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B, RB> tower::Service<http::Request<B>> for Observe<S>
 where
