@@ -60,6 +60,18 @@ impl Error {
     }
 }
 
+/// An error and its sources, as one line ("transport error: connection refused"): a
+/// transport error's own text says little.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
 impl From<rocksdb::Error> for Error {
     fn from(e: rocksdb::Error) -> Self {
         Error::Storage(e.to_string())

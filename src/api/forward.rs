@@ -175,7 +175,7 @@ async fn on_leader<S: Inner>(
                         None => return resp,
                     },
                     // The connection failed or broke under the call: the outcome is unknown.
-                    Err(e) => last = format!("leader {id} at {addr}: {}", chain(&e)),
+                    Err(e) => last = format!("leader {id} at {addr}: {}", crate::error::chain(&e)),
                 }
             }
             Leader::Unknown if forwarded => {
@@ -246,17 +246,6 @@ fn rebuild(
         }
     }
     req
-}
-
-/// An error and its sources, as one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
 }
 
 /// The status of an answer that says "try the next leader": UNAVAILABLE marked

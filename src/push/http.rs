@@ -28,6 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower::Service;
 
 use super::{Answer, Message, RetryAfter};
+use crate::error::chain;
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
 
 /// Bytes of an error body kept for the attempt log.
@@ -259,15 +260,4 @@ async fn first_bytes(mut body: hyper::body::Incoming, keep: bool) -> (String, bo
             None => break (String::from_utf8_lossy(&buf).into_owned(), true),
         }
     }
-}
-
-/// An error and its sources, as one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text = format!("{text}: {s}");
-        source = s.source();
-    }
-    text
 }
