@@ -264,6 +264,30 @@ async fn peer_attack(ch: Channel, term: u64) -> Vec<(&'static str, Result<(), to
     ]
 }
 
+/// Waits until every running node sees the same leader and term (a start may take two
+/// elections), then returns them.
+async fn settled_leader_and_term(c: &TestCluster) -> (u64, u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen: Vec<(Option<u64>, u64)> = c
+            .running()
+            .iter()
+            .map(|id| {
+                let m = c.node(*id).node.raft.metrics().borrow().clone();
+                (m.current_leader, m.current_term)
+            })
+            .collect();
+        if seen[0].0.is_some() && seen.windows(2).all(|w| w[0] == w[1]) {
+            return (seen[0].0.unwrap(), seen[0].1);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no settled leader: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The leader and term every running node sees (asserting they agree).
 fn leader_and_term(c: &TestCluster) -> (u64, u64) {
     let seen: Vec<(Option<u64>, u64)> = c
@@ -283,7 +307,7 @@ async fn a_process_without_the_peer_certificate_cannot_move_the_cluster() {
     let pki = Arc::new(Pki::new());
     let p = pki.clone();
     let c = TestCluster::start_with(3, move |cfg| cfg.tls = Tls::new(p.files(true))).await;
-    let (leader, term) = leader_and_term(&c);
+    let (leader, term) = settled_leader_and_term(&c).await;
     let ca = pki.cluster.pem();
     let mut tried = 0;
     for node in c.running() {
