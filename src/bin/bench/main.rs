@@ -23,6 +23,9 @@ mod progress;
 mod proxy;
 mod push;
 mod report;
+#[allow(dead_code)]
+#[path = "../chaos/secure.rs"]
+mod secure;
 mod target;
 mod write;
 

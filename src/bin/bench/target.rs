@@ -25,7 +25,7 @@ impl Target {
     /// Starts a fresh local cluster in `dir` (no proxies: peers dial each other directly).
     pub async fn start(dir: &Path, timerd: &Path) -> anyhow::Result<Target> {
         std::fs::create_dir_all(dir)?;
-        let procs = ProcCluster::start(dir, timerd, "", false, false).await?;
+        let procs = ProcCluster::start(dir, timerd, "", false, false, None).await?;
         let addrs = NODES
             .iter()
             .map(|id| (*id, procs.nodes[id].addr.clone()))

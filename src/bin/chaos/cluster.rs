@@ -14,6 +14,7 @@ use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::Timer
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proxy::{Link, Mode};
+use crate::secure::{Conn, Credential, Secure};
 
 pub const NODES: [u64; 3] = [1, 2, 3];
 /// The node whose data dir is a tmpfs (the disk-full target).
@@ -36,6 +37,10 @@ pub struct ProcCluster {
     /// (from, to) → the proxy `from` dials `to` through.
     links: BTreeMap<(u64, u64), Link>,
     tmpfs: bool,
+    /// TLS and auth (`--secure`), if on.
+    secure: Option<Secure>,
+    /// What the workers' calls carry (a bearer token once auth is on).
+    credential: Credential,
 }
 
 /// The `timerd` binary to run: `given`, or the one built next to this executable.
@@ -57,13 +62,15 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl ProcCluster {
     /// Starts the proxies (when `proxies`) and the three nodes; `fault` is passed to every node
-    /// (proof runs). Without proxies the nodes dial each other directly (benchmarks).
+    /// (proof runs). Without proxies the nodes dial each other directly (benchmarks). With
+    /// `secure` the nodes run TLS, mTLS and peer mTLS (auth is turned on by `enable_auth`).
     pub async fn start(
         dir: &Path,
         timerd: &Path,
         fault: &str,
         tmpfs: bool,
         proxies: bool,
+        secure: Option<Secure>,
     ) -> anyhow::Result<Self> {
         let mut nodes = BTreeMap::new();
         for id in NODES {
@@ -89,6 +96,8 @@ impl ProcCluster {
             nodes,
             links,
             tmpfs: false,
+            secure,
+            credential: Credential::default(),
         };
         if tmpfs {
             c.tmpfs = mount_tmpfs(&c.data_dir(DISK_NODE))?;
@@ -138,6 +147,7 @@ impl ProcCluster {
             .arg(format!("--clock-offset-ms={}", node.skew_ms))
             .arg("--fault")
             .arg(&self.fault)
+            .args(self.secure.iter().flat_map(|s| s.node_args(id)))
             .arg("--log")
             .arg("info,openraft=warn")
             .stdout(log.try_clone()?)
@@ -233,17 +243,40 @@ impl ProcCluster {
         Ok(())
     }
 
+    /// A channel to node `id` with no token: the harness's certificate user when secure.
     pub async fn channel(&self, id: u64) -> anyhow::Result<Channel> {
-        Ok(
-            Endpoint::from_shared(format!("http://{}", self.nodes[&id].addr))?
-                .connect_timeout(Duration::from_millis(500))
-                .tcp_nodelay(true)
-                .connect_lazy(),
-        )
+        let addr = &self.nodes[&id].addr;
+        let endpoint = match &self.secure {
+            Some(s) => s.endpoint(addr)?,
+            None => Endpoint::from_shared(format!("http://{addr}"))?,
+        };
+        Ok(endpoint
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .connect_lazy())
     }
 
-    pub async fn timers(&self, id: u64) -> anyhow::Result<TimersClient<Channel>> {
-        Ok(TimersClient::new(self.channel(id).await?))
+    /// A Timers client for the workers and consumers, with their credential.
+    pub async fn timers(&self, id: u64) -> anyhow::Result<TimersClient<Conn>> {
+        let channel = self.channel(id).await?;
+        Ok(TimersClient::with_interceptor(
+            channel,
+            self.credential.clone(),
+        ))
+    }
+
+    /// When secure: creates the keys, turns auth on, and checks on every node that calls
+    /// without the right credential are refused; the workers' clients made after this carry
+    /// their key. Nothing without `--secure`.
+    pub async fn enable_auth(&mut self) -> anyhow::Result<()> {
+        let Some(secure) = self.secure.clone() else {
+            return Ok(());
+        };
+        self.credential = crate::secure::enable_auth(self.channel(1).await?).await?;
+        for id in NODES {
+            crate::secure::verify(&secure, &self.nodes[&id].addr, &self.credential).await?;
+        }
+        Ok(())
     }
 
     /// Node `id`'s Status, if it answers within a short time.

@@ -17,6 +17,7 @@ mod proxy;
 mod push;
 mod report;
 mod run;
+mod secure;
 mod workload;
 
 use std::path::PathBuf;
@@ -60,6 +61,10 @@ struct Args {
     /// Prove the checker: one run per deliberate bug, each must be caught.
     #[arg(long)]
     prove: bool,
+    /// Run with TLS, client mTLS, peer mTLS and auth on, with the certificates in DIR (made by
+    /// `scripts/certs.sh DIR --client chaos-client`).
+    #[arg(long, value_name = "DIR")]
+    secure: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -83,6 +88,12 @@ async fn go(args: Args) -> anyhow::Result<bool> {
         let stamp = workload::now_ms();
         std::env::temp_dir().join(format!("timerdb-chaos-{}-{stamp}", std::process::id()))
     });
+    if let Some(dir) = &args.secure {
+        println!(
+            "secure runs: client TLS + mTLS, peer mTLS (members only), auth on with keys ({})",
+            dir.display()
+        );
+    }
     let ok = if args.prove {
         prove(&args, &timerd, &base).await?
     } else {
@@ -95,6 +106,10 @@ async fn go(args: Args) -> anyhow::Result<bool> {
         println!("data dirs and node logs kept in {}", base.display());
     }
     Ok(ok)
+}
+
+fn secure(args: &Args) -> anyhow::Result<Option<secure::Secure>> {
+    args.secure.as_deref().map(secure::Secure::new).transpose()
 }
 
 async fn soak(
@@ -123,6 +138,7 @@ async fn soak(
             },
             workers: args.workers,
             tmpfs: !args.no_disk,
+            secure: secure(args)?,
         };
         let report = run::run(&cfg).await?;
         totals.add(&report);
@@ -170,6 +186,7 @@ async fn prove(
             mix,
             workers: workers.max(args.workers),
             tmpfs: false,
+            secure: secure(args)?,
         };
         let report = run::run(&cfg).await?;
         report::Totals::default().add(&report);

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::secure::Conn;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
@@ -20,7 +21,6 @@ use rand::{Rng, SeedableRng};
 use timerdb::api::pb::{self, timers_client::TimersClient};
 use timerdb::push::sign::Secret;
 use tokio::sync::watch;
-use tonic::transport::Channel;
 
 use crate::checker::{Findings, SkewWindow};
 use crate::workload::now_ms;
@@ -150,7 +150,7 @@ pub fn policy(url: &str) -> pb::NamespacePolicy {
 
 /// Schedules batches of timers into the push namespace through random nodes until `stop`.
 pub async fn worker(
-    clients: Vec<(u64, TimersClient<Channel>)>,
+    clients: Vec<(u64, TimersClient<Conn>)>,
     history: SharedPush,
     seed: u64,
     mut stop: watch::Receiver<bool>,

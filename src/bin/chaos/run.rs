@@ -6,16 +6,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::secure::Conn;
 use anyhow::{bail, Context};
 use timerdb::api::pb::{self, namespaces_client::NamespacesClient, timers_client::TimersClient};
 use tokio::sync::watch;
-use tonic::transport::Channel;
 
 use crate::checker::{self, Findings, SkewWindow};
 use crate::cluster::{ProcCluster, DISK_NODE, NODES};
 use crate::plan::{self, Fault, Mix, Step, Target};
 use crate::proxy::Mode;
 use crate::push::{self, SharedPush, PUSH_NAMESPACE};
+use crate::secure::Secure;
 use crate::workload::{self, now_ms, History, Shared, NAMESPACE};
 
 pub struct RunConfig {
@@ -28,6 +29,8 @@ pub struct RunConfig {
     pub mix: Mix,
     pub workers: usize,
     pub tmpfs: bool,
+    /// TLS, mTLS, peer mTLS and auth on (`--secure DIR`).
+    pub secure: Option<Secure>,
 }
 
 /// A fault as it happened.
@@ -55,9 +58,11 @@ const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
 
 pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     std::fs::create_dir_all(&cfg.dir)?;
+    let secure = cfg.secure.clone();
     let mut cluster =
-        ProcCluster::start(&cfg.dir, &cfg.timerd, &cfg.fault, cfg.tmpfs, true).await?;
+        ProcCluster::start(&cfg.dir, &cfg.timerd, &cfg.fault, cfg.tmpfs, true, secure).await?;
     cluster.wait_leader(Duration::from_secs(30)).await?;
+    cluster.enable_auth().await?;
     let mut clients = Vec::new();
     for id in NODES {
         clients.push((id, cluster.timers(id).await?));
@@ -251,7 +256,7 @@ async fn wait_new_leader(cluster: &ProcCluster, old: u64, limit: Duration) -> Op
 }
 
 /// Waits until every timer due has fired and every fired timer is acked, in both namespaces.
-async fn quiesce(clients: &[(u64, TimersClient<Channel>)]) -> anyhow::Result<()> {
+async fn quiesce(clients: &[(u64, TimersClient<Conn>)]) -> anyhow::Result<()> {
     let deadline = Instant::now() + QUIESCE_LIMIT;
     loop {
         let both = match list_all(clients, NAMESPACE).await {
@@ -313,7 +318,7 @@ async fn converge(cluster: &ProcCluster) -> Vec<(u64, u64, u64)> {
 
 /// `namespace`'s timers by id, through List paging on any node that answers.
 async fn list_all(
-    clients: &[(u64, TimersClient<Channel>)],
+    clients: &[(u64, TimersClient<Conn>)],
     namespace: &str,
 ) -> anyhow::Result<BTreeMap<String, pb::Timer>> {
     let mut last = None;
@@ -327,7 +332,7 @@ async fn list_all(
 }
 
 async fn list_via(
-    client: &mut TimersClient<Channel>,
+    client: &mut TimersClient<Conn>,
     namespace: &str,
 ) -> anyhow::Result<BTreeMap<String, pb::Timer>> {
     let mut out = BTreeMap::new();

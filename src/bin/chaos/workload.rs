@@ -8,11 +8,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::secure::Conn;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use timerdb::api::pb::{self, timers_client::TimersClient};
 use tokio::sync::watch;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 pub const NAMESPACE: &str = "chaos";
@@ -104,7 +104,7 @@ struct Mine {
 /// Runs one worker until `stop`.
 pub async fn worker(
     w: usize,
-    clients: Vec<(u64, TimersClient<Channel>)>,
+    clients: Vec<(u64, TimersClient<Conn>)>,
     history: Shared,
     seed: u64,
     mut stop: watch::Receiver<bool>,
@@ -131,7 +131,7 @@ async fn one_op(
     rng: &mut StdRng,
     mine: &mut Mine,
     node: u64,
-    client: &mut TimersClient<Channel>,
+    client: &mut TimersClient<Conn>,
 ) -> Op {
     let roll = rng.random_range(0..100);
     let invoke_ms = now_ms();
@@ -250,7 +250,7 @@ pub enum AckPath {
 pub async fn consumer(
     c: usize,
     path: AckPath,
-    clients: Vec<(u64, TimersClient<Channel>)>,
+    clients: Vec<(u64, TimersClient<Conn>)>,
     history: Shared,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -319,12 +319,7 @@ pub async fn consumer(
 }
 
 /// Acks one delivery, through any node, retrying unknown outcomes for a while.
-async fn ack(
-    clients: Vec<(u64, TimersClient<Channel>)>,
-    id: String,
-    attempt: u32,
-    history: Shared,
-) {
+async fn ack(clients: Vec<(u64, TimersClient<Conn>)>, id: String, attempt: u32, history: Shared) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut turn = attempt as usize;
     loop {
