@@ -440,9 +440,19 @@ impl Around for Arc<Gate> {
     fn around<S: Inner>(&self, inner: S, req: http::Request<Body>) -> Answer {
         let gate = self.clone();
         Box::pin(async move {
-            Ok(match gate.check(req).await {
-                Ok(req) => super::layer::call(inner, req).await,
-                Err(status) => status.into_http(),
+            let req = match gate.check(req).await {
+                Ok(req) => req,
+                Err(status) => return Ok(status.into_http()),
+            };
+            let key = match req.extensions().get::<Principal>() {
+                Some(Principal::Key(key)) => Some(key.clone()),
+                _ => None,
+            };
+            let response = super::layer::call(inner, req).await;
+            Ok(match key {
+                // An open call ends when its key is revoked (api/revocable.rs).
+                Some(key) => super::revocable::wrap(response, gate.store(), &key),
+                None => response,
             })
         })
     }

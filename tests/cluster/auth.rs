@@ -1,6 +1,7 @@
 //! Access control on a real cluster (docs/security.md): every RPC, listed from server
 //! reflection, refused without a key once auth is on; roles deciding each call on every node;
-//! a revoked key refused everywhere within a second; the switch's own safety rules.
+//! a revoked key refused everywhere within a second (its open streams end too); the switch's
+//! own safety rules.
 
 use std::time::{Duration, Instant};
 
@@ -384,11 +385,13 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
 }
 
 #[tokio::test]
-async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_a_second() {
+async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_a_second_even_on_open_streams(
+) {
     let c = TestCluster::start(3).await;
     let follower = c.follower().await;
     let admin = enable(&c, follower).await;
-    let (id, token) = create_key(&c, follower, Some(&admin), "temp", &["read:*"]).await;
+    let (id, token) =
+        create_key(&c, follower, Some(&admin), "temp", &["read:*", "consume:x"]).await;
     // No waiting: a key works on every node as soon as its creation is acknowledged (a
     // follower that has not applied it yet waits for it). In-process nodes apply almost
     // together, so this rarely meets the race; real processes met it (secure_process failed
@@ -402,6 +405,17 @@ async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_
         let mut t = timers(&c, node, Some(&token)).await;
         assert_eq!(t.get(get.clone()).await.unwrap_err().code(), Code::NotFound);
         clients.push((node, t));
+    }
+    // Streams opened with the key (relayed to the leader from the followers) end when it is
+    // revoked, rather than deliver on.
+    let mut streams = Vec::new();
+    for (node, t) in &mut clients {
+        let sub = pb::SubscribeRequest {
+            namespace: "x".into(),
+            consumer: format!("doomed-{node}"),
+            max_in_flight: 0,
+        };
+        streams.push((*node, t.subscribe(sub).await.unwrap().into_inner()));
     }
     let revoked_at = Instant::now();
     access(&c, follower, Some(&admin))
@@ -424,6 +438,17 @@ async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_
         }
         let waited = revoked_at.elapsed();
         println!("node {node}: refused {waited:?} after the revoke was acknowledged");
+    }
+    for (node, mut stream) in streams {
+        let left = Duration::from_secs(1).saturating_sub(revoked_at.elapsed());
+        let end = tokio::time::timeout(left, stream.message()).await;
+        let Ok(Err(s)) = end else {
+            panic!("node {node}: the stream opened with the revoked key is still open ({end:?})");
+        };
+        assert_eq!(s.code(), Code::Unauthenticated, "node {node}: {s:?}");
+        assert!(s.message().contains("revoked"), "{s:?}");
+        let waited = revoked_at.elapsed();
+        println!("node {node}: its open stream ended {waited:?} after the revoke");
     }
     c.shutdown().await;
 }

@@ -1,0 +1,110 @@
+//! Answers that stop when their caller's key is revoked.
+//!
+//! The auth layer checks a credential when a call starts. A unary call ends a moment later, but
+//! a Subscribe or Consume stream may run for days: without more, a key revoked while its stream
+//! is open would keep receiving timers. So the auth layer wraps the response body of every call
+//! made with an API key in a [`Revocable`]: it passes the body's frames through and watches the
+//! node's access state (woken by `Store::access_changes`, i.e. when this node applies an access
+//! change). Once the key is gone while auth is on, the body ends with the trailers of an
+//! UNAUTHENTICATED status, and the handler's stream is dropped, as when a client goes away. A
+//! relayed stream is cut on both nodes: each runs this layer with its own applied state.
+//!
+//! A revocation reaches a follower's streams as fast as it reaches its new calls: when the
+//! follower applies the entry (a heartbeat after the leader, at most).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::Frame;
+use tonic::body::Body;
+use tonic::Status;
+
+use super::layer::BoxFuture;
+use crate::auth::Key;
+use crate::storage::Store;
+
+/// A response body that ends with UNAUTHENTICATED once `key` is revoked.
+pub struct Revocable {
+    inner: Body,
+    /// Resolves when the key has been revoked (never, while it stands).
+    revoked: BoxFuture<()>,
+    /// The trailers were sent: the body is over.
+    done: bool,
+    key: String,
+}
+
+impl Revocable {
+    pub fn new(inner: Body, store: Store, key: &Key) -> Revocable {
+        let id = key.id.clone();
+        let revoked = Box::pin(async move {
+            let changes = store.access_changes();
+            loop {
+                let next = changes.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                let state = store.access();
+                if state.enabled && !state.keys.contains_key(&id) {
+                    return;
+                }
+                next.await;
+            }
+        });
+        Revocable {
+            inner,
+            revoked,
+            done: false,
+            key: format!("{} ({})", key.id, key.name),
+        }
+    }
+}
+
+impl hyper::body::Body for Revocable {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.revoked.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            // Dropping the inner body ends the handler's stream now, not at the next message.
+            self.inner = Body::empty();
+            let status = Status::unauthenticated(format!(
+                "the API key {} was revoked while this call was open",
+                self.key
+            ));
+            crate::metrics::auth_denied("(open stream)", "revoked");
+            tracing::warn!(key = self.key, "an open call ended: its key was revoked");
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
+        }
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.done = true;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// The gRPC trailers of `status` (`grpc-status`, `grpc-message`).
+fn trailers(status: &Status) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    // Fails only for a message that cannot be a header value; ours is percent-encoded.
+    let _ = status.add_header(&mut map);
+    map
+}
+
+/// Wraps `response`'s body so that it stops when `key` is revoked (see the module).
+pub fn wrap(response: http::Response<Body>, store: &Store, key: &Key) -> http::Response<Body> {
+    let (parts, body) = response.into_parts();
+    let body = Revocable::new(body, store.clone(), key);
+    http::Response::from_parts(parts, Body::new(body))
+}
