@@ -18,7 +18,7 @@ use tonic_reflection::pb::v1::{
     server_reflection_response::MessageResponse, ServerReflectionRequest,
 };
 
-use crate::harness::{now_ms, TestCluster};
+use crate::harness::{now_ms, status_text, tried, TestCluster};
 
 /// Sends `authorization: Bearer <token>` (nothing for `None`).
 #[derive(Clone)]
@@ -123,14 +123,18 @@ pub async fn reflected_methods(c: &TestCluster, id: u64) -> Vec<String> {
 
 /// Calls `path` with an empty message; the answer's code (Ok for a success).
 async fn call_empty(ch: Ch, path: &str) -> Code {
+    call_empty_status(ch, path)
+        .await
+        .map_or(Code::Ok, |s| s.code())
+}
+
+/// Calls `path` with an empty message; the refusal, if any.
+async fn call_empty_status(ch: Ch, path: &str) -> Option<Status> {
     let mut grpc = tonic::client::Grpc::new(ch);
     grpc.ready().await.unwrap();
     let path = PathAndQuery::try_from(path.to_string()).unwrap();
     let codec = tonic_prost::ProstCodec::<(), ()>::default();
-    match grpc.unary(Request::new(()), path, codec).await {
-        Ok(_) => Code::Ok,
-        Err(s) => s.code(),
-    }
+    grpc.unary(Request::new(()), path, codec).await.err()
 }
 
 /// Turns auth on with a fresh admin key made while it was off; returns the admin token.
@@ -157,6 +161,7 @@ fn denied<T>(r: Result<T, Status>, words: &str) {
         "{:?} lacks {words:?}",
         s.message()
     );
+    tried("a key without the permission", &status_text(&s));
 }
 
 /// Waits until every node applied what the leader has.
@@ -175,6 +180,7 @@ async fn with_auth_on_every_rpc_of_every_service_is_refused_without_a_valid_key(
     let methods = reflected_methods(&c, follower).await;
     assert!(methods.len() >= 30, "reflection listed only {methods:?}");
     let mut checked = 0;
+    let mut answers = std::collections::BTreeSet::new();
     for path in &methods {
         // Open by design: a load balancer's health check and a generic tool's discovery.
         if path.starts_with("/grpc.health.v1.") || path.starts_with("/grpc.reflection.") {
@@ -201,17 +207,24 @@ async fn with_auth_on_every_rpc_of_every_service_is_refused_without_a_valid_key(
         }
         for node in [follower, leader] {
             for token in [None, Some("tdbk_00ff_00ff"), Some("not-a-key")] {
-                let code = call_empty(ch(&c, node, token).await, path).await;
+                let got = call_empty_status(ch(&c, node, token).await, path).await;
+                let code = got.as_ref().map_or(Code::Ok, |s| s.code());
                 assert_eq!(
                     code,
                     Code::Unauthenticated,
                     "{path} on node {node} with {token:?}"
                 );
+                let answer = status_text(&got.expect("refused"));
+                answers.insert((token, answer.replace(path, "<method>")));
             }
         }
         checked += 1;
     }
     assert!(checked >= 27, "only {checked} RPCs checked");
+    for (token, answer) in answers {
+        let with = token.map_or("no token".to_string(), |t| format!("token {t:?}"));
+        tried(&format!("each of {checked} RPCs, {with}"), &answer);
+    }
     c.shutdown().await;
 }
 
@@ -426,7 +439,10 @@ async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_
     for (node, mut t) in clients {
         loop {
             match t.get(get.clone()).await {
-                Err(s) if s.code() == Code::Unauthenticated => break,
+                Err(s) if s.code() == Code::Unauthenticated => {
+                    tried(&format!("a revoked key, node {node}"), &status_text(&s));
+                    break;
+                }
                 _ => {}
             }
             let waited = revoked_at.elapsed();
@@ -447,6 +463,10 @@ async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_
         };
         assert_eq!(s.code(), Code::Unauthenticated, "node {node}: {s:?}");
         assert!(s.message().contains("revoked"), "{s:?}");
+        tried(
+            &format!("a stream open when its key is revoked, node {node}"),
+            &status_text(&s),
+        );
         let waited = revoked_at.elapsed();
         println!("node {node}: its open stream ended {waited:?} after the revoke");
     }

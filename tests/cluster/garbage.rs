@@ -10,7 +10,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use timerdb::api::pb;
 use tonic::{Code, Status};
 
-use crate::harness::TestCluster;
+use crate::harness::{tried, TestCluster};
 
 /// Sends one HTTP/2 gRPC request with `body` as it is; the status it got.
 async fn raw(addr: &str, path: &str, body: Vec<u8>) -> Result<Status, String> {
@@ -108,6 +108,8 @@ async fn garbage_truncated_and_oversized_bodies_get_a_status_on_every_rpc() {
     };
     let before = rss();
     let mut answered = 0;
+    // (kind of body, peer or client RPC) → code → (how many, the first message).
+    let mut seen = std::collections::BTreeMap::new();
     for path in &methods {
         let leader = c.leader().await;
         for node in [leader, c.follower().await] {
@@ -133,6 +135,17 @@ async fn garbage_truncated_and_oversized_bodies_get_a_status_on_every_rpc() {
                     status.code() == Code::Ok || !status.message().is_empty(),
                     "{path} on {node}, {what}: {status:?} says nothing"
                 );
+                let service = path.rsplit_once('/').map_or("", |(s, _)| s);
+                let service = if service.ends_with("Raft") {
+                    "peer"
+                } else {
+                    "client"
+                };
+                seen.entry((what, service))
+                    .or_insert_with(std::collections::BTreeMap::new)
+                    .entry(format!("{:?}", status.code()))
+                    .or_insert_with(|| (0, status.message().to_string()))
+                    .0 += 1;
                 // tonic's reflection service ends its stream quietly (OK) on a message it
                 // cannot decode; the terabyte claim is valid protobuf (an unknown field) to
                 // every message but the peers' RaftMessage. Everything else must be refused.
@@ -152,6 +165,12 @@ async fn garbage_truncated_and_oversized_bodies_get_a_status_on_every_rpc() {
         for node in c.running() {
             let mut cl = c.cluster(node).await;
             cl.status(pb::StatusRequest {}).await.unwrap();
+        }
+    }
+    for ((what, service), codes) in &seen {
+        for (code, (n, message)) in codes {
+            let attack = format!("{what} to every {service} RPC");
+            tried(&attack, &format!("{n}× {code}, e.g. {message}"));
         }
     }
     let grown = rss().saturating_sub(before);

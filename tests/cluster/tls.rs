@@ -22,7 +22,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::Code;
 
 use crate::certs::{Pair, TestCa};
-use crate::harness::{now_ms, schedule_req, TestCluster};
+use crate::harness::{self, error_chain, now_ms, schedule_req, status_text, tried, TestCluster};
 
 /// A cluster CA, the peer certificate of every node (for localhost and 127.0.0.1), a client
 /// CA with one client certificate, and their files.
@@ -85,7 +85,7 @@ async fn tls_channel(addr: &str, ca: &str, identity: Option<&Pair>) -> Result<Ch
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| error_chain(&e))
 }
 
 /// Whether a call over `ch` gets any gRPC answer (a refused handshake gets none).
@@ -108,7 +108,7 @@ async fn plain_channel(addr: &str) -> Result<Channel, String> {
         .connect_timeout(Duration::from_secs(3))
         .connect()
         .await
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| error_chain(&e))
 }
 
 #[tokio::test]
@@ -121,16 +121,25 @@ async fn a_tls_cluster_serves_only_clients_that_speak_tls_and_trust_its_ca() {
     let ca = pki.cluster.pem();
 
     // Plain text: no gRPC answer at all.
-    match plain_channel(&addr).await {
-        Err(_) => {}
-        Ok(ch) => assert!(answers(ch).await.is_err(), "plain text was served"),
-    }
+    let got = match plain_channel(&addr).await {
+        Err(e) => e,
+        Ok(ch) => status_text(&answers(ch).await.expect_err("plain text was served")),
+    };
+    tried("plain text to a TLS node", &got);
     // TLS trusting another CA: the handshake fails.
     let other = TestCa::new("somebody else").pem();
-    match tls_channel(&addr, &other, None).await {
-        Err(_) => {}
-        Ok(ch) => assert!(answers(ch).await.is_err(), "an unknown server was trusted"),
-    }
+    let got = match tls_channel(&addr, &other, None).await {
+        Err(e) => e,
+        Ok(ch) => status_text(
+            &answers(ch)
+                .await
+                .expect_err("an unknown server was trusted"),
+        ),
+    };
+    tried(
+        "a client trusting another CA (a spoofed server's view)",
+        &got,
+    );
     // TLS trusting the cluster CA: served, and a write through a follower is forwarded to
     // the leader over the peers' TLS.
     let ch = tls_channel(&addr, &ca, None).await.unwrap();
@@ -154,16 +163,18 @@ async fn with_mtls_a_client_needs_a_certificate_and_its_name_can_be_a_key() {
     let ca = pki.cluster.pem();
 
     // No client certificate: refused at the handshake.
-    match tls_channel(&addr, &ca, None).await {
-        Err(_) => {}
-        Ok(ch) => assert!(answers(ch).await.is_err(), "served without a client cert"),
-    }
+    let got = match tls_channel(&addr, &ca, None).await {
+        Err(e) => e,
+        Ok(ch) => status_text(&answers(ch).await.expect_err("served without a client cert")),
+    };
+    tried("no client certificate, mTLS required", &got);
     // A certificate from a CA the cluster does not know: refused too.
     let stranger = TestCa::new("stranger").named("billing-service", &[]);
-    match tls_channel(&addr, &ca, Some(&stranger)).await {
-        Err(_) => {}
-        Ok(ch) => assert!(answers(ch).await.is_err(), "served a stranger's cert"),
-    }
+    let got = match tls_channel(&addr, &ca, Some(&stranger)).await {
+        Err(e) => e,
+        Ok(ch) => status_text(&answers(ch).await.expect_err("served a stranger's cert")),
+    };
+    tried("a client certificate from an unknown CA", &got);
     // The client CA's certificate: served.
     let ch = tls_channel(&addr, &ca, Some(&pki.client)).await.unwrap();
     answers(ch.clone()).await.unwrap();
@@ -318,21 +329,39 @@ async fn a_process_without_the_peer_certificate_cannot_move_the_cluster() {
             let e = r.expect_err(rpc);
             assert_eq!(e.code(), Code::Unauthenticated, "{rpc} on {node}: {e:?}");
             assert!(e.message().contains("members only"), "{rpc}: {e:?}");
+            if node == leader {
+                let what = format!("peer {rpc} with a client certificate, to the leader");
+                harness::tried(&what, &status_text(&e));
+            }
             tried += 1;
         }
         // A node certificate from another CA: the handshake refuses it.
         let forged = TestCa::new("forged cluster").named("localhost", &["127.0.0.1"]);
-        if let Ok(ch) = tls_channel(&addr, &ca, Some(&forged)).await {
-            for (rpc, r) in peer_attack(ch, term).await {
-                assert!(r.is_err(), "{rpc} with a forged cert on {node}");
-                tried += 1;
+        match tls_channel(&addr, &ca, Some(&forged)).await {
+            Ok(ch) => {
+                for (rpc, r) in peer_attack(ch, term).await {
+                    let e = r.expect_err("a forged cert got through");
+                    if node == leader {
+                        let what = format!("peer {rpc} with a forged node certificate");
+                        harness::tried(&what, &status_text(&e));
+                    }
+                    tried += 1;
+                }
             }
+            Err(e) if node == leader => {
+                harness::tried("a forged node certificate (another CA)", &e);
+            }
+            Err(_) => {}
         }
     }
     assert!(tried >= 12);
     // Well past an election timeout: nobody stepped down, no new term.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(leader_and_term(&c), (leader, term));
+    harness::tried(
+        "all of the above (a Vote at term + 1,000,000, a TimeoutNow)",
+        &format!("leader {leader} and term {term} unchanged 2 s later"),
+    );
     assert_eq!(c.node(leader).node.leader(), Leader::Me);
     c.shutdown().await;
 }
