@@ -149,11 +149,12 @@ pub async fn start_with(
     };
     tasks.push(tokio::spawn(purger.run(rx.clone())));
     let trust = crate::push::trust::Trust::load(node.config.push_ca.as_deref())?;
+    let guard = node.config.push_guard();
     let pusher = crate::push::worker::PushLoop {
         pusher: crate::push::namespace::Pusher {
             node: node.clone(),
-            http: crate::push::http::HttpSender::new(&trust)?,
-            grpc: crate::api::receiver::grpc_sender(trust),
+            http: crate::push::http::HttpSender::new(&trust, guard)?,
+            grpc: crate::api::receiver::grpc_sender(trust, guard),
         },
     };
     tasks.push(tokio::spawn(pusher.run(rx.clone())));

@@ -46,6 +46,9 @@ impl namespaces_server::Namespaces for NamespacesService {
     ) -> Result<Response<pb::PutNamespaceResponse>, Status> {
         let limits = &self.node.config.limits;
         let (name, policy, push) = super::policy::namespace_put(request.get_ref(), limits)?;
+        if let Some(target) = &push {
+            check_reach(&self.node, &target.url).await?;
+        }
         let ns = self.node.put_namespace(name, policy, push).await?;
         Ok(Response::new(pb::PutNamespaceResponse {
             namespace: Some(ns.into()),
@@ -110,4 +113,21 @@ impl namespaces_server::Namespaces for NamespacesService {
             next_page_token,
         }))
     }
+}
+
+/// Refuses a push target the push guard would refuse (a private address without
+/// `--push-allow-private`), so the operator learns it now rather than from failed attempts.
+async fn check_reach(node: &Node, url: &str) -> Result<(), Status> {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return Ok(()); // the policy's own validation judged the URL
+    };
+    let Some(host) = uri.host() else {
+        return Ok(());
+    };
+    let port = uri.port_u16().unwrap_or(443);
+    node.config
+        .push_guard()
+        .check_target(host, port)
+        .await
+        .map_err(Status::invalid_argument)
 }

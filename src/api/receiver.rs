@@ -15,14 +15,17 @@ use futures::future::BoxFuture;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::pb;
+use crate::push::guard::Guard;
 use crate::push::trust::Trust;
 use crate::push::{Answer, GrpcSender, Message, RetryAfter};
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
+use hyper_util::client::legacy::connect::HttpConnector;
 
 /// Pushes over gRPC, with a channel per target.
 pub struct ReceiverClient {
     channels: Mutex<HashMap<String, Channel>>,
     trust: Trust,
+    guard: Guard,
 }
 
 impl ReceiverClient {
@@ -40,8 +43,10 @@ impl ReceiverClient {
         let scheme = if tls { "https" } else { "http" };
         let mut ep = Endpoint::from_shared(format!("{scheme}://{rest}"))
             .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(10));
+        // An IP literal is checked here, a name by the resolver of every connection.
+        let host = ep.uri().host().unwrap_or_default().to_string();
+        self.guard.check_literal(&host)?;
         if tls {
             let mut config = ClientTlsConfig::new().with_webpki_roots();
             if let Some(pem) = self.trust.pem() {
@@ -49,7 +54,10 @@ impl ReceiverClient {
             }
             ep = ep.tls_config(config).map_err(|e| e.to_string())?;
         }
-        let ch = ep.connect_lazy();
+        let mut connector = HttpConnector::new_with_resolver(self.guard.resolver());
+        connector.enforce_http(false);
+        connector.set_nodelay(true);
+        let ch = ep.connect_with_connector_lazy(connector);
         channels.insert(url.to_string(), ch.clone());
         Ok(ch)
     }
@@ -113,10 +121,12 @@ fn is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some()
 }
 
-/// The gRPC sender the pusher uses, trusting `trust`'s roots for `grpcs://`.
-pub fn grpc_sender(trust: Trust) -> Arc<dyn GrpcSender> {
+/// The gRPC sender the pusher uses, trusting `trust`'s roots for `grpcs://`, reaching only
+/// what `guard` allows.
+pub fn grpc_sender(trust: Trust, guard: Guard) -> Arc<dyn GrpcSender> {
     Arc::new(ReceiverClient {
         channels: Mutex::default(),
         trust,
+        guard,
     })
 }

@@ -65,6 +65,11 @@ pub struct Settings {
     /// may chain to, besides the public web roots: for receivers with private certificates.
     #[arg(long, env = "TIMERDB_PUSH_CA")]
     pub push_ca: Option<PathBuf>,
+    /// Let push reach loopback, private (RFC 1918, unique local), link-local and CGNAT
+    /// addresses: for receivers on a private network. Off, such targets are refused (the
+    /// guard against request forgery by whoever may set a namespace's push URL).
+    #[arg(long, env = "TIMERDB_PUSH_ALLOW_PRIVATE")]
+    pub push_allow_private: Option<bool>,
     /// A file holding a token (16+ characters) that acts as an admin on this node whatever
     /// the replicated keys say: the break-glass credential for turning auth on or recovering.
     #[arg(long, env = "TIMERDB_AUTH_BOOTSTRAP_TOKEN_FILE")]
@@ -175,6 +180,7 @@ impl Settings {
             log: self.log.or(lower.log),
             log_format: self.log_format.or(lower.log_format),
             push_ca: self.push_ca.or(lower.push_ca),
+            push_allow_private: self.push_allow_private.or(lower.push_allow_private),
             auth_bootstrap_token_file: (self.auth_bootstrap_token_file)
                 .or(lower.auth_bootstrap_token_file),
             raft: RaftSettings {
@@ -223,6 +229,7 @@ impl Settings {
         let mut c = NodeConfig::new(id, data_dir, parse_peers(peers)?);
         c.join = self.join.unwrap_or(false);
         c.push_ca = self.push_ca.clone();
+        c.push_allow_private = self.push_allow_private.unwrap_or(false);
         c.auth_bootstrap_token_file = self.auth_bootstrap_token_file.clone();
         c.tls = crate::tls::Tls::new(crate::tls::TlsFiles {
             cert: self.tls.cert.clone(),

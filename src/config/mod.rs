@@ -119,6 +119,8 @@ pub struct NodeConfig {
     pub join: bool,
     /// PEM file of extra CAs for push receivers' certificates (besides the web roots).
     pub push_ca: Option<PathBuf>,
+    /// Push may reach loopback, private and link-local addresses (`push::guard`).
+    pub push_allow_private: bool,
     /// File of this node's bootstrap admin token (`--auth-bootstrap-token-file`).
     pub auth_bootstrap_token_file: Option<PathBuf>,
     /// Transport security: the certificate files and what was loaded from them.
@@ -158,6 +160,13 @@ impl Faults {
 }
 
 impl NodeConfig {
+    /// Where push may connect (`--push-allow-private`).
+    pub fn push_guard(&self) -> crate::push::guard::Guard {
+        crate::push::guard::Guard {
+            allow_private: self.push_allow_private,
+        }
+    }
+
     /// A configuration with defaults for everything but identity and placement.
     pub fn new(id: NodeId, data_dir: PathBuf, peers: BTreeMap<NodeId, String>) -> Self {
         NodeConfig {
@@ -177,6 +186,7 @@ impl NodeConfig {
             faults: Faults::default(),
             join: false,
             push_ca: None,
+            push_allow_private: false,
             auth_bootstrap_token_file: None,
             tls: Default::default(),
         }

@@ -27,6 +27,7 @@ use hyper::client::conn::http1;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower::Service;
 
+use super::guard::{Guard, GuardedResolver};
 use super::{Answer, Message, RetryAfter};
 use crate::error::chain;
 use crate::timer::{Outcome, ATTEMPT_DETAIL_BYTES};
@@ -38,19 +39,21 @@ const MAX_BODY_READ: usize = 64 * 1024;
 /// Longest a connection may take to open (within the request's timeout).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+type Connector = hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>;
 type Io = hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
 
 /// What opens connections to receivers (TCP, and TLS for `https://`); shared by every lane.
 #[derive(Clone)]
 pub struct HttpSender {
     connector: Connector,
+    guard: Guard,
 }
 
 impl HttpSender {
-    /// Connections for `https://` trust `trust`'s roots.
-    pub fn new(trust: &super::trust::Trust) -> crate::Result<HttpSender> {
-        let mut http = HttpConnector::new();
+    /// Connections for `https://` trust `trust`'s roots; `guard` says which addresses they
+    /// may reach (names are resolved through it).
+    pub fn new(trust: &super::trust::Trust, guard: Guard) -> crate::Result<HttpSender> {
+        let mut http = HttpConnector::new_with_resolver(guard.resolver());
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -59,11 +62,15 @@ impl HttpSender {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        Ok(HttpSender { connector })
+        Ok(HttpSender { connector, guard })
     }
 
-    /// Opens a connection to `url`'s host.
+    /// Opens a connection to `url`'s host (an IP literal is checked here; a name by the
+    /// resolver).
     async fn connect(&self, url: &http::Uri) -> Result<Conn, Answer> {
+        if let Err(why) = self.guard.check_literal(url.host().unwrap_or_default()) {
+            return Err(Answer::new(Outcome::Connection, why));
+        }
         let mut connector = self.connector.clone();
         let io = async {
             std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;

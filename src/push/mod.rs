@@ -17,6 +17,7 @@
 //! - Nothing here blocks the fire driver or another namespace: every request runs on its own
 //!   task with the namespace's timeout, and a namespace holds at most its concurrency.
 
+pub mod guard;
 pub mod http;
 pub mod namespace;
 pub mod sign;

@@ -117,6 +117,8 @@ impl TestCluster {
         // Generous: a busy CI machine can take seconds to settle an election.
         c.leader_wait = Duration::from_secs(10);
         c.write_timeout = Duration::from_secs(5);
+        // The tests' push receivers listen on loopback.
+        c.push_allow_private = true;
         (self.tune)(&mut c);
         c
     }

@@ -4,10 +4,12 @@
 //! Node do) costs no failed attempt: the request goes on a new connection. A receiver's
 //! `Retry-After` holds the timer's next attempt back. `https://` and `grpcs://` receivers with
 //! a private certificate are reached through the operator's `--push-ca`; one the CA did not
-//! sign is refused.
+//! sign is refused. Without `--push-allow-private`, push refuses private destinations: at
+//! PutNamespace, and on every connection (a target set while they were allowed).
 //! (docs/push.md)
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use timerdb::api::pb;
@@ -173,4 +175,84 @@ async fn https_receivers_with_a_private_ca_are_trusted_through_push_ca() {
     schedule_many(&c, via, "grpcs", &ids("g", 50), now_ms() + 300, 5).await;
     acked_first_time(&c, via, "grpcs", 50).await;
     assert_eq!(r.got().len(), 50);
+}
+
+#[tokio::test]
+async fn push_refuses_private_addresses_unless_allowed() {
+    let allow = Arc::new(AtomicBool::new(true));
+    let a = allow.clone();
+    let mut c = TestCluster::start_with(3, move |cfg| {
+        cfg.push_allow_private = a.load(Ordering::SeqCst)
+    })
+    .await;
+    let r = receiver::http().await;
+    let leader = c.leader().await;
+    // Allowed while the nodes run with --push-allow-private.
+    put(&c, leader, "guarded", push_policy(&r.url(), 1_000)).await;
+
+    // An operator turns the guard on: every node restarts without --push-allow-private.
+    allow.store(false, Ordering::SeqCst);
+    for id in c.running() {
+        c.stop(id).await;
+        c.restart(id).await;
+    }
+    let via = c.follower().await;
+    // PutNamespace refuses a private target at once, saying how to allow it.
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://localhost:9/hook",
+        "grpc://[::1]:9",
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/hook",
+        "http://[::ffff:127.0.0.1]:9/hook",
+    ] {
+        let e = c
+            .namespaces(via)
+            .await
+            .put_namespace(pb::PutNamespaceRequest {
+                name: "elsewhere".into(),
+                policy: Some(push_policy(url, 5)),
+            })
+            .await
+            .expect_err(url);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{url}: {e:?}");
+        assert!(e.message().contains("--push-allow-private"), "{e:?}");
+        tried(&format!("PutNamespace pushing to {url}"), &status_text(&e));
+    }
+    // The namespace set before still names the loopback receiver: the guard refuses each
+    // connection, the receiver hears nothing, and the attempt log says why.
+    let mut req = schedule_req("g1", now_ms());
+    req.namespace = "guarded".into();
+    c.client(via).await.schedule(req).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let t = c
+            .client(via)
+            .await
+            .get(pb::GetRequest {
+                namespace: "guarded".into(),
+                id: "g1".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .timer
+            .unwrap();
+        if let Some(a) = t.attempt_log.first() {
+            break a.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no attempt: {t:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refused.outcome, "connection_error", "{refused:?}");
+    assert!(
+        refused.detail.contains("--push-allow-private"),
+        "{refused:?}"
+    );
+    tried(
+        "push to a loopback receiver set before the guard",
+        &refused.detail,
+    );
+    assert!(r.got().is_empty(), "the receiver was reached");
+    c.shutdown().await;
 }

@@ -145,6 +145,8 @@ impl ProcCluster {
             .arg("--dial")
             .arg(dial.join(","))
             .arg(format!("--clock-offset-ms={}", node.skew_ms))
+            // The push receiver listens on loopback.
+            .arg("--push-allow-private=true")
             .arg("--fault")
             .arg(&self.fault)
             .args(self.secure.iter().flat_map(|s| s.node_args(id)))
