@@ -134,6 +134,11 @@ struct Args {
     /// Where local clusters keep their data dirs and logs (default: a temporary dir).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Measure the cost of security: every configuration of every run on a plain cluster and
+    /// on one with client TLS + mTLS, peer mTLS and auth on (certificates in DIR, made by
+    /// `scripts/certs.sh DIR --client chaos-client`), side by side.
+    #[arg(long, value_name = "DIR")]
+    secure: Option<PathBuf>,
 }
 
 /// What every workload reads.
@@ -184,7 +189,18 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
     };
     let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     // The builds measured, in the order each run takes them: (label, timerd, options).
-    let mut builds = vec![(String::new(), timerd.clone(), opts.clone())];
+    let mut builds = vec![(String::new(), timerd.clone(), opts.clone(), None)];
+    anyhow::ensure!(
+        args.compare.is_none() || args.secure.is_none(),
+        "--compare and --secure each make a side-by-side table: use one"
+    );
+    if let Some(dir) = &args.secure {
+        let secure = secure::Secure::new(dir)?;
+        builds = vec![
+            ("plain".to_string(), timerd.clone(), opts.clone(), None),
+            ("secure".to_string(), timerd.clone(), opts.clone(), Some(secure)),
+        ];
+    }
     if let Some(old) = &args.compare {
         let old_opts = Opts {
             consumer_ack: consume::AckWith::Batch,
@@ -192,8 +208,8 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
             ..opts.clone()
         };
         builds = vec![
-            ("old".to_string(), old.clone(), old_opts),
-            ("new".to_string(), timerd.clone(), opts.clone()),
+            ("old".to_string(), old.clone(), old_opts, None),
+            ("new".to_string(), timerd.clone(), opts.clone(), None),
         ];
     }
     let base = args.dir.clone().unwrap_or_else(|| {
@@ -209,7 +225,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
     for run in 1..=args.runs {
         println!("run {run} of {}", args.runs);
         for (w, param) in configurations(&args) {
-            for (label, timerd, opts) in &builds {
+            for (label, timerd, opts, secure) in &builds {
                 n += 1;
                 let mut target = if args.connect.is_empty() {
                     anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
@@ -221,7 +237,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
                         "{} holds data of an earlier run: give --dir an empty directory",
                         dir.display()
                     );
-                    Target::start(&dir, timerd).await?
+                    Target::start(&dir, timerd, secure.clone()).await?
                 } else {
                     Target::connect(&args.connect).await?
                 };
@@ -237,6 +253,8 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
     }
     if args.compare.is_some() {
         println!("\n{}", results.compare_table("old", "new"));
+    } else if args.secure.is_some() {
+        println!("\n{}", results.compare_table("plain", "secure"));
     } else {
         println!("\n{}", results.table());
     }

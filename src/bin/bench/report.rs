@@ -45,9 +45,12 @@ pub struct Recorder<'a> {
 
 impl Recorder<'_> {
     pub fn put(&mut self, metric: &'static str, unit: &'static str, value: f64) {
+        let build = match self.build.is_empty() {
+            true => String::new(),
+            false => format!("{} ", self.build),
+        };
         println!(
-            "  {}{:<10} {:<22} {:<22} {} {unit}",
-            self.build,
+            "  {build}{:<10} {:<22} {:<22} {} {unit}",
             self.workload,
             self.params,
             metric,

@@ -13,28 +13,41 @@ use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::Timer
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster::{ProcCluster, NODES};
+use crate::secure::Secure;
 
 pub struct Target {
     /// Node id → client address.
     pub addrs: BTreeMap<u64, String>,
     /// The processes, when this tool started them.
     pub procs: Option<ProcCluster>,
+    /// TLS, mTLS, peer mTLS and auth on (`--secure`): clients present the harness's
+    /// certificate, an admin certificate user.
+    secure: Option<Secure>,
 }
 
 impl Target {
-    /// Starts a fresh local cluster in `dir` (no proxies: peers dial each other directly).
-    pub async fn start(dir: &Path, timerd: &Path) -> anyhow::Result<Target> {
+    /// Starts a fresh local cluster in `dir` (no proxies: peers dial each other directly),
+    /// with every security feature on when `secure` is given.
+    pub async fn start(
+        dir: &Path,
+        timerd: &Path,
+        secure: Option<Secure>,
+    ) -> anyhow::Result<Target> {
         std::fs::create_dir_all(dir)?;
-        let procs = ProcCluster::start(dir, timerd, "", false, false, None).await?;
+        let procs = ProcCluster::start(dir, timerd, "", false, false, secure.clone()).await?;
         let addrs = NODES
             .iter()
             .map(|id| (*id, procs.nodes[id].addr.clone()))
             .collect();
-        let target = Target {
+        let mut target = Target {
             addrs,
             procs: Some(procs),
+            secure,
         };
         target.wait_leader(Duration::from_secs(30)).await?;
+        if let Some(procs) = target.procs.as_mut() {
+            procs.enable_auth().await?;
+        }
         Ok(target)
     }
 
@@ -50,6 +63,7 @@ impl Target {
         Ok(Target {
             addrs: by_id,
             procs: None,
+            secure: None,
         })
     }
 
@@ -64,7 +78,15 @@ impl Target {
     }
 
     pub fn channel(&self, id: u64) -> anyhow::Result<Channel> {
-        channel(&self.addrs[&id])
+        let addr = &self.addrs[&id];
+        match &self.secure {
+            Some(s) => Ok(s
+                .endpoint(addr)?
+                .connect_timeout(Duration::from_millis(500))
+                .tcp_nodelay(true)
+                .connect_lazy()),
+            None => channel(addr),
+        }
     }
 
     /// `n` separate connections to node `id` (one HTTP/2 connection serialises on one task).
