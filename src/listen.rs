@@ -8,7 +8,10 @@
 //!
 //! Every connection reports a [`ConnInfo`] (tonic puts it in each request's extensions): the
 //! remote address and the client certificates it presented, which the auth layer reads to
-//! tell a peer from a client and to find a certificate user.
+//! tell a peer from a client and to find a certificate user. What it works out from the
+//! certificate (its names; whether the peer CA signed it) is kept with the connection, so
+//! that a call does not parse or verify the certificate again: the verdict is redone when the
+//! CA was reloaded or after [`VERDICT_FOR`], so a rotation or an expiry still takes effect.
 
 use std::io;
 use std::net::SocketAddr;
@@ -37,12 +40,63 @@ pub enum Conn {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+/// How long a connection's peer-CA verdict is believed before it is checked again.
+pub const VERDICT_FOR: Duration = Duration::from_secs(60);
+
 /// What a request knows of its connection.
 #[derive(Debug, Clone, Default)]
 pub struct ConnInfo {
     pub remote: Option<SocketAddr>,
     /// The client's certificate chain (end entity first), if it presented one over TLS.
     pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+    /// Worked out from `certs` once per connection (shared by its requests).
+    memo: Arc<Memo>,
+}
+
+#[derive(Debug, Default)]
+struct Memo {
+    names: std::sync::OnceLock<Vec<String>>,
+    peer: std::sync::Mutex<Option<Verdict>>,
+}
+
+/// Whether the peer CA signed a connection's certificate: which CA load said so, and when.
+#[derive(Debug)]
+struct Verdict {
+    verifier: usize,
+    at: std::time::Instant,
+    result: Result<(), String>,
+}
+
+impl ConnInfo {
+    /// The names of the client certificate (CN, DNS and IP SANs); none without one.
+    pub fn cert_names(&self) -> &[String] {
+        self.memo.names.get_or_init(|| {
+            let end = self.certs.as_deref().and_then(|c| c.first());
+            end.map(crate::tls::cert_names).unwrap_or_default()
+        })
+    }
+
+    /// `verify`'s verdict on this connection's certificate, reused while the same verifier
+    /// (`verifier`, an identity) is in force and for at most [`VERDICT_FOR`].
+    pub fn peer_verdict(
+        &self,
+        verifier: usize,
+        verify: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut memo = self.memo.peer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = memo.as_ref() {
+            if v.verifier == verifier && v.at.elapsed() < VERDICT_FOR {
+                return v.result.clone();
+            }
+        }
+        let result = verify();
+        *memo = Some(Verdict {
+            verifier,
+            at: std::time::Instant::now(),
+            result: result.clone(),
+        });
+        result
+    }
 }
 
 impl tonic::transport::server::Connected for Conn {
@@ -52,13 +106,14 @@ impl tonic::transport::server::Connected for Conn {
         match self {
             Conn::Plain(s) => ConnInfo {
                 remote: s.peer_addr().ok(),
-                certs: None,
+                ..ConnInfo::default()
             },
             Conn::Tls(s) => {
                 let (tcp, session) = s.get_ref();
                 ConnInfo {
                     remote: tcp.peer_addr().ok(),
                     certs: session.peer_certificates().map(|c| Arc::new(c.to_vec())),
+                    ..ConnInfo::default()
                 }
             }
         }
@@ -176,4 +231,30 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_verdict_is_kept_for_the_connection_until_the_ca_is_reloaded() {
+        let conn = ConnInfo::default();
+        let calls = std::cell::Cell::new(0);
+        let verify = |result: Result<(), String>| {
+            calls.set(calls.get() + 1);
+            result
+        };
+        assert_eq!(conn.peer_verdict(1, || verify(Ok(()))), Ok(()));
+        // Every request of the connection (each holds a clone) reuses it.
+        let request = conn.clone();
+        assert_eq!(request.peer_verdict(1, || verify(Err("x".into()))), Ok(()));
+        assert_eq!(calls.get(), 1);
+        // Another CA load: verified again, and the new verdict is the one kept.
+        let refused = request.peer_verdict(2, || verify(Err("not the cluster's".into())));
+        assert_eq!(refused, Err("not the cluster's".to_string()));
+        assert_eq!(conn.peer_verdict(2, || verify(Ok(()))), refused);
+        assert_eq!(calls.get(), 2);
+        assert!(conn.cert_names().is_empty());
+    }
 }

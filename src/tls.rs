@@ -76,6 +76,30 @@ struct Loaded {
     peer_verifier: Option<Arc<dyn ClientCertVerifier>>,
 }
 
+/// The peer CA of one load: checks a client certificate chain against it.
+pub struct PeerCa(Arc<dyn ClientCertVerifier>);
+
+impl PeerCa {
+    /// Names this CA set (a reload makes a new one), so a verdict can be kept while it stands.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as *const () as usize
+    }
+
+    /// Whether `certs` (end entity first) chain to this CA, valid now.
+    pub fn verify(
+        &self,
+        certs: Option<&[CertificateDer<'static>]>,
+    ) -> std::result::Result<(), String> {
+        let Some((end, chain)) = certs.and_then(|c| c.split_first()) else {
+            return Err("no client certificate".into());
+        };
+        self.0
+            .verify_client_cert(end, chain, UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| format!("the certificate is not the cluster's: {e}"))
+    }
+}
+
 /// Which listener a connection came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Port {
@@ -300,34 +324,30 @@ impl Tls {
         Some(tokio_rustls::TlsAcceptor::from(config))
     }
 
-    /// Whether `certs` (a connection's client certificates, end entity first) chain to the
-    /// peer CA and, with `--peer-require-member`, name the host of one of `members`.
-    pub fn check_peer(
+    /// The peer CA as loaded now (None: this node has no peer TLS).
+    pub fn peer_ca(&self) -> std::result::Result<PeerCa, String> {
+        let verifier = self.current().and_then(|l| l.peer_verifier.clone());
+        Ok(PeerCa(verifier.ok_or("this node has no peer CA")?))
+    }
+
+    /// With `--peer-require-member`: whether a peer certificate's `names` include the host of
+    /// one of `members` (asked on every call: membership changes).
+    pub fn check_member(
         &self,
-        certs: Option<&[CertificateDer<'static>]>,
+        names: &[String],
         members: impl FnOnce() -> Vec<String>,
     ) -> std::result::Result<(), String> {
-        let verifier = self
-            .current()
-            .and_then(|l| l.peer_verifier.clone())
-            .ok_or("this node has no peer CA")?;
-        let Some((end, chain)) = certs.and_then(|c| c.split_first()) else {
-            return Err("no client certificate".into());
-        };
-        verifier
-            .verify_client_cert(end, chain, UnixTime::now())
-            .map_err(|e| format!("the certificate is not the cluster's: {e}"))?;
-        if self.files.peer_require_member {
-            let names = cert_names(end);
-            let hosts: Vec<String> = members()
-                .iter()
-                .map(|addr| host_of(addr).to_string())
-                .collect();
-            if !names.iter().any(|n| hosts.contains(n)) {
-                return Err(format!(
-                    "the certificate names {names:?}, no member's host ({hosts:?})"
-                ));
-            }
+        if !self.files.peer_require_member {
+            return Ok(());
+        }
+        let hosts: Vec<String> = members()
+            .iter()
+            .map(|addr| host_of(addr).to_string())
+            .collect();
+        if !names.iter().any(|n| hosts.contains(n)) {
+            return Err(format!(
+                "the certificate names {names:?}, no member's host ({hosts:?})"
+            ));
         }
         Ok(())
     }

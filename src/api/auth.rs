@@ -25,14 +25,8 @@
 //! names a certificate user: the key bound to one of its names. A follower forwarding such a
 //! user's call names it in [`PRINCIPAL_HEADER`], which a node believes only from a peer.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http_body_util::BodyExt;
-use hyper::body::Frame;
 use prost::Message;
 use tonic::body::Body;
 use tonic::Status;
@@ -50,9 +44,6 @@ pub const AUTHORIZATION: &str = "authorization";
 
 /// Longest a follower waits to learn of a key it does not know (see `after_catching_up`).
 const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(1000);
-
-/// A gRPC message's frame header: compression flag, then the length (u32, big-endian).
-const FRAME_HEADER_BYTES: usize = 5;
 
 /// Carries a certificate user's name on a call a follower forwards (believed only from a
 /// connection that presented a peer certificate).
@@ -90,8 +81,12 @@ impl Gate {
         if !tls.peer_tls() {
             return Ok(());
         }
-        let certs = conn.and_then(|c| c.certs.as_deref()).map(Vec::as_slice);
-        tls.check_peer(certs, || self.members())
+        let ca = tls.peer_ca()?;
+        let conn = conn.ok_or("no client certificate")?;
+        // Verified once per connection and CA load (listen::ConnInfo keeps the verdict).
+        let certs = conn.certs.as_deref().map(Vec::as_slice);
+        conn.peer_verdict(ca.id(), || ca.verify(certs))?;
+        tls.check_member(conn.cert_names(), || self.members())
     }
 
     /// The addresses of the current members.
@@ -156,20 +151,18 @@ impl Gate {
         conn: Option<&ConnInfo>,
         state: &AccessState,
     ) -> Result<Principal, Unauthenticated> {
-        let certs = conn.and_then(|c| c.certs.as_deref());
-        let Some(end) = certs.and_then(|c| c.first()) else {
+        let Some(conn) = conn.filter(|c| c.certs.as_deref().is_some_and(|c| !c.is_empty())) else {
             return Err(Unauthenticated::Missing);
         };
         if let Some(name) = headers.get(PRINCIPAL_HEADER) {
-            if self.node.config.tls.peer_tls() && self.peer(conn).is_ok() {
+            if self.node.config.tls.peer_tls() && self.peer(Some(conn)).is_ok() {
                 let name = name.to_str().map_err(|_| Unauthenticated::Malformed)?;
                 let key = state.by_cert_name(name).ok_or(Unauthenticated::Unknown)?;
                 return Ok(Principal::Key(key.clone()));
             }
         }
         // Verified by the handshake against --client-ca (or the peer CA on a shared port).
-        let names = crate::tls::cert_names(end);
-        let key = names.iter().find_map(|n| state.by_cert_name(n));
+        let key = conn.cert_names().iter().find_map(|n| state.by_cert_name(n));
         key.map(|k| Principal::Key(k.clone()))
             .ok_or(Unauthenticated::UnknownCert)
     }
@@ -227,7 +220,8 @@ impl Gate {
             }
             Access::Namespace(permission, names) => {
                 let (parts, body) = req.into_parts();
-                let first = first_message(body, methods::message_limit(&path)).await?;
+                let first =
+                    super::first::first_message(body, methods::message_limit(&path)).await?;
                 if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
                     denied(&path, "no_permission", Some(&principal));
                     return Err(Status::permission_denied(format!(
@@ -236,11 +230,7 @@ impl Gate {
                         permission.name()
                     )));
                 }
-                let body = Prefixed {
-                    chunks: first.chunks,
-                    rest: first.rest,
-                };
-                req = http::Request::from_parts(parts, Body::new(body));
+                req = http::Request::from_parts(parts, first.hand_on());
             }
         }
         req.extensions_mut().insert(principal);
@@ -339,102 +329,6 @@ struct Nested {
     inner: Option<Named>,
 }
 
-/// The first request message, read off a body.
-struct First {
-    /// The bytes read, as they came (the first frame and maybe more).
-    chunks: VecDeque<Bytes>,
-    /// The first message, without its frame header.
-    message: Bytes,
-    /// The body after the bytes read.
-    rest: Body,
-}
-
-/// Reads the body up to the end of its first gRPC message, of at most `max` bytes.
-async fn first_message(mut body: Body, max: usize) -> Result<First, Status> {
-    let mut chunks = VecDeque::new();
-    let mut have = 0usize;
-    let mut need = None;
-    loop {
-        if need.is_none() && have >= FRAME_HEADER_BYTES {
-            let head = gather(&chunks, FRAME_HEADER_BYTES);
-            if head[0] != 0 {
-                return Err(Status::invalid_argument(
-                    "compressed request messages are not accepted",
-                ));
-            }
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            if len > max {
-                return Err(Status::resource_exhausted(format!(
-                    "request message of {len} bytes; the limit is {max}"
-                )));
-            }
-            need = Some(FRAME_HEADER_BYTES + len);
-        }
-        if let Some(n) = need {
-            if have >= n {
-                let mut all = gather(&chunks, n);
-                all.advance(FRAME_HEADER_BYTES);
-                return Ok(First {
-                    chunks,
-                    message: all,
-                    rest: body,
-                });
-            }
-        }
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    have += data.len();
-                    chunks.push_back(data);
-                }
-            }
-            Some(Err(e)) => return Err(Status::cancelled(format!("reading the request: {e}"))),
-            None => {
-                return Err(Status::invalid_argument(
-                    "the request ended before its first message was whole",
-                ))
-            }
-        }
-    }
-}
-
-/// The first `n` bytes of `chunks` (no copy when the first chunk holds them).
-fn gather(chunks: &VecDeque<Bytes>, n: usize) -> Bytes {
-    if let Some(first) = chunks.front().filter(|c| c.len() >= n) {
-        return first.slice(..n);
-    }
-    let mut out = BytesMut::with_capacity(n);
-    for c in chunks {
-        let take = (n - out.len()).min(c.len());
-        out.extend_from_slice(&c[..take]);
-        if out.len() == n {
-            break;
-        }
-    }
-    out.freeze()
-}
-
-/// A body that yields the bytes already read, then the rest of the original.
-struct Prefixed {
-    chunks: VecDeque<Bytes>,
-    rest: Body,
-}
-
-impl hyper::body::Body for Prefixed {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if let Some(c) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(c))));
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-}
-
 /// The auth layer (`LayerOf(Arc<Gate>)`): [`Gate::check`] before every call.
 impl Around for Arc<Gate> {
     fn around<S: Inner>(&self, inner: S, req: http::Request<Body>) -> Answer {
@@ -460,7 +354,6 @@ impl Around for Arc<Gate> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::MAX_CLIENT_MESSAGE_BYTES;
     use super::*;
 
     #[test]
@@ -470,71 +363,6 @@ mod tests {
         assert_eq!(bearer("Basic abc"), None);
         assert_eq!(bearer("Bearer"), None);
         assert_eq!(bearer("Bearer "), None);
-    }
-
-    fn framed(msg: &impl Message) -> Vec<u8> {
-        let body = msg.encode_to_vec();
-        let mut out = vec![0u8];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
-    }
-
-    #[tokio::test]
-    async fn the_first_message_is_read_across_chunks_and_handed_on_whole() {
-        let req = super::super::pb::ScheduleRequest {
-            namespace: "orders".into(),
-            id: "x".repeat(100),
-            ..Default::default()
-        };
-        let mut bytes = framed(&req);
-        bytes.extend_from_slice(b"tail");
-        let chunks: Vec<Result<Frame<Bytes>, Status>> = bytes
-            .chunks(7)
-            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
-            .collect();
-        let body = Body::new(http_body_util::StreamBody::new(futures::stream::iter(
-            chunks,
-        )));
-        let first = first_message(body, MAX_CLIENT_MESSAGE_BYTES).await.unwrap();
-        assert_eq!(
-            Named::decode(first.message.clone()).unwrap().namespace,
-            "orders"
-        );
-        let whole = Prefixed {
-            chunks: first.chunks,
-            rest: first.rest,
-        };
-        let again = whole.collect().await.unwrap().to_bytes();
-        assert_eq!(&again[..], &bytes[..], "every byte handed on, in order");
-    }
-
-    #[tokio::test]
-    async fn a_short_an_oversized_or_a_compressed_message_is_refused() {
-        let short = Body::new(http_body_util::Full::new(Bytes::from_static(&[
-            0, 0, 0, 0, 9, 1,
-        ])));
-        let e = first_message(short, MAX_CLIENT_MESSAGE_BYTES)
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        let huge = Body::new(http_body_util::Full::new(Bytes::from_static(&[
-            0, 255, 255, 255, 255,
-        ])));
-        let e = first_message(huge, MAX_CLIENT_MESSAGE_BYTES)
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
-        let packed = Body::new(http_body_util::Full::new(Bytes::from_static(&[
-            1, 0, 0, 0, 0,
-        ])));
-        let e = first_message(packed, MAX_CLIENT_MESSAGE_BYTES)
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 
     #[test]

@@ -43,8 +43,6 @@ pub const RETRY_HEADER: &str = "x-timerdb-retry";
 
 /// Pause between attempts while the leader is unknown or changing.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
-/// A gRPC message's frame header (compression flag, length).
-const FRAME_HEADER_BYTES: usize = 5;
 
 /// Whether `req` was forwarded by another node.
 pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
@@ -197,7 +195,7 @@ async fn on_leader<S: Inner>(
 
 /// The request's bytes (one gRPC message of at most `max` bytes).
 async fn read_message(body: Body, max: usize) -> Result<Bytes, Status> {
-    let limit = max + FRAME_HEADER_BYTES;
+    let limit = max + super::first::FRAME_HEADER_BYTES;
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) => {

@@ -25,6 +25,7 @@ pub mod auth;
 pub mod backup;
 pub mod cluster;
 pub mod convert;
+pub mod first;
 pub mod forward;
 pub mod health;
 pub mod layer;

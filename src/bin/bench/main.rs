@@ -198,7 +198,12 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         let secure = secure::Secure::new(dir)?;
         builds = vec![
             ("plain".to_string(), timerd.clone(), opts.clone(), None),
-            ("secure".to_string(), timerd.clone(), opts.clone(), Some(secure)),
+            (
+                "secure".to_string(),
+                timerd.clone(),
+                opts.clone(),
+                Some(secure),
+            ),
         ];
     }
     if let Some(old) = &args.compare {
