@@ -60,6 +60,8 @@ pub(crate) fn spawn_with(id: u64, p: &Proc, peers: &str, extra: &[&str]) -> Chil
         ])
         .arg("--data-dir")
         .arg(p.dir.join("data"))
+        // The tests' push receivers listen on loopback.
+        .arg("--push-allow-private=true")
         .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
