@@ -107,9 +107,21 @@ fn no_phantoms(
             .get(id.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let asked = ops
-            .iter()
-            .any(|op| matches!(op.kind, Kind::Schedule | Kind::Batch));
+        let schedules = || {
+            ops.iter()
+                .filter(|op| matches!(op.kind, Kind::Schedule | Kind::Batch))
+        };
+        let asked = schedules().any(|op| !matches!(op.outcome, Outcome::Failed(..)));
+        // A refusal is a definite answer: the timer must not exist because of that call.
+        if let Some(op) = schedules().find(|op| matches!(op.outcome, Outcome::Failed(..))) {
+            if !asked {
+                f.violate(
+                    "refused schedule took effect",
+                    format!("{t:?} exists, but its only schedule was refused: {op:?}"),
+                );
+                continue;
+            }
+        }
         if !asked || t.payload != id.as_bytes() {
             f.violate(
                 "phantom timer",

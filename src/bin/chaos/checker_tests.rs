@@ -84,7 +84,7 @@ fn a_clean_history_passes() {
 #[test]
 fn each_broken_guarantee_is_reported() {
     type Break = fn(&mut History, &mut BTreeMap<String, pb::Timer>);
-    let cases: [(&str, Break); 8] = [
+    let cases: [(&str, Break); 9] = [
         ("lost acknowledged schedule", |_, t| {
             t.remove("c");
         }),
@@ -108,6 +108,11 @@ fn each_broken_guarantee_is_reported() {
             h.acks.push(("a".into(), 1, Outcome::Ok(vec![other])));
         }),
         ("never delivered", |h, _| h.deliveries.clear()),
+        ("refused schedule took effect", |h, t| {
+            let refused = Outcome::Failed(tonic::Code::ResourceExhausted, "busy".into());
+            h.ops.push(op(Kind::Schedule, "r", refused));
+            t.insert("r".into(), timer("r", pb::TimerState::Pending, 0));
+        }),
     ];
     for (kind, break_it) in cases {
         let (mut h, mut timers) = clean();

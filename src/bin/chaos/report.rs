@@ -143,6 +143,29 @@ impl Totals {
             .collect();
         unknown.sort_unstable();
         unknown.dedup();
+        // Refusals other than the workload's expected ones (a cancel of a fired timer, a get
+        // of a purged one) are worth reading too.
+        let mut refused: Vec<String> = r
+            .history
+            .ops
+            .iter()
+            .filter_map(|op| match &op.outcome {
+                Outcome::Failed(code, msg)
+                    if !matches!(
+                        code,
+                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                    ) =>
+                {
+                    Some(format!("{code:?}: {msg}"))
+                }
+                _ => None,
+            })
+            .collect();
+        refused.sort_unstable();
+        refused.dedup();
+        for msg in refused.iter().take(3) {
+            println!("  a refusal: {msg}");
+        }
         for msg in unknown.iter().take(3) {
             println!("  an unknown outcome: {msg}");
         }

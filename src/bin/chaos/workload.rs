@@ -78,6 +78,12 @@ pub type Shared = Arc<Mutex<History>>;
 fn outcome<T>(r: Result<T, Status>, timers: impl FnOnce(T) -> Vec<pb::Timer>) -> Outcome {
     match r {
         Ok(v) => Outcome::Ok(timers(v)),
+        // A status tonic made from a transport failure (an h2 GOAWAY or reset, whatever code
+        // it maps to: ENHANCE_YOUR_CALM becomes RESOURCE_EXHAUSTED) is no answer from timerdb:
+        // the call may have been applied.
+        Err(s) if std::error::Error::source(&s).is_some() => {
+            Outcome::Unknown(s.code(), s.message().to_string())
+        }
         Err(s) => match s.code() {
             Code::InvalidArgument
             | Code::NotFound
