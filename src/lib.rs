@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod push;
+pub mod recur;
 pub mod sample;
 pub mod server;
 pub mod storage;
