@@ -280,14 +280,7 @@ async fn peer_attack(ch: Channel, term: u64) -> Vec<(&'static str, Result<(), to
 async fn settled_leader_and_term(c: &TestCluster) -> (u64, u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let seen: Vec<(Option<u64>, u64)> = c
-            .running()
-            .iter()
-            .map(|id| {
-                let m = c.node(*id).node.raft.metrics().borrow().clone();
-                (m.current_leader, m.current_term)
-            })
-            .collect();
+        let seen = views(c);
         if seen[0].0.is_some() && seen.windows(2).all(|w| w[0] == w[1]) {
             return (seen[0].0.unwrap(), seen[0].1);
         }
@@ -299,16 +292,20 @@ async fn settled_leader_and_term(c: &TestCluster) -> (u64, u64) {
     }
 }
 
-/// The leader and term every running node sees (asserting they agree).
-fn leader_and_term(c: &TestCluster) -> (u64, u64) {
-    let seen: Vec<(Option<u64>, u64)> = c
-        .running()
+/// (leader, term) as each running node sees them.
+fn views(c: &TestCluster) -> Vec<(Option<u64>, u64)> {
+    c.running()
         .iter()
         .map(|id| {
             let m = c.node(*id).node.raft.metrics().borrow().clone();
             (m.current_leader, m.current_term)
         })
-        .collect();
+        .collect()
+}
+
+/// The leader and term every running node sees (asserting they agree).
+fn leader_and_term(c: &TestCluster) -> (u64, u64) {
+    let seen = views(c);
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
     (seen[0].0.expect("a leader"), seen[0].1)
 }
