@@ -9,6 +9,7 @@
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`timer`]: domain types and the replicated command vocabulary.
 //! - [`namespace`]: namespaces and their replicated policy.
+//! - [`recur`], [`series`]: recurrence arithmetic, and recurring timers' occurrences (pure).
 //! - [`auth`]: API keys, roles and the replicated auth switch (who may do what).
 //! - [`wheel`]: bucket arithmetic and order-preserving key encoding (pure).
 //! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
@@ -37,6 +38,7 @@ pub mod node;
 pub mod push;
 pub mod recur;
 pub mod sample;
+pub mod series;
 pub mod server;
 pub mod storage;
 pub mod timer;

@@ -515,6 +515,8 @@ impl Node {
 }
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
+mod series;
+
 mod faults {
     use super::*;
 

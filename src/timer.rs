@@ -230,6 +230,9 @@ pub struct Timer {
     pub content_type: String,
     /// The latest attempts, oldest first (at most [`ATTEMPT_LOG_LEN`]).
     pub attempt_log: Vec<AttemptRecord>,
+    /// Set when this is a recurring timer (a series), not one timer: its rule, state and
+    /// occurrences. Its `fire_at_ms` is then the next occurrence's.
+    pub series: Option<Box<crate::series::SeriesView>>,
 }
 
 impl Timer {
@@ -255,6 +258,7 @@ impl Timer {
             redrives: 0,
             content_type: spec.content_type,
             attempt_log: Vec::new(),
+            series: None,
         }
     }
 
@@ -383,6 +387,17 @@ pub enum Command {
     Multi(Vec<Command>),
     /// Change the access state: put or revoke a key, switch auth on or off (`crate::auth`).
     Access(crate::auth::AccessChange),
+    /// Create a recurring timer and its first occurrence (idempotent on identical content).
+    ScheduleSeries {
+        now_ms: i64,
+        spec: crate::series::SeriesSpec,
+    },
+    /// Pause (remove its pending occurrence) or resume (plan the next after `now_ms`) a series.
+    PauseSeries {
+        now_ms: i64,
+        key: TimerKey,
+        paused: bool,
+    },
 }
 
 impl Command {
@@ -390,7 +405,9 @@ impl Command {
     pub fn timer_key(&self) -> Option<&TimerKey> {
         match self {
             Command::Schedule { spec, .. } => Some(&spec.key),
+            Command::ScheduleSeries { spec, .. } => Some(&spec.key),
             Command::Cancel { key, .. }
+            | Command::PauseSeries { key, .. }
             | Command::Reschedule { key, .. }
             | Command::Ack { key, .. }
             | Command::Nack { key, .. }
@@ -418,6 +435,8 @@ impl Command {
             Command::Purge { .. } => "purge",
             Command::Multi(_) => "multi",
             Command::Access(_) => "access",
+            Command::ScheduleSeries { .. } => "schedule_series",
+            Command::PauseSeries { .. } => "pause_series",
         }
     }
 }

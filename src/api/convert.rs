@@ -144,6 +144,18 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
             limits.max_payload_bytes
         )));
     }
+    if req.recurrence.is_some() {
+        return Err(invalid(format!(
+            "{key} has a recurrence: recurring timers are scheduled one at a time, with Schedule"
+        )));
+    }
+    if crate::series::parse_occurrence(&key.id).is_some() {
+        return Err(invalid(format!(
+            "id {:?} ends in @<RFC 3339 time>, which names the occurrences of recurring timers; \
+             choose another id",
+            key.id
+        )));
+    }
     let when = schedule_when(req.when, limits)?;
     let ct = &req.content_type;
     if ct.len() > MAX_CONTENT_TYPE_BYTES || ct.parse::<http::HeaderValue>().is_err() {
@@ -307,6 +319,7 @@ impl From<Timer> for pb::Timer {
             redrives: t.redrives,
             content_type: t.content_type,
             attempt_log: t.attempt_log.into_iter().map(attempt_to_pb).collect(),
+            series: t.series.map(|v| super::recurrence::series_to_pb(*v)),
         }
     }
 }

@@ -116,6 +116,12 @@ pub const RULES: &[Rule] = &[
     ),
     rule("/timerdb.v1.Timers/Nack", LEADER, ns(Permission::Consume)),
     rule("/timerdb.v1.Timers/Redrive", LEADER, ns(Permission::Manage)),
+    rule("/timerdb.v1.Timers/Pause", LEADER, ns(Permission::Schedule)),
+    rule(
+        "/timerdb.v1.Timers/Resume",
+        LEADER,
+        ns(Permission::Schedule),
+    ),
     // timerdb.v1.Namespaces
     rule(
         "/timerdb.v1.Namespaces/PutNamespace",

@@ -36,6 +36,7 @@ pub mod observe;
 pub mod peer;
 pub mod policy;
 pub mod receiver;
+pub mod recurrence;
 pub mod revocable;
 pub mod subscribe;
 pub mod timers;

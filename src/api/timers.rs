@@ -12,9 +12,11 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
 use super::pb::{self, timers_server};
+use super::recurrence;
 use super::subscribe;
 use crate::config::Limits;
 use crate::node::Node;
+use crate::storage::Page;
 
 /// Serves the Timers API on one node.
 pub struct TimersService {
@@ -41,8 +43,13 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleRequest>,
     ) -> Result<Response<pb::ScheduleResponse>, Status> {
-        let spec = convert::spec(request.get_ref(), self.limits())?;
-        let (timer, created) = self.node().schedule(spec).await?;
+        let (timer, created) = if request.get_ref().recurrence.is_some() {
+            let spec = recurrence::series_spec(request.get_ref(), self.limits())?;
+            self.node().schedule_series(spec).await?
+        } else {
+            let spec = convert::spec(request.get_ref(), self.limits())?;
+            self.node().schedule(spec).await?
+        };
         Ok(Response::new(pb::ScheduleResponse {
             timer: Some(timer.into()),
             created,
@@ -96,7 +103,8 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::GetResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().get(&key).await?;
+        let upcoming = recurrence::next_count(req.next_count)?;
+        let timer = self.node().get_with(&key, upcoming).await?;
         Ok(Response::new(pb::GetResponse {
             timer: Some(timer.into()),
         }))
@@ -107,7 +115,16 @@ impl timers_server::Timers for TimersService {
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let query = convert::list_query(request.get_ref(), self.limits())?;
-        let page = self.node().list(&query).await?;
+        let page = if request.get_ref().recurring {
+            let after = query.after.as_deref();
+            let (timers, next_after) = self
+                .node()
+                .list_series(&query.namespace, after, query.limit)
+                .await?;
+            Page { timers, next_after }
+        } else {
+            self.node().list(&query).await?
+        };
         Ok(Response::new(pb::ListResponse {
             timers: page.timers.into_iter().map(Into::into).collect(),
             next_page_token: page
@@ -230,6 +247,30 @@ impl timers_server::Timers for TimersService {
                 timers: Vec::new(),
                 redriven: node.redrive_all(&namespace).await?,
             },
+        }))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<pb::PauseRequest>,
+    ) -> Result<Response<pb::PauseResponse>, Status> {
+        let req = request.into_inner();
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
+        let timer = self.node().pause_series(key, true).await?;
+        Ok(Response::new(pb::PauseResponse {
+            timer: Some(timer.into()),
+        }))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<pb::PauseRequest>,
+    ) -> Result<Response<pb::PauseResponse>, Status> {
+        let req = request.into_inner();
+        let key = convert::key(&req.namespace, &req.id, self.limits())?;
+        let timer = self.node().pause_series(key, false).await?;
+        Ok(Response::new(pb::PauseResponse {
+            timer: Some(timer.into()),
         }))
     }
 }

@@ -82,6 +82,11 @@ pub(super) struct Applier<'a> {
     pub(super) access_staged: Option<crate::auth::AccessState>,
     /// Whether this entry changed the access state (published once the batch is written).
     pub access_changed: bool,
+    /// Series rows written by this entry, by key (`series.rs`).
+    pub(super) series_staged: HashMap<Vec<u8>, Option<crate::series::Series>>,
+    /// Namespaces where this entry rewrote a row its Fire had just passed (a series
+    /// occurrence dropped or held back): no grant for them in this entry (`series.rs`).
+    pub(super) rewrote_fired: Vec<String>,
 }
 
 impl<'a> Applier<'a> {
@@ -118,6 +123,8 @@ impl<'a> Applier<'a> {
             leases: HashMap::default(),
             access_staged: None,
             access_changed: false,
+            series_staged: HashMap::default(),
+            rewrote_fired: Vec::new(),
         }
     }
 
@@ -217,6 +224,12 @@ impl<'a> Applier<'a> {
                 through,
             } => self.purge(now_ms, &namespace, through),
             Command::Access(change) => self.access(change),
+            Command::ScheduleSeries { now_ms, spec } => self.schedule_series(now_ms, &spec),
+            Command::PauseSeries {
+                now_ms,
+                key,
+                paused,
+            } => self.pause_series(now_ms, key, paused),
         }
     }
 
@@ -615,6 +628,9 @@ impl<'a> Applier<'a> {
 
     fn cancel(&mut self, now_ms: i64, key: TimerKey) -> Result<Response> {
         let Some((slot, row)) = self.find(&key)? else {
+            if let Some(deleted) = self.cancel_series(now_ms, &key)? {
+                return Ok(deleted);
+            }
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };
         let timer = self.view(&key.namespace, slot, &row)?;
@@ -641,6 +657,9 @@ impl<'a> Applier<'a> {
     }
 
     fn reschedule(&mut self, now_ms: i64, key: TimerKey, when: When) -> Result<Response> {
+        if let Some(refused) = self.reschedule_refused(&key)? {
+            return Ok(Response::Rejected(refused));
+        }
         let Some((slot, row)) = self.find(&key)? else {
             return Ok(Response::Rejected(Rejection::NotFound(key)));
         };

@@ -31,15 +31,22 @@ impl Applier<'_> {
         let max = max.max(1) as usize;
         self.progress.cursor_ms = self.progress.cursor_ms.max(now_ms);
         let (count, more_rows) = self.advance_cursor(now_ms, max)?;
+        // Recurring timers' occurrences it passed: the next ones are placed (`series.rs`).
+        let count = count - self.fire_series(now_ms)?;
         let more_leases = self.expire_leases(now_ms, max)?;
+        let rewrote = std::mem::take(&mut self.rewrote_fired);
         let mut leases = Vec::with_capacity(grants.len());
         for g in &grants {
+            if rewrote.contains(&g.namespace) {
+                leases.push(None); // see `series.rs`: the next entry grants
+                continue;
+            }
             leases.push(self.grant(now_ms, &g.namespace, g.room, g.push)?);
         }
         // Namespaces the cursor passed and nobody was granted: let the delivery cursor pass
         // finished rows, so that they can be purged though nobody consumes the namespace.
         for ns in self.visited.clone() {
-            if !grants.iter().any(|g| g.namespace == ns) {
+            if !grants.iter().any(|g| g.namespace == ns) && !rewrote.contains(&ns) {
                 self.grant(now_ms, &ns, 0, false)?;
             }
         }

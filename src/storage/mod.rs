@@ -41,6 +41,7 @@ pub mod quiet;
 mod read;
 pub mod restore;
 mod row;
+mod series;
 mod snapshot;
 mod snapshot_file;
 mod state_machine;
@@ -71,9 +72,14 @@ pub const CF_DEADLINES: &str = "deadlines";
 pub const CF_META: &str = "meta";
 pub const CF_NSMETA: &str = "nsmeta";
 pub const CF_NAMESPACES: &str = "namespaces";
+/// Recurring timers: (namespace, id) -> `series::Series`.
+pub const CF_SERIES: &str = "series";
+/// A series' materialised occurrence, by its slot -> the series' (namespace, id): what a Fire
+/// entry reads to learn which rows it passed are occurrences (see `storage/series.rs`).
+pub const CF_SERIES_DUE: &str = "series_due";
 /// The column families that make up the state machine (snapshots and digests cover these, in
-/// this order; a snapshot file names a family by its place here).
-pub(crate) const SM_CFS: [&str; 8] = [
+/// this order; a snapshot file names a family by its place here, so new ones go last).
+pub(crate) const SM_CFS: [&str; 10] = [
     CF_WHEEL,
     CF_INDEX,
     CF_FIRES,
@@ -82,6 +88,8 @@ pub(crate) const SM_CFS: [&str; 8] = [
     CF_META,
     CF_NSMETA,
     CF_NAMESPACES,
+    CF_SERIES,
+    CF_SERIES_DUE,
 ];
 /// Every column family: the log store's, then the state machine's.
 fn all_cfs() -> impl Iterator<Item = &'static str> {
@@ -143,15 +151,26 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 /// refused with a message, never misread.
 ///
 /// 4: push delivery (namespace push targets, attempt logs, `Pushed` with a retry-after).
+/// 5: recurring timers (the `series` and `series_due` families, the `ScheduleSeries` and
+/// `PauseSeries` commands). Format 4 is a subset of it: a format-4 directory or backup is read
+/// in place and becomes format 5 (an older build then refuses it).
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
+/// Formats this build opens: its own, and those it upgrades in place.
+pub const READS_FORMATS: [u32; 2] = [4, 5];
 
-/// Records [`FORMAT`] in a new database; refuses one written in another format.
+/// Records [`FORMAT`] in a new database (or one of a format it upgrades in place); refuses one
+/// written in another format.
 fn check_format(db: &DB, dir: &Path) -> Result<()> {
     let meta = cf(db, CF_META);
     if let Some(v) = db.get_cf(meta, meta::FORMAT)? {
         let found: u32 = codec::decode(&v)?;
         if found == FORMAT {
+            return Ok(());
+        }
+        if READS_FORMATS.contains(&found) {
+            tracing::info!(found, to = FORMAT, "upgrading the storage format in place");
+            db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
             return Ok(());
         }
         return Err(format_error(dir, &format!("storage format {found}")));

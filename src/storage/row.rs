@@ -178,6 +178,7 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         redrives: b.redrives,
         content_type: b.content_type.clone(),
         attempt_log: b.log.clone(),
+        series: None,
     };
     match row.kind {
         Kind::Acked | Kind::Cancelled | Kind::Dead => {

@@ -211,7 +211,10 @@ impl RowReader {
         let mut magic = [0u8; 8];
         r.take(&mut magic)
             .map_err(|e| corrupt(path, &e.to_string()))?;
-        if &magic != MAGIC {
+        let readable = super::READS_FORMATS
+            .iter()
+            .any(|f| self::magic(*f) == magic);
+        if !readable {
             return Err(corrupt(
                 path,
                 &format!(

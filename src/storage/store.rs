@@ -69,7 +69,7 @@ const LIST_SCAN_BUDGET: usize = 100_000;
 /// Read access to the state machine.
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<DB>,
+    pub(super) db: Arc<DB>,
     wheel: Wheel,
     /// Keys the state machine has written through this store since it was opened.
     pub(super) keys_written: Arc<AtomicU64>,
@@ -86,15 +86,15 @@ pub struct Store {
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
-struct Snap<'a> {
-    reader: Reader<'a>,
+pub(super) struct Snap<'a> {
+    pub(super) reader: Reader<'a>,
     cursor: Slot,
     nsmeta: HashMap<String, NsMeta>,
     retention: HashMap<String, u64>,
 }
 
 impl<'a> Snap<'a> {
-    fn new(db: &'a DB) -> Result<Snap<'a>> {
+    pub(super) fn new(db: &'a DB) -> Result<Snap<'a>> {
         let reader = Reader::snapshot(db);
         let progress: meta::Progress = match reader.get(CF_META, meta::PROGRESS)? {
             Some(v) => decode(&v)?,
@@ -127,7 +127,7 @@ impl<'a> Snap<'a> {
         raw.map(|v| Row::decode(&v)).transpose()
     }
 
-    fn timer(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
+    pub(super) fn timer(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
         let Some(raw) = self.reader.get(CF_INDEX, &key.index_key())? else {
             return Ok(None);
         };

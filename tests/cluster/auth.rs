@@ -281,6 +281,7 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
         let get = pb::GetRequest {
             namespace: "orders".into(),
             id: format!("o{node}"),
+            ..Default::default()
         };
         denied(t.get(get.clone()).await, "may not read");
 
@@ -391,6 +392,7 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
         let get = pb::GetRequest {
             namespace: "orders".into(),
             id: format!("batch{node}"),
+            ..Default::default()
         };
         assert_eq!(t.get(get).await.unwrap_err().code(), Code::NotFound);
     }
@@ -412,6 +414,7 @@ async fn a_new_key_works_at_once_and_a_revoked_one_is_refused_everywhere_within_
     let get = pb::GetRequest {
         namespace: "x".into(),
         id: "y".into(),
+        ..Default::default()
     };
     let mut clients = Vec::new();
     for node in c.running() {
@@ -550,6 +553,7 @@ async fn the_switch_cannot_lock_operators_out_and_the_bootstrap_token_is_an_admi
         .get(pb::GetRequest {
             namespace: "x".into(),
             id: "y".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -194,6 +194,7 @@ async fn a_backup_restores_into_a_new_cluster_that_holds_every_acknowledged_writ
         .get(pb::GetRequest {
             namespace: "bk-b".into(),
             id: "after".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -285,6 +285,7 @@ pub async fn get(c: &mut TimersClient<Channel>, id: &str) -> Result<pb::Timer, t
         .get(pb::GetRequest {
             namespace: NS.into(),
             id: id.into(),
+            ..Default::default()
         })
         .await?;
     Ok(r.into_inner().timer.unwrap())

@@ -102,6 +102,7 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
     let missing = pb::GetRequest {
         namespace: NS.into(),
         id: "nope".into(),
+        ..Default::default()
     };
     assert_eq!(
         client.get(missing).await.unwrap_err().code(),

@@ -188,6 +188,7 @@ async fn get(
         .get(pb::GetRequest {
             namespace: "hooks".into(),
             id: id.into(),
+            ..Default::default()
         })
         .await?;
     Ok(r.into_inner().timer.unwrap())

@@ -232,6 +232,7 @@ async fn push_refuses_private_addresses_unless_allowed() {
             .get(pb::GetRequest {
                 namespace: "guarded".into(),
                 id: "g1".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

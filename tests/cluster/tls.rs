@@ -94,6 +94,7 @@ async fn answers(ch: Channel) -> Result<(), tonic::Status> {
     let get = pb::GetRequest {
         namespace: "x".into(),
         id: "y".into(),
+        ..Default::default()
     };
     match t.get(get).await {
         Err(s) if s.code() == Code::NotFound => Ok(()),

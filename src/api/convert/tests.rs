@@ -16,6 +16,7 @@ fn req(
         when,
         payload: vec![7; payload],
         content_type: String::new(),
+        ..Default::default()
     }
 }
 

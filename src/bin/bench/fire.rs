@@ -276,6 +276,7 @@ async fn show_missing(target: &Target, ns: &str, log: &crate::consume::Shared, c
         let req = pb::GetRequest {
             namespace: ns.into(),
             id: id.clone(),
+            ..Default::default()
         };
         match client.get(req).await {
             Ok(r) => eprintln!("    not received: {:?}", r.into_inner().timer),

@@ -198,6 +198,7 @@ async fn one_op(
             let req = pb::GetRequest {
                 namespace: NAMESPACE.into(),
                 id: id.clone(),
+                ..Default::default()
             };
             let r = client.get(request(req)).await;
             let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());

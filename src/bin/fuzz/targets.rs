@@ -201,6 +201,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                 when: Some(pb::schedule_request::When::DelayMs(1000)),
                 payload: b"x".to_vec(),
                 content_type: "application/json".into(),
+                ..Default::default()
             }
             .encode_to_vec(),
             pb::PutNamespaceRequest {

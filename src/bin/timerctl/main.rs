@@ -347,6 +347,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 when: Some(when),
                 payload: payload.into_bytes(),
                 content_type,
+                ..Default::default()
             };
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
             let verb = if r.created { "scheduled" } else { "exists" };
@@ -379,7 +380,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Get { namespace, id } => {
             let r = timers
-                .get(pb::GetRequest { namespace, id })
+                .get(pb::GetRequest {
+                    namespace,
+                    id,
+                    ..Default::default()
+                })
                 .await
                 .map_err(status_err)?;
             let t = r.into_inner().timer.unwrap_or_default();
@@ -390,7 +395,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Attempts { namespace, id } => {
             let r = timers
-                .get(pb::GetRequest { namespace, id })
+                .get(pb::GetRequest {
+                    namespace,
+                    id,
+                    ..Default::default()
+                })
                 .await
                 .map_err(status_err)?;
             output::attempts(&r.into_inner().timer.unwrap_or_default());

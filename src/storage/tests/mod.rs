@@ -494,6 +494,8 @@ fn workload() -> Vec<Command> {
             attempt: 1,
         },
     ]));
+    // Recurring timers: occurrences placed, fired, dropped by overlap, a pause and a resume.
+    cmds.extend(series::workload());
     // The access state: keys, the switch, a refused revoke (the last admin).
     cmds.push(Command::Access(crate::auth::AccessChange::PutKey(
         crate::auth::Key {
@@ -771,4 +773,5 @@ mod access;
 mod attempts;
 mod deliver;
 mod restore;
+mod series;
 mod snapshot;

@@ -1,0 +1,73 @@
+//! A node's operations on recurring timers, in domain terms (docs/recurrence.md): schedule,
+//! pause and resume go through the log like every change; Get and List of a series read the
+//! state machine after the read barrier, like any read.
+
+use super::{unexpected, Node};
+use crate::series::SeriesSpec;
+use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
+use crate::{Error, Result};
+
+impl Node {
+    /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
+    pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
+        // The payload limits and the schedule rate of the namespace, as for one timer.
+        let probe = TimerSpec {
+            key: spec.key.clone(),
+            when: When::After(0),
+            payload: Vec::new(),
+            content_type: String::new(),
+        };
+        let policy = self.store.namespace(&spec.key.namespace)?.policy;
+        if spec.payload.len() > policy.max_payload_bytes as usize {
+            return Err(Error::ResourceExhausted(format!(
+                "payload of {} is {} bytes; namespace {} allows {}",
+                spec.key,
+                spec.payload.len(),
+                spec.key.namespace,
+                policy.max_payload_bytes
+            )));
+        }
+        self.check_schedule_rate(&probe.key.namespace, 1)?;
+        let cmd = Command::ScheduleSeries {
+            now_ms: self.now_ms(),
+            spec,
+        };
+        match self.write(cmd).await? {
+            Response::Timer { timer, created } => Ok((timer, created)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Pauses (`paused`) or resumes a recurring timer.
+    pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<Timer> {
+        let cmd = Command::PauseSeries {
+            now_ms: self.now_ms(),
+            key,
+            paused,
+        };
+        self.write_timer(cmd).await
+    }
+
+    /// A timer or, when none has the key, the recurring timer there, with its next `upcoming`
+    /// occurrence times (linearizable).
+    pub async fn get_with(&self, key: &TimerKey, upcoming: usize) -> Result<Timer> {
+        self.read_barrier().await?;
+        if let Some(t) = self.store.get(key)? {
+            return Ok(t);
+        }
+        self.store
+            .series(key, upcoming)?
+            .ok_or_else(|| Error::NotFound(format!("timer {key} not found")))
+    }
+
+    /// A page of `namespace`'s recurring timers (linearizable), and the id to continue after.
+    pub async fn list_series(
+        &self,
+        namespace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Timer>, Option<String>)> {
+        self.read_barrier().await?;
+        self.store.list_series(namespace, after, limit)
+    }
+}

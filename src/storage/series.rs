@@ -1,0 +1,401 @@
+//! Recurring timers in the state machine: the `series` rows, their materialised occurrence,
+//! and what a Fire entry does when its cursor passes one (docs/recurrence.md).
+//!
+//! A series' next occurrence is an ordinary PENDING row on the wheel, placed by apply; its slot
+//! is also a key of `series_due` naming the series. A Fire entry moves the cursor first (which
+//! fires the occurrence like any row), then reads `series_due` over the range it passed and,
+//! per occurrence, asks [`series::plan`] what became of it and what comes next: the next
+//! occurrence is placed in the same write batch, so it is committed state as soon as the
+//! previous one fired. An occurrence the policies drop (overlap `skip`, misfire `skip`) is
+//! deleted, one that `buffer_one` holds back is moved after the cursor: both rewrite a row the
+//! cursor just passed, so that namespace gets no grant in this entry (grants read the database
+//! as it was before the entry; the next Fire or Deliver sees the rewrite).
+//!
+//! Every step reads only the entry and the database, so every replica computes the same
+//! occurrences; the zone rules come from the binary and a series checks they are the ones it
+//! was computed with (`Series::rule`), a storage error (fatal to the node) otherwise.
+
+use super::apply::Applier;
+use super::read::Reader;
+use super::row::{self, Kind};
+use super::store::{Snap, Store};
+use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
+use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
+use crate::timer::{Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::wheel::{self, Slot};
+use crate::{Error, Result};
+
+/// Upcoming occurrence times an answer of apply carries (Get may ask for more).
+const UPCOMING_IN_ANSWERS: usize = 5;
+
+impl Applier<'_> {
+    /// The series at `key` as this entry has it.
+    pub(super) fn series_row(&mut self, key: &TimerKey) -> Result<Option<Series>> {
+        let k = key.index_key();
+        if let Some(staged) = self.series_staged.get(&k) {
+            return Ok(staged.clone());
+        }
+        let raw = self.db.get_cf(cf(self.db, CF_SERIES), &k)?;
+        raw.map(|v| codec::decode(&v)).transpose()
+    }
+
+    fn put_series(&mut self, s: &Series) {
+        let k = s.spec.key.index_key();
+        self.batch
+            .put_cf(cf(self.db, CF_SERIES), &k, codec::encode(s));
+        self.series_staged.insert(k, Some(s.clone()));
+    }
+
+    fn answer(s: &Series, created: bool) -> Response {
+        let view = SeriesView {
+            series: s.clone(),
+            upcoming_ms: series::upcoming(s, UPCOMING_IN_ANSWERS),
+            recent: Vec::new(),
+        };
+        Response::Timer {
+            timer: view.into_timer(),
+            created,
+        }
+    }
+
+    /// Places the occurrence at `nominal_ms` (PENDING, due at its jittered time) and records
+    /// it as the series' next; an id already taken (by an occurrence kept from before a
+    /// resume) moves on to the following occurrence. No occurrence left: the series ended.
+    fn materialize(&mut self, s: &mut Series, first: Option<i64>, now_ms: i64) -> Result<()> {
+        let rule = s.rule()?;
+        let mut at = first;
+        while let Some(nominal_ms) = at {
+            let key = s.occurrence_key(nominal_ms);
+            if self.find(&key)?.is_some() {
+                at = s.following(&rule, nominal_ms);
+                continue;
+            }
+            let fire_at_ms = s.fire_time(nominal_ms);
+            let spec = TimerSpec {
+                key,
+                when: When::At(fire_at_ms),
+                payload: s.spec.payload.clone(),
+                content_type: s.spec.content_type.clone(),
+            };
+            let ns = spec.key.namespace.clone();
+            let slot = self.place(&ns, row::pending(&spec, now_ms), fire_at_ms)?;
+            self.count_pending(&ns, 1)?;
+            self.count_stored(&ns, 1)?;
+            self.events.scheduled();
+            self.batch.put_cf(
+                cf(self.db, CF_SERIES_DUE),
+                slot.encode(),
+                s.spec.key.index_key(),
+            );
+            s.next = Some(Next {
+                nominal_ms,
+                fire_at_ms,
+                slot,
+            });
+            return Ok(());
+        }
+        s.next = None;
+        s.status = Status::Ended;
+        s.finished_at_ms = now_ms;
+        Ok(())
+    }
+
+    /// Removes the series' pending occurrence (a pause or a delete), if it is still PENDING.
+    fn unmaterialize(&mut self, s: &mut Series) -> Result<()> {
+        let Some(next) = s.next.take() else {
+            return Ok(());
+        };
+        self.batch
+            .delete_cf(cf(self.db, CF_SERIES_DUE), next.slot.encode());
+        let key = s.occurrence_key(next.nominal_ms);
+        if let Some((slot, row)) = self.find(&key)? {
+            if self.view(&key.namespace, slot, &row)?.state == TimerState::Pending {
+                self.delete_row(&key.namespace, slot);
+                self.set_index(key.index_key(), None);
+                self.count_pending(&key.namespace, -1)?;
+                self.count_stored(&key.namespace, -1)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn schedule_series(&mut self, now_ms: i64, spec: &SeriesSpec) -> Result<Response> {
+        if self.find(&spec.key)?.is_some() {
+            return Ok(Response::Rejected(Rejection::AlreadyExists(
+                spec.key.clone(),
+            )));
+        }
+        if let Some(existing) = self.series_row(&spec.key)? {
+            if existing.status != Status::Cancelled && existing.same_request(spec) {
+                return Ok(Self::answer(&existing, false));
+            }
+            return Ok(Response::Rejected(Rejection::AlreadyExists(
+                spec.key.clone(),
+            )));
+        }
+        let mut s = Series::new(spec.clone(), now_ms);
+        let rule = match s.rule() {
+            Ok(rule) => rule,
+            Err(e) => {
+                return Ok(Response::Rejected(Rejection::Refused {
+                    key: spec.key.clone(),
+                    why: format!("has a recurrence this node cannot compute: {e}"),
+                }))
+            }
+        };
+        let first = s.following(&rule, now_ms);
+        self.materialize(&mut s, first, now_ms)?;
+        self.put_series(&s);
+        Ok(Self::answer(&s, true))
+    }
+
+    pub(super) fn pause_series(
+        &mut self,
+        now_ms: i64,
+        key: TimerKey,
+        paused: bool,
+    ) -> Result<Response> {
+        let Some(mut s) = self.series_row(&key)? else {
+            if self.find(&key)?.is_some() {
+                let why = "is a one-shot timer: only recurring timers can be paused".to_string();
+                return Ok(Response::Rejected(Rejection::Refused { key, why }));
+            }
+            return Ok(Response::Rejected(Rejection::NotFound(key)));
+        };
+        match (s.status, paused) {
+            (Status::Active, true) => {
+                self.unmaterialize(&mut s)?;
+                s.status = Status::Paused;
+            }
+            (Status::Paused, false) => {
+                s.status = Status::Active;
+                let rule = s.rule()?;
+                let first = s.following(&rule, now_ms);
+                self.materialize(&mut s, first, now_ms)?;
+            }
+            (Status::Active, false) | (Status::Paused, true) => {}
+            (status, _) => {
+                let why = format!("is a recurring timer that is {}", status.name());
+                return Ok(Response::Rejected(Rejection::Refused { key, why }));
+            }
+        }
+        self.put_series(&s);
+        Ok(Self::answer(&s, false))
+    }
+
+    /// Cancel of a key that names no timer: deletes the series there, if one does (with its
+    /// pending occurrence). `None`: there is none.
+    pub(super) fn cancel_series(
+        &mut self,
+        now_ms: i64,
+        key: &TimerKey,
+    ) -> Result<Option<Response>> {
+        let Some(mut s) = self.series_row(key)? else {
+            return Ok(None);
+        };
+        if s.status != Status::Cancelled {
+            self.unmaterialize(&mut s)?;
+            s.status = Status::Cancelled;
+            s.finished_at_ms = now_ms;
+            self.put_series(&s);
+        }
+        Ok(Some(Self::answer(&s, false)))
+    }
+
+    /// Reschedule of an occurrence or of a series: refused, with what to do instead.
+    pub(super) fn reschedule_refused(&mut self, key: &TimerKey) -> Result<Option<Rejection>> {
+        let why = if self.series_row(key)?.is_some() {
+            "is a recurring timer: its times come from its rule (pause it, or cancel and \
+             schedule it again)"
+        } else {
+            match series::parse_occurrence(&key.id) {
+                Some((id, _))
+                    if self
+                        .series_row(&TimerKey::new(key.namespace.clone(), id))?
+                        .is_some() =>
+                {
+                    "is an occurrence of a recurring timer: cancel it to skip it, or pause the \
+                     series"
+                }
+                _ => return Ok(None),
+            }
+        };
+        Ok(Some(Rejection::Refused {
+            key: key.clone(),
+            why: why.into(),
+        }))
+    }
+
+    /// The series occurrences this entry's cursor passed (see the module essay). Returns how
+    /// many of the rows the cursor counted as fired did not fire after all.
+    pub(super) fn fire_series(&mut self, now_ms: i64) -> Result<u32> {
+        let Some((old, new, _)) = self.fired else {
+            return Ok(0);
+        };
+        let mut lower = old.encode().to_vec();
+        lower.push(0);
+        let mut upper = new.encode().to_vec();
+        upper.push(0);
+        let reader = Reader::live(self.db);
+        let mut iter = reader.iter(CF_SERIES_DUE, lower, Some(upper));
+        let mut due = Vec::new();
+        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+            let slot =
+                Slot::decode(k).ok_or_else(|| Error::Storage("corrupt series_due".into()))?;
+            let key = TimerKey::from_index_key(v)
+                .ok_or_else(|| Error::Storage("corrupt series_due value".into()))?;
+            due.push((slot, key));
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        drop(reader);
+        let mut unfired = 0;
+        for (slot, key) in due {
+            self.batch
+                .delete_cf(cf(self.db, CF_SERIES_DUE), slot.encode());
+            unfired += self.occurrence_due(now_ms, slot, &key)?;
+        }
+        Ok(unfired)
+    }
+
+    /// The cursor passed the occurrence of series `key` placed at `slot`.
+    fn occurrence_due(&mut self, now_ms: i64, slot: Slot, key: &TimerKey) -> Result<u32> {
+        let Some(mut s) = self.series_row(key)? else {
+            return Ok(0);
+        };
+        let Some(due) = s
+            .next
+            .filter(|n| n.slot == slot && s.status == Status::Active)
+        else {
+            return Ok(0); // paused or deleted since (its occurrence went with it)
+        };
+        let ns = key.namespace.clone();
+        let occ = s.occurrence_key(due.nominal_ms);
+        let row = match self.find(&occ)? {
+            Some((at, row)) if at == slot && row.kind == Kind::Pending => Some(row),
+            _ => None, // cancelled by a client before it was due
+        };
+        let (previous, previous_wake) = match s.last_fired {
+            Some(n) => match self.find(&s.occurrence_key(n))? {
+                Some((at, r)) => {
+                    let t = self.view(&ns, at, &r)?;
+                    (Some(t.state), t.wake_at_ms)
+                }
+                None => (None, 0),
+            },
+            None => (None, 0),
+        };
+        let rule = s.rule()?;
+        let decision = series::plan(
+            &mut s,
+            &rule,
+            due,
+            now_ms,
+            row.is_none(),
+            previous,
+            previous_wake,
+        );
+        let mut unfired = 0;
+        let next = match decision {
+            Decision::Hold { until_ms } => {
+                let row = row.expect("only a fired occurrence is held");
+                let at = self.move_row(&ns, slot, row, until_ms)?;
+                self.count_pending(&ns, 1)?;
+                self.batch
+                    .put_cf(cf(self.db, CF_SERIES_DUE), at.encode(), key.index_key());
+                s.next = Some(Next { slot: at, ..due });
+                self.rewrote_fired.push(ns);
+                self.put_series(&s);
+                return Ok(1);
+            }
+            Decision::Drop { next, .. } => {
+                if row.is_some() {
+                    self.delete_row(&ns, slot);
+                    self.set_index(occ.index_key(), None);
+                    self.count_stored(&ns, -1)?;
+                    self.rewrote_fired.push(ns);
+                    unfired = 1;
+                }
+                next
+            }
+            Decision::Done { next, .. } => next,
+        };
+        s.next = None;
+        self.materialize(&mut s, next, now_ms)?;
+        self.put_series(&s);
+        Ok(unfired)
+    }
+}
+
+impl Store {
+    /// The series at `key` as a client sees it, with its next `upcoming` occurrence times and
+    /// the current state of its latest occurrences.
+    pub fn series(&self, key: &TimerKey, upcoming: usize) -> Result<Option<Timer>> {
+        let mut snap = Snap::new(&self.db)?;
+        series_in(&mut snap, key, upcoming)
+    }
+
+    /// One page of `namespace`'s recurring timers, in id order, after `after`.
+    pub fn list_series(
+        &self,
+        namespace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Timer>, Option<String>)> {
+        let prefix = wheel::namespace_prefix(namespace);
+        let start = match after {
+            Some(id) => {
+                let mut k = TimerKey::new(namespace, id).index_key();
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut snap = Snap::new(&self.db)?;
+        let mut keys = Vec::new();
+        let mut iter = snap
+            .reader
+            .iter(CF_SERIES, start, Some(prefix_end(&prefix)));
+        while let Some(k) = iter.key() {
+            if keys.len() > limit {
+                break;
+            }
+            keys.push(k.to_vec());
+            iter.next();
+        }
+        iter.status()?;
+        drop(iter);
+        let more = keys.len() > limit;
+        keys.truncate(limit);
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let key = TimerKey::from_index_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt series key".into()))?;
+            if let Some(t) = series_in(&mut snap, &key, UPCOMING_IN_ANSWERS)? {
+                out.push(t);
+            }
+        }
+        let next = more.then(|| out.last().map(|t| t.key.id.clone())).flatten();
+        Ok((out, next))
+    }
+}
+
+fn series_in(snap: &mut Snap<'_>, key: &TimerKey, upcoming: usize) -> Result<Option<Timer>> {
+    let Some(raw) = snap.reader.get(CF_SERIES, &key.index_key())? else {
+        return Ok(None);
+    };
+    let s: Series = codec::decode(&raw)?;
+    let mut recent = Vec::with_capacity(s.recent.len());
+    for (nominal, fate) in &s.recent {
+        let occ = s.occurrence_key(*nominal);
+        let state = snap.timer(&occ)?.map(|t| t.state);
+        recent.push((occ.id, *fate, state));
+    }
+    let view = SeriesView {
+        upcoming_ms: series::upcoming(&s, upcoming),
+        series: s,
+        recent,
+    };
+    Ok(Some(view.into_timer()))
+}
