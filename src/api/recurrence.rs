@@ -88,7 +88,9 @@ pub fn recurrence(r: &pb::Recurrence) -> Result<Recurrence, Error> {
         }
         (true, 0) => {
             return Err(invalid(
-                "recurrence: set cron (with time_zone) or every_ms".into(),
+                "recurrence.every_ms is 0 and recurrence.cron is empty: set every_ms (at least \
+                 1000 ms) or cron (with time_zone)"
+                    .into(),
             ))
         }
         (true, every) => {

@@ -361,7 +361,20 @@ mod tests {
 
     #[test]
     fn a_file_of_another_storage_format_is_refused_by_its_magic() {
-        assert_eq!(&magic(4), b"TDBSNAP4");
+        assert_eq!(&magic(5), b"TDBSNAP5");
+        // Format 4 (before recurring timers) is a subset of 5: its files are read.
+        let dir4 = tempfile::TempDir::new().unwrap();
+        let path4 = dir4.path().join("four");
+        let mut w = RowWriter::create(&path4).unwrap();
+        w.row(0, b"k", b"v").unwrap();
+        w.finish().unwrap();
+        let mut bytes = std::fs::read(&path4).unwrap();
+        bytes[..8].copy_from_slice(b"TDBSNAP4");
+        std::fs::write(&path4, &bytes).unwrap();
+        assert!(
+            RowReader::open(&path4).is_ok(),
+            "a format-4 file was refused"
+        );
         let dir = tempfile::TempDir::new().unwrap();
         let path = dir.path().join("old");
         let mut w = RowWriter::create(&path).unwrap();

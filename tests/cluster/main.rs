@@ -18,6 +18,7 @@ mod process;
 mod push;
 mod push_http;
 mod receiver;
+mod recur;
 mod rejoin;
 mod secure_process;
 mod tls;

@@ -11,6 +11,7 @@ mod load;
 mod member;
 mod namespace;
 mod output;
+mod recur;
 mod status;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -53,7 +54,7 @@ struct Cli {
 }
 
 #[derive(clap::Args, Debug)]
-#[group(required = true, multiple = false)]
+#[group(required = false, multiple = false)]
 struct WhenArgs {
     /// Fire after this delay, e.g. 500ms, 10s, 5m, 2h.
     #[arg(long = "in", value_parser = humantime::parse_duration)]
@@ -74,12 +75,14 @@ struct AttemptArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Schedule a timer.
+    /// Schedule a timer (--in or --at), or a recurring one (--cron with --tz, or --every).
     Schedule {
         namespace: String,
         id: String,
         #[command(flatten)]
         when: WhenArgs,
+        #[command(flatten)]
+        recur: recur::RecurArgs,
         /// Payload, as text.
         #[arg(long, default_value = "")]
         payload: String,
@@ -96,8 +99,20 @@ enum Command {
         #[command(flatten)]
         when: WhenArgs,
     },
-    /// Show one timer, with its latest delivery attempts.
+    /// Show one timer, with its latest delivery attempts (a recurring one: its rule, counters
+    /// and latest occurrences).
     Get { namespace: String, id: String },
+    /// Show a recurring timer's next occurrence times.
+    Next {
+        namespace: String,
+        id: String,
+        #[arg(long, default_value_t = 10)]
+        count: u32,
+    },
+    /// Pause a recurring timer: its pending occurrence is removed until resume.
+    Pause { namespace: String, id: String },
+    /// Resume a paused recurring timer: the next occurrence is the first after now.
+    Resume { namespace: String, id: String },
     /// Show a timer's attempt log: each delivery, its channel, outcome and latency.
     Attempts { namespace: String, id: String },
     /// List a namespace's timers.
@@ -111,6 +126,9 @@ enum Command {
         /// Follow page tokens to the end.
         #[arg(long)]
         all: bool,
+        /// List the recurring timers instead (their occurrences are listed as timers).
+        #[arg(long, conflicts_with = "state")]
+        recurring: bool,
     },
     /// Show every member of the cluster: role, term, applied index, lag, pending timers.
     Status,
@@ -333,21 +351,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             id,
             when,
+            recur,
             payload,
             content_type,
         } => {
-            let when = match (when.delay, when.at) {
-                (Some(d), _) => pb::schedule_request::When::DelayMs(d.as_millis() as i64),
-                (None, Some(at)) => pb::schedule_request::When::FireAtMs(parse_at(&at)?),
-                (None, None) => bail!("give --in or --at"),
+            let recurrence = recur.recurrence()?;
+            let when = match (when.delay, when.at, &recurrence) {
+                (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+                    bail!("a recurring timer takes no --in or --at (use --start)")
+                }
+                (Some(d), _, _) => Some(pb::schedule_request::When::DelayMs(d.as_millis() as i64)),
+                (None, Some(at), _) => Some(pb::schedule_request::When::FireAtMs(parse_at(&at)?)),
+                (None, None, Some(_)) => None,
+                (None, None, None) => bail!("give --in or --at (or --cron/--every)"),
             };
             let req = pb::ScheduleRequest {
                 namespace,
                 id,
-                when: Some(when),
+                when,
                 payload: payload.into_bytes(),
                 content_type,
-                ..Default::default()
+                recurrence,
             };
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
             let verb = if r.created { "scheduled" } else { "exists" };
@@ -389,7 +413,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .map_err(status_err)?;
             let t = r.into_inner().timer.unwrap_or_default();
             output::timer("", &t);
-            if !output::json() {
+            if !output::json() && t.series.is_none() {
                 output::attempts(&t);
             }
         }
@@ -409,9 +433,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             state,
             limit,
             all,
+            recurring,
         } => {
-            list(&mut timers, namespace, state, limit, all).await?;
+            list(&mut timers, namespace, (state, recurring), limit, all).await?;
         }
+        Command::Next {
+            namespace,
+            id,
+            count,
+        } => recur::next(timers, namespace, id, count).await?,
+        Command::Pause { namespace, id } => recur::pause(timers, namespace, id, true).await?,
+        Command::Resume { namespace, id } => recur::pause(timers, namespace, id, false).await?,
         Command::Status => status::status(ch).await?,
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,
@@ -460,7 +492,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn list(
     timers: &mut TimersClient<Ch>,
     namespace: String,
-    state: Option<State>,
+    (state, recurring): (Option<State>, bool),
     limit: u32,
     all: bool,
 ) -> anyhow::Result<()> {
@@ -473,6 +505,7 @@ async fn list(
             state: state.map_or(0, |s| s.to_pb() as i32),
             limit,
             page_token: token,
+            recurring,
             ..Default::default()
         };
         let page = timers.list(req).await.map_err(status_err)?.into_inner();

@@ -176,6 +176,7 @@ pub fn timer_json(t: &pb::Timer) -> Value {
         "payload": String::from_utf8_lossy(&t.payload),
         "content_type": t.content_type,
         "attempt_log": t.attempt_log.iter().map(attempt_json).collect::<Vec<_>>(),
+        "series": t.series.as_ref().map(crate::recur::series_json),
     })
 }
 
@@ -234,6 +235,11 @@ pub fn timer(verb: &str, t: &pb::Timer) {
         println!("{}", timer_line(t));
     } else {
         println!("{verb} {}", timer_line(t));
+    }
+    if let (false, Some(s)) = (json(), &t.series) {
+        for line in crate::recur::series_lines(s) {
+            println!("{line}");
+        }
     }
 }
 

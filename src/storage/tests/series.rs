@@ -434,3 +434,47 @@ pub(super) fn workload() -> Vec<Command> {
     }
     cmds
 }
+
+/// A format-4 data directory (before recurring timers: no series families, format key 4) opens
+/// in place: its timers read as before, it records format 5, and takes series.
+#[tokio::test]
+async fn a_format_4_directory_is_upgraded_in_place() {
+    let dir = TempDir::new().unwrap();
+    let before = {
+        let (_, mut sm) = open(&dir);
+        let entries: Vec<_> = (1..=20)
+            .map(|i| entry(i, schedule(&format!("old{i}"), T0 + i as i64)))
+            .chain([entry(21, fire(T0 + 10, 100))])
+            .collect();
+        sm.apply(entries).await.unwrap();
+        (
+            sm.store.digest().unwrap(),
+            sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),
+        )
+    };
+    // Make it what a format-4 build left.
+    {
+        let gc = IndexGc::new();
+        let db = open_db(dir.path(), &gc).unwrap();
+        db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&4u32))
+            .unwrap();
+        let mut db = Arc::try_unwrap(db).ok().expect("one handle");
+        db.drop_cf(CF_SERIES).unwrap();
+        db.drop_cf(CF_SERIES_DUE).unwrap();
+    }
+    let (_, mut sm) = open(&dir);
+    let db = sm.store.db();
+    let format: u32 =
+        codec::decode(&db.get_cf(cf(db, CF_META), meta::FORMAT).unwrap().unwrap()).unwrap();
+    assert_eq!(format, FORMAT);
+    assert_eq!(sm.store.digest().unwrap(), before.0, "the same state");
+    assert_eq!(
+        sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),
+        before.1
+    );
+    let r = sm
+        .apply([entry(22, create("new", every(SEC)))])
+        .await
+        .unwrap();
+    assert!(created(&r[0]), "{r:?}");
+}
