@@ -458,7 +458,9 @@ async fn a_format_4_directory_is_upgraded_in_place() {
         let db = open_db(dir.path(), &gc).unwrap();
         db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&4u32))
             .unwrap();
-        let mut db = Arc::try_unwrap(db).ok().expect("one handle");
+        let Ok(mut db) = Arc::try_unwrap(db) else {
+            panic!("one handle")
+        };
         db.drop_cf(CF_SERIES).unwrap();
         db.drop_cf(CF_SERIES_DUE).unwrap();
     }
