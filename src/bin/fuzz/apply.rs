@@ -1,5 +1,7 @@
 //! The apply target: bytes read as a program of client and leader commands (schedule, batch,
-//! cancel, reschedule, fire, deliver, ack, nack, redrive, namespace policy, access changes),
+//! cancel, reschedule, fire, deliver, ack, nack, redrive, namespace policy, access changes,
+//! recurring timers: create with any policy, pause, resume, and cancels and acks of their
+//! occurrences),
 //! applied to two fresh state machines — one entry at a time on one, all entries in one call
 //! on the other — which must give the same answers and the same digest (the determinism
 //! oracle of `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
@@ -15,6 +17,7 @@ use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use timerdb::auth::{AccessChange, Key, Role};
 use timerdb::cluster::{FireSignal, TypeConfig};
 use timerdb::namespace::Policy;
+use timerdb::series::{occurrence_id, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::{self, IndexGc, StateMachine, Store};
 use timerdb::timer::{Command, Grant, Response, TimerKey, TimerSpec, When};
 use timerdb::wheel::Wheel;
@@ -53,7 +56,7 @@ pub fn program(input: &[u8]) -> Vec<Command> {
     let mut now = T0;
     let mut out = Vec::new();
     while !b.done() && out.len() < MAX_COMMANDS {
-        let op = b.next() % 11;
+        let op = b.next() % 14;
         let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
         let cmd = match op {
             0 => {
@@ -130,6 +133,34 @@ pub fn program(input: &[u8]) -> Vec<Command> {
                 },
                 push: None,
             },
+            11 => Command::ScheduleSeries {
+                now_ms: now,
+                spec: series_spec(&mut b),
+            },
+            12 => Command::PauseSeries {
+                now_ms: now,
+                key: b.key(),
+                paused: b.next() % 2 == 0,
+            },
+            13 => {
+                // An occurrence of an interval series (anchored at T0, whole seconds).
+                let series = b.key();
+                let nominal = T0 + i64::from(b.next()) * 1000;
+                let key = TimerKey::new(series.namespace, occurrence_id(&series.id, nominal));
+                match b.next() % 3 {
+                    0 => Command::Cancel { now_ms: now, key },
+                    1 => Command::Ack {
+                        now_ms: now,
+                        key,
+                        attempt: 1,
+                    },
+                    _ => Command::Nack {
+                        now_ms: now,
+                        key,
+                        attempt: 1,
+                    },
+                }
+            }
             _ => Command::Access(match b.next() % 3 {
                 0 => AccessChange::PutKey(Key {
                     id: format!("k{}", b.next() % 4),
@@ -150,6 +181,48 @@ pub fn program(input: &[u8]) -> Vec<Command> {
         out.push(cmd);
     }
     out
+}
+
+/// A recurring timer: an interval anchored at T0 (so occurrence ids can be guessed) or a cron
+/// rule in one of a few zones, with any misfire and overlap policy.
+fn series_spec(b: &mut Bytes) -> SeriesSpec {
+    const CRONS: [&str; 4] = [
+        "*/2 * * * * *",
+        "30 2 * * *",
+        "0 9 * * MON-FRI",
+        "0 0 L * *",
+    ];
+    const ZONES: [&str; 3] = ["UTC", "Europe/Berlin", "Australia/Lord_Howe"];
+    let key = b.key();
+    let rule = match b.next() % 3 {
+        0 => RuleSpec::Cron {
+            expr: CRONS[usize::from(b.next()) % CRONS.len()].into(),
+            zone: ZONES[usize::from(b.next()) % ZONES.len()].into(),
+        },
+        _ => RuleSpec::Every {
+            period_ms: 1000 * (1 + i64::from(b.next() % 4)),
+            anchor_ms: T0,
+        },
+    };
+    let flags = b.next();
+    SeriesSpec {
+        key,
+        recurrence: Recurrence {
+            rule,
+            start_ms: 0,
+            end_ms: if flags & 1 == 1 { T0 + 20_000 } else { 0 },
+            max_count: u64::from(b.next() % 4),
+            misfire: [Misfire::FireOnce, Misfire::FireAll, Misfire::Skip]
+                [usize::from(flags >> 1) % 3],
+            catch_up_window_ms: 5_000,
+            max_lateness_ms: 1_000,
+            overlap: [Overlap::Allow, Overlap::Skip, Overlap::BufferOne]
+                [usize::from(flags >> 3) % 3],
+            jitter_ms: u64::from(flags >> 5) * 100,
+        },
+        payload: vec![flags],
+        content_type: String::new(),
+    }
 }
 
 fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
@@ -236,6 +309,60 @@ pub fn seed_programs() -> Vec<Vec<u8>> {
         vec![10, 0, 1, 3, 1, 10, 2, 1, 10, 1, 0, 10, 2, 0, 10, 1, 2],
         vec![
             0, 1, 5, 10, 3, 2, 3, 1, 5, 20, 2, 1, 5, 4, 100, 9, 8, 1, 5, 1, 6,
+        ],
+        // Recurring: an interval series under fire_all, fires, a delivery, an ack of an
+        // occurrence, a pause and a resume; a cron series in Lord Howe under skip.
+        vec![
+            11,
+            0,
+            3,
+            1,
+            0,
+            0b0000_1010,
+            0,
+            4,
+            30,
+            10,
+            4,
+            30,
+            10,
+            5,
+            0,
+            4,
+            13,
+            0,
+            3,
+            1,
+            1,
+            4,
+            60,
+            10,
+            12,
+            0,
+            3,
+            4,
+            40,
+            10,
+            12,
+            0,
+            3,
+            4,
+            40,
+            10,
+            11,
+            1,
+            5,
+            0,
+            0,
+            2,
+            0b0100_0100,
+            0,
+            4,
+            200,
+            20,
+            4,
+            250,
+            20,
         ],
     ]
 }

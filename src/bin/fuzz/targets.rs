@@ -109,6 +109,12 @@ fn convert(input: &[u8]) -> Verdict {
     push(decoded::<pb::ScheduleRequest>(input, |m| {
         outcome(c::spec(m, &l))
     }));
+    push(decoded::<pb::ScheduleRequest>(input, |m| {
+        match m.recurrence {
+            Some(_) => outcome(timerdb::api::recurrence::series_spec(m, &l)),
+            None => "one-shot".into(),
+        }
+    }));
     push(decoded::<pb::ScheduleBatchRequest>(input, |m| {
         outcome(c::specs(m, &l))
     }));
