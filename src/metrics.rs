@@ -92,6 +92,14 @@ impl Events {
         self.fired_late_ms.push(late_ms);
     }
 
+    /// Takes back one `fired(late_ms)` of this entry: the row the cursor passed did not fire
+    /// after all (a recurring timer's occurrence its policy dropped or held back).
+    pub fn unfired(&mut self, late_ms: i64) {
+        if let Some(i) = self.fired_late_ms.iter().rposition(|l| *l == late_ms) {
+            self.fired_late_ms.swap_remove(i);
+        }
+    }
+
     /// `n` fired timers were handed to consumers, `again` of them after an earlier attempt
     /// went unacked.
     pub fn delivered(&mut self, n: u64, again: u64) {

@@ -300,6 +300,7 @@ impl Applier<'_> {
         let next = match decision {
             Decision::Hold { until_ms } => {
                 let row = row.expect("only a fired occurrence is held");
+                self.events.unfired(now_ms - row.fire_at_ms);
                 let at = self.move_row(&ns, slot, row, until_ms)?;
                 self.count_pending(&ns, 1)?;
                 self.batch
@@ -310,7 +311,8 @@ impl Applier<'_> {
                 return Ok(1);
             }
             Decision::Drop { next, .. } => {
-                if row.is_some() {
+                if let Some(row) = &row {
+                    self.events.unfired(now_ms - row.fire_at_ms);
                     self.delete_row(&ns, slot);
                     self.set_index(occ.index_key(), None);
                     self.count_stored(&ns, -1)?;

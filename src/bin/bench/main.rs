@@ -8,7 +8,8 @@
 //! instead of spoiling one. Figures are reported as the median of the runs beside the runs.
 //!
 //! Workloads: `schedule`, `batch`, `fire`, `burst`, `failover`, `pending`, and `keys` (storage
-//! writes over a timer's whole life) and `naive` (a one-at-a-time consumer) in `life`.
+//! writes over a timer's whole life) and `naive` (a one-at-a-time consumer) in `life`; `push`;
+//! `recur` (N active recurring timers: disk, memory, fire rate).
 
 #[allow(dead_code)]
 #[path = "../chaos/cluster.rs"]
@@ -22,6 +23,7 @@ mod progress;
 #[path = "../chaos/proxy.rs"]
 mod proxy;
 mod push;
+mod recur;
 mod report;
 #[allow(dead_code)]
 #[path = "../chaos/secure.rs"]
@@ -49,6 +51,7 @@ enum Workload {
     Keys,
     Naive,
     Push,
+    Recur,
 }
 
 #[derive(Parser, Debug)]
@@ -107,6 +110,12 @@ struct Args {
     /// How the naive consumer acks each delivery.
     #[arg(long, value_enum, default_value = "unary")]
     naive_ack: life::AckMode,
+    /// Recurring timers the recur workload creates (one configuration each).
+    #[arg(long, value_delimiter = ',', default_value = "100000")]
+    recur_series: Vec<u64>,
+    /// The period of every series of the recur workload (N / period occurrences per second).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    recur_period: Duration,
     /// Timers loaded by the pending workload.
     #[arg(long, default_value_t = 10_000_000)]
     pending: u64,
@@ -153,6 +162,7 @@ pub struct Opts {
     pub load_batch: usize,
     pub naive_ack: life::AckMode,
     pub consumer_ack: consume::AckWith,
+    pub recur_period: Duration,
 }
 
 #[tokio::main]
@@ -186,6 +196,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         load_batch: args.load_batch,
         naive_ack: args.naive_ack,
         consumer_ack: args.consumer_ack,
+        recur_period: args.recur_period,
     };
     let timerd = cluster::timerd_path(args.timerd.as_deref())?;
     // The builds measured, in the order each run takes them: (label, timerd, options).
@@ -287,6 +298,7 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
             Workload::Keys => vec![args.keys_timers],
             Workload::Naive => args.naive_rates.clone(),
             Workload::Push => args.push_rates.clone(),
+            Workload::Recur => args.recur_series.clone(),
         };
         out.extend(params.into_iter().map(|p| (*w, p)));
     }
@@ -344,6 +356,12 @@ async fn measure(
         Workload::Pending => {
             let mut rec = results.recorder_for(build, "pending", format!("{p} timers"));
             pending::pending(target, opts, p, &mut rec).await
+        }
+        Workload::Recur => {
+            let period = opts.recur_period;
+            let params = format!("{p} series every {}s", period.as_secs());
+            let mut rec = results.recorder_for(build, "recur", params);
+            recur::recur(target, opts, p, period, &mut rec).await
         }
     }
 }

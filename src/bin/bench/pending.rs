@@ -31,13 +31,13 @@ pub async fn pending(
     let secs = load(target, opts, ns, count, Arc::new(due), "pending: load").await?;
     rec.put("load rate", "timers/s", count as f64 / secs);
     let index = caught_up(target, None, Duration::from_secs(300)).await?;
-    let (disk, rss) = footprint(target)?;
+    let (disk, rss) = footprint(target, "pending")?;
     rec.put("disk per node (max)", "MiB", disk / MIB);
     rec.put("RSS right after the load (max)", "MiB", rss / MIB);
 
     // At rest: nothing written for a while (a build that flushes quiet memtables has by now).
     tokio::time::sleep(REST).await;
-    let (_, rss) = footprint(target)?;
+    let (_, rss) = footprint(target, "pending")?;
     rec.put("RSS at rest (max)", "MiB", rss / MIB);
 
     // A follower at rest: SIGKILL, start, and time until it has applied everything and answers.
@@ -88,11 +88,11 @@ pub async fn pending(
 }
 
 /// How long the workload leaves the cluster without writes before it measures "at rest".
-const REST: Duration = Duration::from_secs(8);
+pub(crate) const REST: Duration = Duration::from_secs(8);
 
 /// The largest data dir and the largest resident set of the three nodes, in bytes.
-fn footprint(target: &mut Target) -> anyhow::Result<(f64, f64)> {
-    let procs = target.procs("pending")?;
+pub(crate) fn footprint(target: &mut Target, workload: &str) -> anyhow::Result<(f64, f64)> {
+    let procs = target.procs(workload)?;
     let mut disk = 0.0f64;
     let mut rss = 0.0f64;
     for id in NODES {
@@ -116,11 +116,11 @@ async fn cluster_restart(target: &mut Target) -> anyhow::Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-const MIB: f64 = 1024.0 * 1024.0;
+pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// Waits until `node` (or every node) answers Status with an applied index of at least `index`
 /// (or, for every node, the leader's last log index). Returns that index.
-async fn caught_up(
+pub(crate) async fn caught_up(
     target: &Target,
     node: Option<(u64, u64)>,
     within: Duration,

@@ -15,6 +15,7 @@ mod cluster;
 mod plan;
 mod proxy;
 mod push;
+mod recurring;
 mod report;
 mod run;
 mod secure;

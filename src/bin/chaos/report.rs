@@ -22,6 +22,7 @@ pub struct Totals {
     pub timers: usize,
     pub push_timers: usize,
     pub push_requests: usize,
+    pub occurrences: usize,
     pub deliveries: usize,
     pub violations: usize,
     pub early_by_skew: usize,
@@ -121,6 +122,10 @@ impl Totals {
              dropped connections while it was down are not counted)",
             f.push_timers, f.push_requests, f.push_failed
         );
+        println!(
+            "  recurring: {} occurrences checked; missed {} (fire_once), skipped {} (overlap)",
+            f.occurrences, f.occurrences_missed, f.occurrences_skipped
+        );
         println!("  faults in order: {}", plan.join(", "));
         let on_stream = r
             .history
@@ -183,6 +188,7 @@ impl Totals {
         }
         self.timers += f.timers_checked;
         self.push_timers += f.push_timers;
+        self.occurrences += f.occurrences;
         self.push_requests += f.push_requests;
         self.deliveries += r.history.deliveries.len();
         self.violations += f.violations.len();
@@ -205,6 +211,11 @@ impl Totals {
         println!(
             "of them pushed: {} timers, {} requests to the HTTP receiver",
             self.push_timers, self.push_requests
+        );
+        println!(
+            "of them occurrences of recurring timers: {} (every one due in the run fired exactly \
+             once, or was accounted missed/skipped by its policy)",
+            self.occurrences
         );
         print_table(&self.fire, &self.delivery, &self.failovers);
     }

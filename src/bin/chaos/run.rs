@@ -16,6 +16,7 @@ use crate::cluster::{ProcCluster, DISK_NODE, NODES};
 use crate::plan::{self, Fault, Mix, Step, Target};
 use crate::proxy::Mode;
 use crate::push::{self, SharedPush, PUSH_NAMESPACE};
+use crate::recurring;
 use crate::secure::Secure;
 use crate::workload::{self, now_ms, History, Shared, NAMESPACE};
 
@@ -70,6 +71,8 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     let pushed: SharedPush = Arc::default();
     let push_url = push::receiver(pushed.clone(), cfg.seed).await?;
     configure_namespace(&cluster, &push_url).await?;
+    let series = recurring::plans(now_ms(), cfg.length);
+    recurring::create(&clients, &series).await?;
 
     let history: Shared = Arc::new(Mutex::new(History::default()));
     let (stop_workers, workers_rx) = watch::channel(false);
@@ -109,6 +112,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     }
     let digests = converge(&cluster).await;
     let timers = list_all(&clients, NAMESPACE).await?;
+    let series_views = recurring::views(&clients, &series).await;
     let push_timers = list_all(&clients, PUSH_NAMESPACE).await?;
     cluster.stop();
 
@@ -123,6 +127,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     let mut findings = checker::check(&history, &timers, &digests, &skews);
     push::check(&mut findings, &pushed.lock().unwrap(), &push_timers, &skews);
+    recurring::check(&mut findings, &series, &timers, &series_views);
     if let Err(e) = quiet {
         findings.violations.push(checker::Violation {
             kind: "not quiescent",
