@@ -515,6 +515,7 @@ impl Node {
 }
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
+mod change;
 mod series;
 
 mod faults {

@@ -236,6 +236,8 @@ pub struct Series {
     /// The bundled tzdb version and a fingerprint of the zone's rules it was computed with.
     pub tzdb: String,
     pub zone_fp: u64,
+    /// 1 at creation, +1 for every change by a command (pause, resume, update, cancel).
+    pub revision: u64,
 }
 
 impl Series {
@@ -264,6 +266,7 @@ impl Series {
             recent: Vec::new(),
             tzdb: tzdb_version().to_string(),
             zone_fp,
+            revision: 1,
         }
     }
 
@@ -547,6 +550,7 @@ impl SeriesView {
             redrives: 0,
             content_type: s.spec.content_type.clone(),
             attempt_log: Vec::new(),
+            revision: s.revision,
             series: Some(Box::new(self)),
         }
     }

@@ -233,6 +233,9 @@ pub struct Timer {
     /// Set when this is a recurring timer (a series), not one timer: its rule, state and
     /// occurrences. Its `fire_at_ms` is then the next occurrence's.
     pub series: Option<Box<crate::series::SeriesView>>,
+    /// 1 at creation, +1 for every change of its spec or state (reschedule, upsert, fire,
+    /// ack, cancel, DEAD, redrive); redeliveries do not count. What `if_revision` compares.
+    pub revision: u64,
 }
 
 impl Timer {
@@ -259,6 +262,7 @@ impl Timer {
             content_type: spec.content_type,
             attempt_log: Vec::new(),
             series: None,
+            revision: 1,
         }
     }
 
@@ -270,11 +274,15 @@ impl Timer {
         )
     }
 
-    /// Whether `spec` repeats the Schedule that created this timer.
+    /// Whether `spec` asks for this timer, so that a create-only Schedule of it answers
+    /// `created = false`: the same payload and content type, and either the same request
+    /// (a relative one retried later resolves to another time, and is still the same) or an
+    /// absolute time equal to the timer's fire time (the `fire_at_ms` a first, relative
+    /// Schedule returned, sent back).
     pub fn same_request(&self, spec: &TimerSpec) -> bool {
-        self.scheduled_when == spec.when
-            && self.payload == spec.payload
-            && self.content_type == spec.content_type
+        let same_time = self.scheduled_when == spec.when
+            || matches!(spec.when, When::At(t) if t == self.fire_at_ms);
+        same_time && self.payload == spec.payload && self.content_type == spec.content_type
     }
 }
 
@@ -398,6 +406,97 @@ pub enum Command {
         key: TimerKey,
         paused: bool,
     },
+    /// Schedule in a mode other than create-only (`crate::timer::Mode`), if `cond` holds.
+    ScheduleWith {
+        now_ms: i64,
+        spec: TimerSpec,
+        mode: Mode,
+        cond: Cond,
+    },
+    /// PENDING -> CANCELLED, if `cond` holds (a series: deleted).
+    CancelIf {
+        now_ms: i64,
+        key: TimerKey,
+        cond: Cond,
+    },
+    /// Move a PENDING timer (to a time, or by a shift of its stored time), if `cond` holds.
+    RescheduleIf {
+        now_ms: i64,
+        key: TimerKey,
+        shift: Shift,
+        cond: Cond,
+    },
+    /// Create a series, or replace an existing one's rule, payload and policies (keeping its
+    /// counters; its next occurrence planned anew after `now_ms`), if `cond` holds.
+    UpsertSeries {
+        now_ms: i64,
+        spec: crate::series::SeriesSpec,
+        cond: Cond,
+    },
+}
+
+/// How a Schedule treats a timer that already has the key (create-only is `Command::Schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// Replace a PENDING timer's fire time and payload.
+    Upsert,
+    /// Push a PENDING timer's fire time to the new one (payload too) on every call, but never
+    /// past its creation + `max_wait_ms` (0: no cap).
+    Debounce { max_wait_ms: u64 },
+    /// Keep the earlier of the stored and the new fire time (with that request's payload).
+    KeepEarliest,
+    /// Keep the later of the two.
+    KeepLatest,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Upsert => "upsert",
+            Mode::Debounce { .. } => "debounce",
+            Mode::KeepEarliest => "keep_earliest",
+            Mode::KeepLatest => "keep_latest",
+        }
+    }
+}
+
+/// A condition a change holds to: the timer is in `if_state`, at `if_revision` (either unset).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cond {
+    pub if_state: Option<TimerState>,
+    pub if_revision: Option<u64>,
+}
+
+impl Cond {
+    pub fn is_set(&self) -> bool {
+        self.if_state.is_some() || self.if_revision.is_some()
+    }
+
+    /// Why `t` fails the condition (`None`: it holds); completes "timer {key} …".
+    pub fn refuses(&self, state: TimerState, revision: u64) -> Option<String> {
+        match (self.if_state, self.if_revision) {
+            (Some(want), _) if want != state => Some(format!(
+                "is {} (revision {revision}), not {}",
+                state.name(),
+                want.name()
+            )),
+            (_, Some(want)) if want != revision => Some(format!(
+                "is at revision {revision} ({}), not {want}",
+                state.name()
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Where a Reschedule moves a timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Shift {
+    To(When),
+    /// Later than its stored fire time by this many ms.
+    ExtendBy(i64),
+    /// Earlier than its stored fire time by this many ms (a time in the past fires at once).
+    PullIn(i64),
 }
 
 impl Command {
@@ -406,7 +505,11 @@ impl Command {
         match self {
             Command::Schedule { spec, .. } => Some(&spec.key),
             Command::ScheduleSeries { spec, .. } => Some(&spec.key),
+            Command::ScheduleWith { spec, .. } => Some(&spec.key),
+            Command::UpsertSeries { spec, .. } => Some(&spec.key),
             Command::Cancel { key, .. }
+            | Command::CancelIf { key, .. }
+            | Command::RescheduleIf { key, .. }
             | Command::PauseSeries { key, .. }
             | Command::Reschedule { key, .. }
             | Command::Ack { key, .. }
@@ -437,6 +540,10 @@ impl Command {
             Command::Access(_) => "access",
             Command::ScheduleSeries { .. } => "schedule_series",
             Command::PauseSeries { .. } => "pause_series",
+            Command::ScheduleWith { .. } => "schedule_with",
+            Command::CancelIf { .. } => "cancel_if",
+            Command::RescheduleIf { .. } => "reschedule_if",
+            Command::UpsertSeries { .. } => "upsert_series",
         }
     }
 }
@@ -459,6 +566,11 @@ pub enum Rejection {
     },
     /// An access change that does not apply to the access state as it is.
     Access(crate::Error),
+    /// A condition (`if_state`, `if_revision`) the timer fails; `why` completes "timer {key} …".
+    Condition {
+        key: TimerKey,
+        why: String,
+    },
 }
 
 /// What applying a command produced; returned to the proposer.
@@ -590,6 +702,9 @@ impl Rejection {
                 Error::FailedPrecondition(format!("timer {key} {why}"))
             }
             Rejection::Access(e) => e,
+            Rejection::Condition { key, why } => {
+                Error::FailedPrecondition(format!("timer {key} {why}"))
+            }
         }
     }
 }

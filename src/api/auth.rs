@@ -417,6 +417,7 @@ mod tests {
         let one = pb::CancelRequest {
             namespace: "orders-9".into(),
             id: "a".into(),
+            ..Default::default()
         };
         let r = refusal(
             &p,

@@ -130,7 +130,9 @@ pub fn reschedule_when(
     match w {
         Some(W::FireAtMs(t)) => when_at(t),
         Some(W::DelayMs(d)) => when_after(d, limits),
-        None => Err(invalid("set either fire_at_ms or delay_ms".into())),
+        Some(W::ExtendByMs(_) | W::PullInMs(_)) | None => Err(invalid(
+            "set fire_at_ms, delay_ms, extend_by_ms or pull_in_ms".into(),
+        )),
     }
 }
 
@@ -186,6 +188,18 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
     }
     let mut out = Vec::with_capacity(req.timers.len());
     for (i, t) in req.timers.iter().enumerate() {
+        let creates_only = matches!(
+            pb::CreateMode::try_from(t.mode),
+            Ok(pb::CreateMode::Unspecified | pb::CreateMode::CreateOnly)
+        ) && t.if_state == 0
+            && t.if_revision == 0
+            && t.max_wait_ms == 0;
+        if !creates_only {
+            return Err(invalid(format!(
+                "timers[{i}]: ScheduleBatch only creates (mode CREATE_ONLY, no if_state, \
+                 if_revision or max_wait_ms): send other modes with Schedule"
+            )));
+        }
         out.push(spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?);
     }
     // Keys borrowed from the specs, not copied: 10,000 of them per call.
@@ -320,6 +334,7 @@ impl From<Timer> for pb::Timer {
             content_type: t.content_type,
             attempt_log: t.attempt_log.into_iter().map(attempt_to_pb).collect(),
             series: t.series.map(|v| super::recurrence::series_to_pb(*v)),
+            revision: t.revision,
         }
     }
 }

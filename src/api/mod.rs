@@ -31,6 +31,7 @@ pub mod health;
 pub mod layer;
 pub mod limit;
 pub mod methods;
+pub mod modes;
 pub mod namespaces;
 pub mod observe;
 pub mod peer;

@@ -11,12 +11,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
+use super::modes;
 use super::pb::{self, timers_server};
 use super::recurrence;
 use super::subscribe;
 use crate::config::Limits;
 use crate::node::Node;
 use crate::storage::Page;
+use crate::timer::Shift;
 
 /// Serves the Timers API on one node.
 pub struct TimersService {
@@ -43,12 +45,23 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleRequest>,
     ) -> Result<Response<pb::ScheduleResponse>, Status> {
-        let (timer, created) = if request.get_ref().recurrence.is_some() {
-            let spec = recurrence::series_spec(request.get_ref(), self.limits())?;
-            self.node().schedule_series(spec).await?
-        } else {
-            let spec = convert::spec(request.get_ref(), self.limits())?;
-            self.node().schedule(spec).await?
+        let req = request.get_ref();
+        let (mode, cond) = modes::mode(req)?;
+        let node = self.node();
+        let (timer, created) = match (req.recurrence.is_some(), mode) {
+            (true, None) => {
+                let spec = recurrence::series_spec(req, self.limits())?;
+                node.schedule_series(spec).await?
+            }
+            (true, Some(_)) => {
+                let spec = recurrence::series_spec(req, self.limits())?;
+                node.upsert_series(spec, cond).await?
+            }
+            (false, None) => node.schedule(convert::spec(req, self.limits())?).await?,
+            (false, Some(mode)) => {
+                let spec = convert::spec(req, self.limits())?;
+                node.schedule_with(spec, mode, cond).await?
+            }
         };
         Ok(Response::new(pb::ScheduleResponse {
             timer: Some(timer.into()),
@@ -78,7 +91,12 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().cancel(key).await?;
+        let cond = modes::cond(req.if_state, req.if_revision)?;
+        let timer = if cond.is_set() {
+            self.node().cancel_if(key, cond).await?
+        } else {
+            self.node().cancel(key).await?
+        };
         Ok(Response::new(pb::CancelResponse {
             timer: Some(timer.into()),
         }))
@@ -90,8 +108,12 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::RescheduleResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let when = convert::reschedule_when(req.when, self.limits())?;
-        let timer = self.node().reschedule(key, when).await?;
+        let shift = modes::shift(req.when, self.limits())?;
+        let cond = modes::cond(req.if_state, req.if_revision)?;
+        let timer = match shift {
+            Shift::To(when) if !cond.is_set() => self.node().reschedule(key, when).await?,
+            shift => self.node().reschedule_if(key, shift, cond).await?,
+        };
         Ok(Response::new(pb::RescheduleResponse {
             timer: Some(timer.into()),
         }))

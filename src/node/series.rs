@@ -2,21 +2,24 @@
 //! pause and resume go through the log like every change; Get and List of a series read the
 //! state machine after the read barrier, like any read.
 
-use super::{unexpected, Node};
+use super::Node;
 use crate::series::SeriesSpec;
-use crate::timer::{Command, Response, Timer, TimerKey, TimerSpec, When};
+use crate::timer::{Command, Timer, TimerKey};
 use crate::{Error, Result};
 
 impl Node {
     /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
     pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
-        // The payload limits and the schedule rate of the namespace, as for one timer.
-        let probe = TimerSpec {
-            key: spec.key.clone(),
-            when: When::After(0),
-            payload: Vec::new(),
-            content_type: String::new(),
+        self.check_series(&spec)?;
+        let cmd = Command::ScheduleSeries {
+            now_ms: self.now_ms(),
+            spec,
         };
+        self.write_created(cmd).await
+    }
+
+    /// The namespace's payload limit and schedule rate, as for one timer.
+    pub(super) fn check_series(&self, spec: &SeriesSpec) -> Result<()> {
         let policy = self.store.namespace(&spec.key.namespace)?.policy;
         if spec.payload.len() > policy.max_payload_bytes as usize {
             return Err(Error::ResourceExhausted(format!(
@@ -27,15 +30,7 @@ impl Node {
                 policy.max_payload_bytes
             )));
         }
-        self.check_schedule_rate(&probe.key.namespace, 1)?;
-        let cmd = Command::ScheduleSeries {
-            now_ms: self.now_ms(),
-            spec,
-        };
-        match self.write(cmd).await? {
-            Response::Timer { timer, created } => Ok((timer, created)),
-            other => Err(unexpected(other)),
-        }
+        self.check_schedule_rate(&spec.key.namespace, 1)
     }
 
     /// Pauses (`paused`) or resumes a recurring timer.

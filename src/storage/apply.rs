@@ -14,8 +14,9 @@
 //! database only; the model keeps them apart from what the same entry writes (a scan reads
 //! behind a cursor, new rows go after it: see `fire.rs` and `deliver.rs`).
 //!
-//! This file holds the machinery and the client commands (Schedule, ScheduleBatch, Cancel,
-//! Reschedule, PutNamespace); `fire.rs`, `deliver.rs` and `purge.rs` hold the rest.
+//! This file holds the machinery and the client commands Schedule, ScheduleBatch and
+//! PutNamespace; `change.rs` holds Cancel, Reschedule and the Schedule modes, `fire.rs`,
+//! `deliver.rs`, `purge.rs` and `series.rs` the rest.
 
 use std::sync::{Arc, Mutex};
 
@@ -26,12 +27,11 @@ use rocksdb::{WriteBatch, DB};
 use super::heads::Heads;
 use super::meta::{NsMeta, Progress};
 use super::read::Reader;
-use super::row::{derive, Kind, Lease, Lookup, Row};
+use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::namespace::{Config, Namespace, Policy, PushTarget};
 use crate::timer::{
-    BatchAnswer, Command, Rejection, Response, Scheduled, Timer, TimerKey, TimerSpec, TimerState,
-    When,
+    BatchAnswer, Command, Cond, Rejection, Response, Scheduled, Shift, Timer, TimerKey, TimerSpec,
 };
 use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
@@ -181,8 +181,24 @@ impl<'a> Applier<'a> {
                 "{} applied from a copy",
                 cmd.name()
             ))),
-            Command::Cancel { now_ms, key } => self.cancel(now_ms, key),
-            Command::Reschedule { now_ms, key, when } => self.reschedule(now_ms, key, when),
+            Command::Cancel { now_ms, key } => self.cancel(now_ms, key, Cond::default()),
+            Command::Reschedule { now_ms, key, when } => {
+                self.reschedule(now_ms, key, Shift::To(when), Cond::default())
+            }
+            Command::CancelIf { now_ms, key, cond } => self.cancel(now_ms, key, cond),
+            Command::RescheduleIf {
+                now_ms,
+                key,
+                shift,
+                cond,
+            } => self.reschedule(now_ms, key, shift, cond),
+            Command::ScheduleWith {
+                now_ms,
+                spec,
+                mode,
+                cond,
+            } => self.schedule_with(now_ms, &spec, mode, cond),
+            Command::UpsertSeries { now_ms, spec, cond } => self.upsert_series(now_ms, &spec, cond),
             Command::Fire {
                 now_ms,
                 max,
@@ -526,7 +542,7 @@ impl<'a> Applier<'a> {
 
     /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
     /// only an entry whose later commands may read it (`stage`) also keeps a `Row`.
-    fn create(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<()> {
+    pub(super) fn create(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<()> {
         let ns = &spec.key.namespace;
         self.progress.pending += 1;
         self.progress.stored += 1;
@@ -554,7 +570,7 @@ impl<'a> Applier<'a> {
     }
 
     /// The existing timer at `spec`'s key, if any, as a client sees it.
-    fn existing(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
+    pub(super) fn existing(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
         match self.find(key)? {
             Some((slot, row)) => Ok(Some(self.view(&key.namespace, slot, &row)?)),
             None => Ok(None),
@@ -624,58 +640,6 @@ impl<'a> Applier<'a> {
             at,
             items,
         }))
-    }
-
-    fn cancel(&mut self, now_ms: i64, key: TimerKey) -> Result<Response> {
-        let Some((slot, row)) = self.find(&key)? else {
-            if let Some(deleted) = self.cancel_series(now_ms, &key)? {
-                return Ok(deleted);
-            }
-            return Ok(Response::Rejected(Rejection::NotFound(key)));
-        };
-        let timer = self.view(&key.namespace, slot, &row)?;
-        match timer.state {
-            TimerState::Pending => {
-                self.count_pending(&key.namespace, -1)?;
-                let mut cancelled = row;
-                cancelled.kind = Kind::Cancelled;
-                cancelled.body.finished_at_ms = now_ms;
-                let new_slot = self.move_row(&key.namespace, slot, cancelled.clone(), now_ms)?;
-                let timer = self.view(&key.namespace, new_slot, &cancelled)?;
-                Ok(Response::Timer {
-                    timer,
-                    created: false,
-                })
-            }
-            // A retried cancel: the timer is already what the client asked for.
-            TimerState::Cancelled => Ok(Response::Timer {
-                timer,
-                created: false,
-            }),
-            state => Ok(Response::Rejected(Rejection::WrongState { key, state })),
-        }
-    }
-
-    fn reschedule(&mut self, now_ms: i64, key: TimerKey, when: When) -> Result<Response> {
-        if let Some(refused) = self.reschedule_refused(&key)? {
-            return Ok(Response::Rejected(refused));
-        }
-        let Some((slot, row)) = self.find(&key)? else {
-            return Ok(Response::Rejected(Rejection::NotFound(key)));
-        };
-        let state = self.view(&key.namespace, slot, &row)?.state;
-        if state != TimerState::Pending {
-            return Ok(Response::Rejected(Rejection::WrongState { key, state }));
-        }
-        let mut moved = row;
-        moved.fire_at_ms = when.resolve(now_ms);
-        let at = moved.fire_at_ms;
-        let new_slot = self.move_row(&key.namespace, slot, moved.clone(), at)?;
-        let timer = self.view(&key.namespace, new_slot, &moved)?;
-        Ok(Response::Timer {
-            timer,
-            created: false,
-        })
     }
 }
 

@@ -45,6 +45,13 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     Ok(value)
 }
 
+/// Decodes one value from the front of `bytes`; returns it and how many bytes it took (for a
+/// record followed by an optional extension, as a row is: see `row.rs`).
+pub fn decode_prefix<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize)> {
+    bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|e| Error::Storage(format!("corrupt value: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -278,6 +278,7 @@ impl Applier<'_> {
             };
             let mut again = row;
             again.kind = Kind::Pending;
+            again.body.ext.revision = again.body.ext.revision.max(1) + 1; // DEAD -> PENDING
             let b = &mut again.body;
             b.attempt_base = b.attempts;
             b.redrives += 1;

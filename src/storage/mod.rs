@@ -28,6 +28,7 @@
 
 mod access;
 mod apply;
+mod change;
 mod codec;
 mod deliver;
 mod fire;

@@ -9,8 +9,10 @@
 //! or acked if the lease was acked whole). [`derive`] turns a row into the [`Timer`] a client
 //! sees; the state machine and the read side both use it, through [`Lookup`].
 //!
-//! Encoding: `kind: u8 | fire_at_ms: i64 BE | bincode body`. The fixed header lets a scan count
-//! fired timers and their lateness without decoding ids and payloads.
+//! Encoding: `kind: u8 | fire_at_ms: i64 BE | bincode body | bincode ext`. The fixed header lets
+//! a scan count fired timers and their lateness without decoding ids and payloads. The `ext`
+//! holds what storage format 5 added (the revision); a format-4 row ends after its body and
+//! reads with the defaults.
 
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +86,17 @@ pub struct Body {
     pub content_type: String,
     /// The attempts whose outcome was written with the row (the latest ten).
     pub log: Vec<AttemptRecord>,
+    /// Encoded after the body (see the module essay).
+    #[serde(skip)]
+    pub ext: Ext,
+}
+
+/// What a row holds beyond its format-4 body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ext {
+    /// The timer's revision when the row was written (0 in a format-4 row: read as 1). What
+    /// the cursors did since adds to it: see [`derive`].
+    pub revision: u64,
 }
 
 impl Row {
@@ -95,15 +108,21 @@ impl Row {
         out.push(self.kind as u8);
         out.extend_from_slice(&self.fire_at_ms.to_be_bytes());
         codec::encode_into(&self.body, &mut out);
+        codec::encode_into(&self.body.ext, &mut out);
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Row> {
         let (kind, fire_at_ms) = header(bytes)?;
+        let (mut body, read): (Body, usize) = codec::decode_prefix(&bytes[9..])?;
+        let rest = &bytes[9 + read..];
+        if !rest.is_empty() {
+            body.ext = codec::decode(rest)?;
+        }
         Ok(Row {
             kind,
             fire_at_ms,
-            body: codec::decode(&bytes[9..])?,
+            body,
         })
     }
 }
@@ -179,6 +198,7 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         content_type: b.content_type.clone(),
         attempt_log: b.log.clone(),
         series: None,
+        revision: b.ext.revision.max(1),
     };
     match row.kind {
         Kind::Acked | Kind::Cancelled | Kind::Dead => {
@@ -201,6 +221,7 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         Kind::Pending | Kind::Retry => {
             if row.kind == Kind::Pending {
                 (t.fire_index, t.fired_at_ms) = lk.fire_at(slot)?;
+                t.revision += 1; // PENDING -> FIRED
             }
             if slot > lk.delivered_to(namespace)? {
                 return Ok(t); // READY
@@ -234,6 +255,7 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
                 }
                 Some(Settled { at_ms, acked: true }) => {
                     t.state = TimerState::Acked;
+                    t.revision += 1;
                     t.finished_at_ms = at_ms;
                     let retention = lk.retention_ms(namespace)?;
                     t.wake_at_ms = at_ms.saturating_add(retention as i64);
@@ -260,8 +282,10 @@ pub fn latency_ms(from: i64, to: i64) -> u32 {
 }
 
 /// The row of a timer as `t` shows it, ready to be written as `kind`: what the cursors and
-/// leases said of it becomes part of the row (it moves, or is acked alone).
+/// leases said of it becomes part of the row (it moves, or is acked alone). Its revision is
+/// one more than `t`'s, but for a `Retry` row (a delivery failed: no change of state).
 pub fn materialize(t: &Timer, kind: Kind) -> Row {
+    let revision = t.revision + u64::from(kind != Kind::Retry);
     Row {
         kind,
         fire_at_ms: t.fire_at_ms,
@@ -287,6 +311,7 @@ pub fn materialize(t: &Timer, kind: Kind) -> Row {
                 .filter(|r| r.outcome != Outcome::InFlight)
                 .cloned()
                 .collect(),
+            ext: Ext { revision },
         },
     }
 }
@@ -314,6 +339,7 @@ pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
             wake_at_ms: 0,
             content_type: spec.content_type.clone(),
             log: Vec::new(),
+            ext: Ext { revision: 1 },
         },
     }
 }
@@ -366,6 +392,7 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
     out.push(Kind::Pending as u8);
     out.extend_from_slice(&spec.when.resolve(now_ms).to_be_bytes());
     codec::encode_into(&body, &mut out);
+    codec::encode_into(&Ext { revision: 1 }, &mut out);
     out
 }
 
@@ -395,7 +422,10 @@ mod tests {
                     "text/plain".into()
                 },
             };
-            let row = materialize(&Timer::pending(spec.clone(), now), Kind::Pending);
+            let mut row = materialize(&Timer::pending(spec.clone(), now), Kind::Pending);
+            // `materialize` writes a change (one revision up); a new timer is at revision 1.
+            assert_eq!(row.body.ext.revision, 2);
+            row.body.ext.revision = 1;
             assert_eq!(pending(&spec, now), row, "{id:.8}");
             assert_eq!(encode_pending(&spec, now), row.encode(), "{id:.8}");
         }
@@ -421,6 +451,7 @@ mod tests {
                 finished_at_ms: 12,
                 wake_at_ms: 13,
                 content_type: "application/json".into(),
+                ext: Ext { revision: 4 },
                 log: vec![AttemptRecord {
                     at_ms: 5,
                     attempt: 1,
@@ -431,6 +462,27 @@ mod tests {
                 }],
             },
         }
+    }
+
+    /// A format-4 row (no ext after its body) reads with revision 0, derived as 1.
+    #[test]
+    fn a_format_4_row_reads_without_its_extension() {
+        let r = row(Kind::Acked);
+        let bytes = r.encode();
+        let ext_len = codec::encode(&r.body.ext).len();
+        let four = &bytes[..bytes.len() - ext_len];
+        let back = Row::decode(four).unwrap();
+        assert_eq!(back.body.ext, Ext::default());
+        assert_eq!(
+            Row {
+                body: Body {
+                    ext: r.body.ext,
+                    ..back.body
+                },
+                ..back
+            },
+            r
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::row::{self, Kind};
 use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
 use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
-use crate::timer::{Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{Cond, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 
@@ -126,6 +126,7 @@ impl Applier<'_> {
             )));
         }
         if let Some(existing) = self.series_row(&spec.key)? {
+            // A cancelled series' tombstone answers retried cancels; its id is not reusable.
             if existing.status != Status::Cancelled && existing.same_request(spec) {
                 return Ok(Self::answer(&existing, false));
             }
@@ -166,9 +167,11 @@ impl Applier<'_> {
             (Status::Active, true) => {
                 self.unmaterialize(&mut s)?;
                 s.status = Status::Paused;
+                s.revision += 1;
             }
             (Status::Paused, false) => {
                 s.status = Status::Active;
+                s.revision += 1;
                 let rule = s.rule()?;
                 let first = s.following(&rule, now_ms);
                 self.materialize(&mut s, first, now_ms)?;
@@ -184,22 +187,73 @@ impl Applier<'_> {
     }
 
     /// Cancel of a key that names no timer: deletes the series there, if one does (with its
-    /// pending occurrence). `None`: there is none.
+    /// pending occurrence), if `cond` holds. `None`: there is none.
     pub(super) fn cancel_series(
         &mut self,
         now_ms: i64,
         key: &TimerKey,
+        cond: Cond,
     ) -> Result<Option<Response>> {
         let Some(mut s) = self.series_row(key)? else {
             return Ok(None);
         };
+        if let Some(why) = cond.refuses(s.status.timer_state(), s.revision) {
+            let key = key.clone();
+            return Ok(Some(Response::Rejected(Rejection::Condition { key, why })));
+        }
         if s.status != Status::Cancelled {
             self.unmaterialize(&mut s)?;
             s.status = Status::Cancelled;
             s.finished_at_ms = now_ms;
+            s.revision += 1;
             self.put_series(&s);
         }
         Ok(Some(Self::answer(&s, false)))
+    }
+
+    /// Schedule(upsert) with a recurrence: creates the series, or gives an existing one (not
+    /// cancelled) its new rule, payload and policies, keeping its counters and history; its
+    /// pending occurrence is replaced by the first of the new rule after `now_ms` (a paused
+    /// series stays paused).
+    pub(super) fn upsert_series(
+        &mut self,
+        now_ms: i64,
+        spec: &SeriesSpec,
+        cond: Cond,
+    ) -> Result<Response> {
+        let key = spec.key.clone();
+        let existing = self.series_row(&key)?;
+        let Some(mut s) = existing.filter(|s| s.status != Status::Cancelled) else {
+            if cond.is_set() {
+                return Ok(Response::Rejected(Rejection::NotFound(key)));
+            }
+            return self.schedule_series(now_ms, spec);
+        };
+        if let Some(why) = cond.refuses(s.status.timer_state(), s.revision) {
+            return Ok(Response::Rejected(Rejection::Condition { key, why }));
+        }
+        if s.same_request(spec) {
+            return Ok(Self::answer(&s, false));
+        }
+        let fresh = Series::new(spec.clone(), now_ms);
+        if let Err(e) = fresh.rule() {
+            let why = format!("has a recurrence this node cannot compute: {e}");
+            return Ok(Response::Rejected(Rejection::Refused { key, why }));
+        }
+        self.unmaterialize(&mut s)?;
+        (s.spec, s.tzdb, s.zone_fp) = (fresh.spec, fresh.tzdb, fresh.zone_fp);
+        s.created_at_ms = now_ms; // the new rule's default anchor
+        s.revision += 1;
+        if s.status == Status::Ended {
+            s.status = Status::Active;
+        }
+        if s.status == Status::Active {
+            let rule = s.rule()?;
+            let first = s.following(&rule, now_ms);
+            self.materialize(&mut s, first, now_ms)?;
+        }
+        self.put_series(&s);
+        Ok(Self::answer(&s, false))
     }
 
     /// Reschedule of an occurrence or of a series: refused, with what to do instead.

@@ -271,6 +271,7 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
         let cancel = |ns: &str| pb::CancelRequest {
             namespace: ns.into(),
             id: "no-such-timer".into(),
+            ..Default::default()
         };
         denied(t.cancel(cancel("billing")).await, "may not schedule");
         assert_eq!(
@@ -291,6 +292,7 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
             t.cancel(pb::CancelRequest {
                 namespace: "orders".into(),
                 id: format!("o{node}"),
+                ..Default::default()
             })
             .await,
             "may not schedule in namespace \"orders\"",

@@ -98,6 +98,7 @@ async fn a_backup_restores_into_a_new_cluster_that_holds_every_acknowledged_writ
         let req = pb::CancelRequest {
             namespace: "bk-a".into(),
             id: format!("a{}", i * 7),
+            ..Default::default()
         };
         c.cancel(req).await.unwrap();
     }
@@ -231,6 +232,7 @@ async fn a_backup_restores_into_a_new_cluster_that_holds_every_acknowledged_writ
     c.cancel(pb::CancelRequest {
         namespace: "bk-a".into(),
         id: "a1".into(),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -475,6 +475,7 @@ async fn retention_purges_finished_timers_and_never_pending_ones() {
     let cancel = pb::CancelRequest {
         namespace: NS.into(),
         id: "cancelled".into(),
+        ..Default::default()
     };
     client.cancel(cancel).await.unwrap();
     let lazy = Consumer::start(&c, follower, NS, 10, false).await;

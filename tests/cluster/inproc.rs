@@ -52,6 +52,7 @@ async fn cancel_and_reschedule() {
         .cancel(pb::CancelRequest {
             namespace: NS.into(),
             id: "cancel-me".into(),
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -74,6 +75,7 @@ async fn cancel_and_reschedule() {
         namespace: NS.into(),
         id: id.into(),
         when: Some(pb::reschedule_request::When::FireAtMs(at)),
+        ..Default::default()
     };
     client
         .reschedule(resched("earlier", t + 500))
@@ -116,6 +118,7 @@ async fn cancel_and_reschedule() {
         .cancel(pb::CancelRequest {
             namespace: NS.into(),
             id: "later".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -190,6 +193,7 @@ async fn any_node_serves_every_call_and_bad_input_is_refused() {
         .cancel(pb::CancelRequest {
             namespace: NS.into(),
             id: "nope".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -407,6 +411,7 @@ async fn cancel_racing_fire_gets_exactly_one_outcome() {
                     .cancel(pb::CancelRequest {
                         namespace: NS.into(),
                         id: id.clone(),
+                        ..Default::default()
                     })
                     .await;
                 outcomes.insert(id, r.map(|_| ()).map_err(|e| e.code()));

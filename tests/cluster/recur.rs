@@ -536,6 +536,7 @@ async fn next_pause_resume_list_and_delete_through_the_api() {
             .cancel(pb::CancelRequest {
                 namespace: NS.into(),
                 id: "standup".into(),
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -176,6 +176,7 @@ async fn one_op(
             let req = pb::CancelRequest {
                 namespace: NAMESPACE.into(),
                 id: id.clone(),
+                ..Default::default()
             };
             let r = client.cancel(request(req)).await;
             let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
@@ -188,6 +189,7 @@ async fn one_op(
                 namespace: NAMESPACE.into(),
                 id: id.clone(),
                 when: Some(pb::reschedule_request::When::FireAtMs(at)),
+                ..Default::default()
             };
             let r = client.reschedule(request(req)).await;
             let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());

@@ -1,7 +1,7 @@
 //! The apply target: bytes read as a program of client and leader commands (schedule, batch,
 //! cancel, reschedule, fire, deliver, ack, nack, redrive, namespace policy, access changes,
 //! recurring timers: create with any policy, pause, resume, and cancels and acks of their
-//! occurrences),
+//! occurrences; the create modes, conditional cancels and reschedules, relative shifts),
 //! applied to two fresh state machines — one entry at a time on one, all entries in one call
 //! on the other — which must give the same answers and the same digest (the determinism
 //! oracle of `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
@@ -19,7 +19,9 @@ use timerdb::cluster::{FireSignal, TypeConfig};
 use timerdb::namespace::Policy;
 use timerdb::series::{occurrence_id, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::{self, IndexGc, StateMachine, Store};
-use timerdb::timer::{Command, Grant, Response, TimerKey, TimerSpec, When};
+use timerdb::timer::{
+    Command, Cond, Grant, Mode, Response, Shift, TimerKey, TimerSpec, TimerState, When,
+};
 use timerdb::wheel::Wheel;
 
 use crate::targets::Verdict;
@@ -56,7 +58,7 @@ pub fn program(input: &[u8]) -> Vec<Command> {
     let mut now = T0;
     let mut out = Vec::new();
     while !b.done() && out.len() < MAX_COMMANDS {
-        let op = b.next() % 14;
+        let op = b.next() % 17;
         let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
         let cmd = match op {
             0 => {
@@ -142,6 +144,49 @@ pub fn program(input: &[u8]) -> Vec<Command> {
                 key: b.key(),
                 paused: b.next() % 2 == 0,
             },
+            14 => {
+                let key = b.key();
+                let when = When::At(at(&mut b, now));
+                let mode = match b.next() % 4 {
+                    0 => Mode::Upsert,
+                    1 => Mode::Debounce {
+                        max_wait_ms: u64::from(b.next()) * 20,
+                    },
+                    2 => Mode::KeepEarliest,
+                    _ => Mode::KeepLatest,
+                };
+                Command::ScheduleWith {
+                    now_ms: now,
+                    spec: TimerSpec {
+                        key,
+                        when,
+                        payload: vec![b.next()],
+                        content_type: String::new(),
+                    },
+                    mode,
+                    cond: cond(&mut b),
+                }
+            }
+            15 => Command::CancelIf {
+                now_ms: now,
+                key: b.key(),
+                cond: cond(&mut b),
+            },
+            16 => {
+                let key = b.key();
+                let d = i64::from(b.next()) * 30;
+                let shift = match b.next() % 3 {
+                    0 => Shift::ExtendBy(d),
+                    1 => Shift::PullIn(d),
+                    _ => Shift::To(When::At(now + d)),
+                };
+                Command::RescheduleIf {
+                    now_ms: now,
+                    key,
+                    shift,
+                    cond: cond(&mut b),
+                }
+            }
             13 => {
                 // An occurrence of an interval series (anchored at T0, whole seconds).
                 let series = b.key();
@@ -181,6 +226,15 @@ pub fn program(input: &[u8]) -> Vec<Command> {
         out.push(cmd);
     }
     out
+}
+
+/// A condition: none, a state, or a small revision.
+fn cond(b: &mut Bytes) -> Cond {
+    let x = b.next();
+    Cond {
+        if_state: [None, Some(TimerState::Pending), Some(TimerState::Fired)][usize::from(x % 3)],
+        if_revision: (x & 0x10 != 0).then_some(u64::from(x >> 5) + 1),
+    }
 }
 
 /// A recurring timer: an interval anchored at T0 (so occurrence ids can be guessed) or a cron

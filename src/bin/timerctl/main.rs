@@ -9,6 +9,7 @@ mod backup;
 mod delivery;
 mod load;
 mod member;
+mod modes;
 mod namespace;
 mod output;
 mod recur;
@@ -83,6 +84,8 @@ enum Command {
         when: WhenArgs,
         #[command(flatten)]
         recur: recur::RecurArgs,
+        #[command(flatten)]
+        mode: modes::ModeArgs,
         /// Payload, as text.
         #[arg(long, default_value = "")]
         payload: String,
@@ -91,13 +94,22 @@ enum Command {
         content_type: String,
     },
     /// Cancel a PENDING timer (definitive: it will never fire, or the call fails).
-    Cancel { namespace: String, id: String },
-    /// Move a PENDING timer to a new time.
+    Cancel {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        cond: modes::CondArgs,
+    },
+    /// Move a PENDING timer to a new time (--in, --at) or by a shift (--extend-by, --pull-in).
     Reschedule {
         namespace: String,
         id: String,
         #[command(flatten)]
         when: WhenArgs,
+        #[command(flatten)]
+        shift: modes::ShiftArgs,
+        #[command(flatten)]
+        cond: modes::CondArgs,
     },
     /// Show one timer, with its latest delivery attempts (a recurring one: its rule, counters
     /// and latest occurrences).
@@ -352,6 +364,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             id,
             when,
             recur,
+            mode,
             payload,
             content_type,
         } => {
@@ -365,21 +378,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 (None, None, Some(_)) => None,
                 (None, None, None) => bail!("give --in or --at (or --cron/--every)"),
             };
-            let req = pb::ScheduleRequest {
+            let mut req = pb::ScheduleRequest {
                 namespace,
                 id,
                 when,
                 payload: payload.into_bytes(),
                 content_type,
                 recurrence,
+                ..Default::default()
             };
+            mode.apply(&mut req);
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
             let verb = if r.created { "scheduled" } else { "exists" };
             output::timer(verb, &r.timer.unwrap_or_default());
         }
-        Command::Cancel { namespace, id } => {
+        Command::Cancel {
+            namespace,
+            id,
+            cond,
+        } => {
             let r = timers
-                .cancel(pb::CancelRequest { namespace, id })
+                .cancel(pb::CancelRequest {
+                    namespace,
+                    id,
+                    if_state: cond.state(),
+                    if_revision: cond.revision(),
+                })
                 .await
                 .map_err(status_err)?;
             output::timer("cancelled", &r.into_inner().timer.unwrap_or_default());
@@ -388,16 +412,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             id,
             when,
+            shift,
+            cond,
         } => {
-            let when = match (when.delay, when.at) {
-                (Some(d), _) => pb::reschedule_request::When::DelayMs(d.as_millis() as i64),
-                (None, Some(at)) => pb::reschedule_request::When::FireAtMs(parse_at(&at)?),
-                (None, None) => bail!("give --in or --at"),
+            let when = match (when.delay, when.at, shift.when()) {
+                (Some(d), _, None) => pb::reschedule_request::When::DelayMs(d.as_millis() as i64),
+                (None, Some(at), None) => pb::reschedule_request::When::FireAtMs(parse_at(&at)?),
+                (None, None, Some(shift)) => shift,
+                _ => bail!("give one of --in, --at, --extend-by, --pull-in"),
             };
             let req = pb::RescheduleRequest {
                 namespace,
                 id,
                 when: Some(when),
+                if_state: cond.state(),
+                if_revision: cond.revision(),
             };
             let r = timers.reschedule(req).await.map_err(status_err)?;
             output::timer("rescheduled", &r.into_inner().timer.unwrap_or_default());

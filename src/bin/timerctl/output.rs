@@ -175,6 +175,7 @@ pub fn timer_json(t: &pb::Timer) -> Value {
         "wake_at_ms": t.wake_at_ms,
         "payload": String::from_utf8_lossy(&t.payload),
         "content_type": t.content_type,
+        "revision": t.revision,
         "attempt_log": t.attempt_log.iter().map(attempt_json).collect::<Vec<_>>(),
         "series": t.series.as_ref().map(crate::recur::series_json),
     })

@@ -496,6 +496,8 @@ fn workload() -> Vec<Command> {
     ]));
     // Recurring timers: occurrences placed, fired, dropped by overlap, a pause and a resume.
     cmds.extend(series::workload());
+    // Create modes, conditions and relative shifts.
+    cmds.extend(change::workload());
     // The access state: keys, the switch, a refused revoke (the last admin).
     cmds.push(Command::Access(crate::auth::AccessChange::PutKey(
         crate::auth::Key {
@@ -771,6 +773,7 @@ async fn namespaces_are_replicated_state() {
 
 mod access;
 mod attempts;
+mod change;
 mod deliver;
 mod restore;
 mod series;
