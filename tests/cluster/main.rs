@@ -12,6 +12,7 @@ mod delivery;
 mod garbage;
 mod harness;
 mod inproc;
+mod modes;
 mod observe;
 mod operations;
 mod process;
