@@ -79,6 +79,8 @@ pub struct Events {
     redelivered: u64,
     acked: u64,
     keys_written: u64,
+    /// Timers found too late to fire: (namespace, misfire action).
+    expired: Vec<(String, &'static str)>,
 }
 
 impl Events {
@@ -105,6 +107,11 @@ impl Events {
     pub fn delivered(&mut self, n: u64, again: u64) {
         self.delivered += n;
         self.redelivered += again;
+    }
+
+    /// A timer of `namespace` was found too late to fire and handled by `action`.
+    pub fn expired(&mut self, namespace: &str, action: &'static str) {
+        self.expired.push((namespace.to_string(), action));
     }
 
     /// `n` deliveries were acknowledged.
@@ -140,6 +147,10 @@ impl Events {
         ];
         for (name, n) in counts.into_iter().filter(|(_, n)| *n > 0) {
             counter!(name).increment(n);
+        }
+        for (ns, action) in self.expired {
+            counter!("timerdb_timers_expired_total", "namespace" => ns, "policy" => action)
+                .increment(1);
         }
         if !self.fired_late_ms.is_empty() {
             let lateness = histogram!(LATENESS);

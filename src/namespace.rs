@@ -54,6 +54,49 @@ pub struct Policy {
     pub max_schedule_burst: u32,
     /// Fired timers are not dispatched while paused (they still fire, and wait READY).
     pub paused: bool,
+    /// What happens to a timer found too late when it fires (after an outage). Stored after
+    /// the rest (`storage::config_bytes`), so a format-4 namespace reads with "off".
+    #[serde(skip)]
+    pub misfire: Misfire,
+}
+
+/// The misfire policy of one-shot timers: a timer that fires more than `max_lateness_ms`
+/// after its fire time (an outage, a long failover) is handled by `action` instead of
+/// firing. `max_lateness_ms` 0: off (every timer fires, however late).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Misfire {
+    pub max_lateness_ms: u64,
+    pub action: MisfireAction,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MisfireAction {
+    /// Fire anyway (late).
+    #[default]
+    Fire,
+    /// DEAD at once, never delivered (attempt log: misfired); Redrive fires it.
+    Dead,
+    /// EXPIRED (finished, never delivered; attempt log: misfired).
+    Skip,
+}
+
+impl MisfireAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            MisfireAction::Fire => "fire",
+            MisfireAction::Dead => "dead",
+            MisfireAction::Skip => "skip",
+        }
+    }
+}
+
+impl Misfire {
+    /// Whether a timer firing `late_ms` after its time is handled by the action.
+    pub fn applies(&self, late_ms: i64) -> bool {
+        self.action != MisfireAction::Fire
+            && self.max_lateness_ms > 0
+            && late_ms > self.max_lateness_ms as i64
+    }
 }
 
 impl Default for Policy {
@@ -73,6 +116,7 @@ impl Default for Policy {
             max_schedules_per_second: None,
             max_schedule_burst: MAX_RATE,
             paused: false,
+            misfire: Misfire::default(),
         }
     }
 }

@@ -447,7 +447,13 @@ impl Node {
             }
             target.validate(&policy)?;
         }
-        let cmd = Command::PutNamespace { name, policy, push };
+        let misfire = policy.misfire;
+        let cmd = Command::SetNamespace {
+            name,
+            policy,
+            push,
+            misfire,
+        };
         match self.write(cmd).await? {
             Response::Namespace(ns) => Ok(ns),
             other => Err(unexpected(other)),

@@ -62,6 +62,8 @@ pub enum TimerState {
     Acked,
     Cancelled,
     Dead,
+    /// Found too late to fire (misfire action `skip`); finished, never delivered.
+    Expired,
 }
 
 impl TimerState {
@@ -73,6 +75,7 @@ impl TimerState {
             TimerState::Acked => "ACKED",
             TimerState::Cancelled => "CANCELLED",
             TimerState::Dead => "DEAD",
+            TimerState::Expired => "EXPIRED",
         }
     }
 }
@@ -156,6 +159,8 @@ pub enum Outcome {
     Timeout,
     /// The receiver could not be reached (connect, TLS, a broken connection).
     Connection,
+    /// Not delivered: it fired later than its misfire policy's `max_lateness_ms` allows.
+    Misfired,
 }
 
 /// One line of a timer's attempt log.
@@ -270,7 +275,7 @@ impl Timer {
     pub fn finished(&self) -> bool {
         matches!(
             self.state,
-            TimerState::Acked | TimerState::Cancelled | TimerState::Dead
+            TimerState::Acked | TimerState::Cancelled | TimerState::Dead | TimerState::Expired
         )
     }
 
@@ -406,12 +411,14 @@ pub enum Command {
         key: TimerKey,
         paused: bool,
     },
-    /// Schedule in a mode other than create-only (`crate::timer::Mode`), if `cond` holds.
+    /// Schedule in `mode` (`None`: create-only) if `cond` holds, the timer with its own
+    /// misfire policy if `misfire` is set.
     ScheduleWith {
         now_ms: i64,
         spec: TimerSpec,
-        mode: Mode,
+        mode: Option<Mode>,
         cond: Cond,
+        misfire: Option<crate::namespace::Misfire>,
     },
     /// PENDING -> CANCELLED, if `cond` holds (a series: deleted).
     CancelIf {
@@ -432,6 +439,13 @@ pub enum Command {
         now_ms: i64,
         spec: crate::series::SeriesSpec,
         cond: Cond,
+    },
+    /// PutNamespace with the misfire policy (which `Policy`'s encoding leaves out).
+    SetNamespace {
+        name: String,
+        policy: Policy,
+        push: Option<crate::namespace::PushTarget>,
+        misfire: crate::namespace::Misfire,
     },
 }
 
@@ -544,6 +558,7 @@ impl Command {
             Command::CancelIf { .. } => "cancel_if",
             Command::RescheduleIf { .. } => "reschedule_if",
             Command::UpsertSeries { .. } => "upsert_series",
+            Command::SetNamespace { .. } => "set_namespace",
         }
     }
 }

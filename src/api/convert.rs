@@ -193,11 +193,13 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
             Ok(pb::CreateMode::Unspecified | pb::CreateMode::CreateOnly)
         ) && t.if_state == 0
             && t.if_revision == 0
-            && t.max_wait_ms == 0;
+            && t.max_wait_ms == 0
+            && t.max_lateness_ms == 0
+            && t.misfire == 0;
         if !creates_only {
             return Err(invalid(format!(
                 "timers[{i}]: ScheduleBatch only creates (mode CREATE_ONLY, no if_state, \
-                 if_revision or max_wait_ms): send other modes with Schedule"
+                 if_revision, max_wait_ms or per-timer misfire): send those with Schedule"
             )));
         }
         out.push(spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?);
@@ -294,6 +296,7 @@ pub fn state_to_pb(s: TimerState) -> pb::TimerState {
         TimerState::Acked => pb::TimerState::Acked,
         TimerState::Cancelled => pb::TimerState::Cancelled,
         TimerState::Dead => pb::TimerState::Dead,
+        TimerState::Expired => pb::TimerState::Expired,
     }
 }
 
@@ -307,6 +310,7 @@ pub fn state_from_pb(v: i32) -> Result<Option<TimerState>, Error> {
         pb::TimerState::Acked => Some(TimerState::Acked),
         pb::TimerState::Cancelled => Some(TimerState::Cancelled),
         pb::TimerState::Dead => Some(TimerState::Dead),
+        pb::TimerState::Expired => Some(TimerState::Expired),
     })
 }
 
@@ -349,6 +353,7 @@ fn attempt_to_pb(r: AttemptRecord) -> pb::Attempt {
         Outcome::Grpc(c) => ("grpc", 0, c),
         Outcome::Timeout => ("timeout", 0, 0),
         Outcome::Connection => ("connection_error", 0, 0),
+        Outcome::Misfired => ("misfired", 0, 0),
     };
     pb::Attempt {
         at_ms: r.at_ms,

@@ -9,7 +9,9 @@
 
 use super::pb;
 use crate::config::Limits;
-use crate::namespace::{Namespace, Policy, PushTarget, DEFAULT_PUSH_TIMEOUT_MS};
+use crate::namespace::{
+    Misfire, MisfireAction, Namespace, Policy, PushTarget, DEFAULT_PUSH_TIMEOUT_MS,
+};
 use crate::push::sign::Secret;
 use crate::Error;
 
@@ -43,6 +45,7 @@ pub fn namespace_put(
         // Pause and resume have their own calls; a policy write keeps the flag (see
         // `Node::put_namespace`).
         paused: false,
+        misfire: misfire(p.max_lateness_ms as i64, p.misfire, "policy.")?.unwrap_or_default(),
     }
     .with_default_bursts();
     policy.validate(limits.max_payload_bytes)?;
@@ -69,6 +72,42 @@ pub fn namespace_put(
         }
     };
     Ok((req.name.clone(), policy, push))
+}
+
+/// A misfire policy from `max_lateness_ms` and `misfire` (fields named after `prefix`);
+/// `None` when both are unset.
+pub fn misfire(max_lateness_ms: i64, action: i32, prefix: &str) -> Result<Option<Misfire>, Error> {
+    let bad = |m: String| Error::InvalidArgument(m);
+    let action = match pb::MisfireAction::try_from(action) {
+        Ok(pb::MisfireAction::Unspecified) if max_lateness_ms == 0 => return Ok(None),
+        Ok(pb::MisfireAction::Unspecified | pb::MisfireAction::Fire) => MisfireAction::Fire,
+        Ok(pb::MisfireAction::Dead) => MisfireAction::Dead,
+        Ok(pb::MisfireAction::Skip) => MisfireAction::Skip,
+        Err(_) => return Err(bad(format!("{prefix}misfire {action} is unknown"))),
+    };
+    if max_lateness_ms < 0 {
+        return Err(bad(format!(
+            "{prefix}max_lateness_ms {max_lateness_ms} is negative"
+        )));
+    }
+    if action != MisfireAction::Fire && max_lateness_ms == 0 {
+        return Err(bad(format!(
+            "{prefix}misfire {} needs {prefix}max_lateness_ms (how late is too late)",
+            action.name().to_uppercase()
+        )));
+    }
+    Ok(Some(Misfire {
+        max_lateness_ms: max_lateness_ms as u64,
+        action,
+    }))
+}
+
+pub fn misfire_to_pb(a: MisfireAction) -> pb::MisfireAction {
+    match a {
+        MisfireAction::Fire => pb::MisfireAction::Fire,
+        MisfireAction::Dead => pb::MisfireAction::Dead,
+        MisfireAction::Skip => pb::MisfireAction::Skip,
+    }
 }
 
 impl From<Namespace> for pb::Namespace {
@@ -100,6 +139,8 @@ impl From<Namespace> for pb::Namespace {
                     .max_schedules_per_second
                     .map_or(0, |_| p.max_schedule_burst),
                 paused: p.paused,
+                max_lateness_ms: p.misfire.max_lateness_ms,
+                misfire: misfire_to_pb(p.misfire.action) as i32,
             }),
         }
     }

@@ -30,6 +30,13 @@ pub fn series_spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<SeriesS
             key.id.len()
         )));
     }
+    if req.max_lateness_ms != 0 || req.misfire != 0 {
+        return Err(invalid(
+            "max_lateness_ms and misfire are for one-shot timers; a recurring timer has \
+             recurrence.misfire and recurrence.max_lateness_ms"
+                .into(),
+        ));
+    }
     if req.when.is_some() {
         return Err(invalid(
             "a recurring timer's fire times come from its recurrence: set neither fire_at_ms \

@@ -57,10 +57,13 @@ impl timers_server::Timers for TimersService {
                 let spec = recurrence::series_spec(req, self.limits())?;
                 node.upsert_series(spec, cond).await?
             }
-            (false, None) => node.schedule(convert::spec(req, self.limits())?).await?,
-            (false, Some(mode)) => {
+            (false, mode) => {
                 let spec = convert::spec(req, self.limits())?;
-                node.schedule_with(spec, mode, cond).await?
+                let misfire = super::policy::misfire(req.max_lateness_ms, req.misfire, "")?;
+                match (mode, misfire) {
+                    (None, None) => node.schedule(spec).await?,
+                    (mode, misfire) => node.schedule_with(spec, mode, cond, misfire).await?,
+                }
             }
         };
         Ok(Response::new(pb::ScheduleResponse {

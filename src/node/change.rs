@@ -2,17 +2,20 @@
 //! the log, decided in apply (`storage/change.rs`), so callers racing on one timer are ordered.
 
 use super::Node;
+use crate::namespace::Misfire;
 use crate::series::SeriesSpec;
 use crate::timer::{Command, Cond, Mode, Response, Shift, Timer, TimerKey, TimerSpec};
 use crate::Result;
 
 impl Node {
-    /// Schedule in `mode` if `cond` holds; returns the timer and whether it was created.
+    /// Schedule in `mode` (`None`: create-only) if `cond` holds, with the timer's own misfire
+    /// policy if `misfire` is set; returns the timer and whether it was created.
     pub async fn schedule_with(
         &self,
         spec: TimerSpec,
-        mode: Mode,
+        mode: Option<Mode>,
         cond: Cond,
+        misfire: Option<Misfire>,
     ) -> Result<(Timer, bool)> {
         self.check_payloads([&spec])?;
         self.check_schedule_rate(&spec.key.namespace, 1)?;
@@ -21,6 +24,7 @@ impl Node {
             spec,
             mode,
             cond,
+            misfire,
         };
         self.write_created(cmd).await
     }

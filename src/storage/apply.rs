@@ -87,6 +87,10 @@ pub(super) struct Applier<'a> {
     /// Namespaces where this entry rewrote a row its Fire had just passed (a series
     /// occurrence dropped or held back): no grant for them in this entry (`series.rs`).
     pub(super) rewrote_fired: Vec<String>,
+    /// Rows the Fire passed too late for their misfire policy: (index into
+    /// `late_namespaces`, slot, policy) (`misfire.rs`).
+    pub(super) late: Vec<(usize, Slot, crate::namespace::Misfire)>,
+    pub(super) late_namespaces: Vec<String>,
 }
 
 impl<'a> Applier<'a> {
@@ -125,6 +129,8 @@ impl<'a> Applier<'a> {
             access_changed: false,
             series_staged: HashMap::default(),
             rewrote_fired: Vec::new(),
+            late: Vec::new(),
+            late_namespaces: Vec::new(),
         }
     }
 
@@ -197,7 +203,17 @@ impl<'a> Applier<'a> {
                 spec,
                 mode,
                 cond,
-            } => self.schedule_with(now_ms, &spec, mode, cond),
+                misfire,
+            } => self.schedule_with(now_ms, &spec, mode, cond, misfire),
+            Command::SetNamespace {
+                name,
+                mut policy,
+                push,
+                misfire,
+            } => {
+                policy.misfire = misfire;
+                Ok(self.put_namespace(name, Config { policy, push }))
+            }
             Command::UpsertSeries { now_ms, spec, cond } => self.upsert_series(now_ms, &spec, cond),
             Command::Fire {
                 now_ms,
@@ -285,7 +301,7 @@ impl<'a> Applier<'a> {
             .db
             .get_cf(cf(self.db, CF_NAMESPACES), namespace.as_bytes())?;
         let (config, configured) = match raw {
-            Some(v) => (codec::decode::<Config>(&v)?, true),
+            Some(v) => (super::config_of(&v)?, true),
             None => (
                 Config {
                     policy: Policy::default(),
@@ -522,8 +538,11 @@ impl<'a> Applier<'a> {
         self.policies.insert(name.clone(), config.policy);
         self.pushes.insert(name.clone(), config.push.clone());
         let key = name.as_bytes().to_vec();
-        self.batch
-            .put_cf(cf(self.db, CF_NAMESPACES), key, codec::encode(&config));
+        self.batch.put_cf(
+            cf(self.db, CF_NAMESPACES),
+            key,
+            super::config_bytes(&config),
+        );
         Response::Namespace(Namespace {
             name,
             policy: config.policy,
@@ -543,6 +562,16 @@ impl<'a> Applier<'a> {
     /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
     /// only an entry whose later commands may read it (`stage`) also keeps a `Row`.
     pub(super) fn create(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<()> {
+        self.create_with(now_ms, spec, None)
+    }
+
+    /// [`Applier::create`], the timer with its own misfire policy if `misfire` is set.
+    pub(super) fn create_with(
+        &mut self,
+        now_ms: i64,
+        spec: &TimerSpec,
+        misfire: Option<crate::namespace::Misfire>,
+    ) -> Result<()> {
         let ns = &spec.key.namespace;
         self.progress.pending += 1;
         self.progress.stored += 1;
@@ -550,12 +579,10 @@ impl<'a> Applier<'a> {
         meta.pending += 1;
         meta.stored += 1;
         self.events.scheduled();
-        if self.stage {
-            self.place(
-                ns,
-                super::row::pending(spec, now_ms),
-                spec.when.resolve(now_ms),
-            )?;
+        if self.stage || misfire.is_some() {
+            let mut row = super::row::pending(spec, now_ms);
+            row.body.ext.misfire = misfire;
+            self.place(ns, row, spec.when.resolve(now_ms))?;
         } else {
             let slot = self.next_slot(spec.when.resolve(now_ms))?;
             self.batch.put_cf(

@@ -10,6 +10,7 @@
 
 use super::apply::Applier;
 use super::row::{Kind, Row};
+use crate::namespace::Misfire;
 use crate::timer::{
     Cond, Mode, Rejection, Response, Shift, Timer, TimerKey, TimerSpec, TimerState,
 };
@@ -115,8 +116,9 @@ impl Applier<'_> {
         &mut self,
         now_ms: i64,
         spec: &TimerSpec,
-        mode: Mode,
+        mode: Option<Mode>,
         cond: Cond,
+        misfire: Option<Misfire>,
     ) -> Result<Response> {
         let key = spec.key.clone();
         if self.series_row(&key)?.is_some() {
@@ -127,11 +129,19 @@ impl Applier<'_> {
                 return Ok(Response::Rejected(Rejection::NotFound(key)));
             }
             let mut first = spec.clone();
-            if let Mode::Debounce { max_wait_ms } = mode {
+            if let Some(Mode::Debounce { max_wait_ms }) = mode {
                 first.when = crate::timer::When::At(debounced(spec, now_ms, now_ms, max_wait_ms));
             }
-            self.create(now_ms, &first)?;
+            self.create_with(now_ms, &first, misfire)?;
             return Ok(answer(Timer::pending(first, now_ms), true));
+        };
+        let Some(mode) = mode else {
+            // Create-only: the same timer again is answered, another is refused.
+            let (_, _, t) = found;
+            if t.same_request(spec) {
+                return Ok(answer(t, false));
+            }
+            return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         };
         let t = &found.2;
         if let Some(why) = cond.refuses(t.state, t.revision) {

@@ -338,5 +338,6 @@ fn refuse_attempt(timer: &Timer, attempt: u32, verb: &str) -> Option<String> {
             "is DEAD after {latest} attempts; Redrive it to deliver it again"
         )),
         TimerState::Acked => Some("is already ACKED".into()),
+        TimerState::Expired => Some("is EXPIRED: it was too late to fire, never delivered".into()),
     }
 }

@@ -20,7 +20,7 @@ use rocksdb::{DBRawIterator, ReadOptions};
 
 use super::apply::Applier;
 use super::read::slot_of_key;
-use super::row::{header, latency_ms, materialize, Kind, Row, Settled};
+use super::row::{header, latency_ms, materialize, own_misfire, Kind, Row, Settled};
 use super::{cf, codec, CF_DEADLINES, CF_FIRES};
 use crate::timer::{log_attempt, AttemptRecord, Channel, Grant, Outcome, Response, Timer};
 use crate::wheel::{self, Slot};
@@ -31,6 +31,8 @@ impl Applier<'_> {
         let max = max.max(1) as usize;
         self.progress.cursor_ms = self.progress.cursor_ms.max(now_ms);
         let (count, more_rows) = self.advance_cursor(now_ms, max)?;
+        // Timers it passed too late for their misfire policy are not fired (`misfire.rs`).
+        let count = count - self.misfires(now_ms)?;
         // Recurring timers' occurrences it passed: the next ones are placed (`series.rs`).
         let count = count - self.fire_series(now_ms)?;
         let more_leases = self.expire_leases(now_ms, max)?;
@@ -84,6 +86,11 @@ impl Applier<'_> {
                 heap.push(Reverse((slot_of_key(k)?, i)));
             }
         }
+        // Each namespace's misfire policy (a row may carry its own: its kind byte says so).
+        let mut misfires = Vec::with_capacity(namespaces.len());
+        for ns in &namespaces {
+            misfires.push(self.policy(ns)?.misfire);
+        }
         let (mut scanned, mut fired) = (0, 0u32);
         let mut pending_by_ns: BTreeMap<usize, i64> = BTreeMap::new();
         let (mut last, mut more) = (old, false);
@@ -93,9 +100,21 @@ impl Applier<'_> {
                 break;
             }
             let it = &mut iters[i];
-            let (kind, fire_at_ms) = header(it.value().expect("positioned"))?;
+            let value = it.value().expect("positioned");
+            let (kind, fire_at_ms) = header(value)?;
             match kind {
                 Kind::Pending => {
+                    // Late from when its slot came due: a timer scheduled in the past ("fire
+                    // now") or redriven is due when it was placed, not at its fire_at.
+                    let late = now_ms - self.wheel.due_ms(slot.bucket);
+                    let misfire = if own_misfire(value) {
+                        Row::decode(value)?.body.ext.misfire.unwrap_or_default()
+                    } else {
+                        misfires[i]
+                    };
+                    if misfire.applies(late) {
+                        self.late.push((i, slot, misfire));
+                    }
                     fired += 1;
                     *pending_by_ns.entry(i).or_default() -= 1;
                     self.events.fired(now_ms - fire_at_ms);
@@ -127,6 +146,7 @@ impl Applier<'_> {
             codec::encode(&(self.index, now_ms)),
         );
         self.fired = Some((old, new, now_ms));
+        self.late_namespaces = namespaces.clone();
         self.visited = namespaces;
         Ok((fired, more))
     }

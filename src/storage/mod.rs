@@ -37,6 +37,7 @@ mod heads;
 mod log_cache;
 pub mod log_store;
 pub mod meta;
+mod misfire;
 mod purge;
 pub mod quiet;
 mod read;
@@ -229,6 +230,22 @@ fn cf_options(name: &str, cache: &rocksdb::Cache) -> Options {
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     opts.set_block_based_table_factory(&table);
     opts
+}
+
+/// A namespace's stored bytes: its format-4 encoding, then the misfire policy (format 5).
+pub(crate) fn config_bytes(c: &crate::namespace::Config) -> Vec<u8> {
+    let mut out = codec::encode(c);
+    codec::encode_into(&c.policy.misfire, &mut out);
+    out
+}
+
+/// Reads what [`config_bytes`] wrote, or a format-4 record (no misfire policy: off).
+pub(crate) fn config_of(bytes: &[u8]) -> Result<crate::namespace::Config> {
+    let (mut c, read): (crate::namespace::Config, usize) = codec::decode_prefix(bytes)?;
+    if read < bytes.len() {
+        c.policy.misfire = codec::decode(&bytes[read..])?;
+    }
+    Ok(c)
 }
 
 /// Column-family handle; the families are created at open, so absence is a bug.

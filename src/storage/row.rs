@@ -35,6 +35,8 @@ pub enum Kind {
     Acked = 2,
     Cancelled = 3,
     Dead = 4,
+    /// Found too late to fire, under the misfire action `skip`.
+    Expired = 5,
 }
 
 impl Kind {
@@ -45,6 +47,7 @@ impl Kind {
             2 => Kind::Acked,
             3 => Kind::Cancelled,
             4 => Kind::Dead,
+            5 => Kind::Expired,
             _ => return None,
         })
     }
@@ -97,7 +100,13 @@ pub struct Ext {
     /// The timer's revision when the row was written (0 in a format-4 row: read as 1). What
     /// the cursors did since adds to it: see [`derive`].
     pub revision: u64,
+    /// The timer's own misfire policy (`None`: its namespace's). A row that has one says so
+    /// in its kind byte ([`OWN_MISFIRE`]), so the fire cursor decodes only those.
+    pub misfire: Option<crate::namespace::Misfire>,
 }
+
+/// Set in a row's kind byte when the row carries its own misfire policy.
+pub const OWN_MISFIRE: u8 = 0x80;
 
 impl Row {
     pub fn encode(&self) -> Vec<u8> {
@@ -105,7 +114,12 @@ impl Row {
         // apart and copied after the header: that was an allocation and a copy of the payload
         // per row written, on every node).
         let mut out = Vec::with_capacity(9 + 64 + self.body.id.len() + self.body.payload.len());
-        out.push(self.kind as u8);
+        let flag = if self.body.ext.misfire.is_some() {
+            OWN_MISFIRE
+        } else {
+            0
+        };
+        out.push(self.kind as u8 | flag);
         out.extend_from_slice(&self.fire_at_ms.to_be_bytes());
         codec::encode_into(&self.body, &mut out);
         codec::encode_into(&self.body.ext, &mut out);
@@ -133,9 +147,14 @@ pub fn header(bytes: &[u8]) -> Result<(Kind, i64)> {
     let (&kind, rest) = bytes.split_first().ok_or_else(corrupt)?;
     let (at, _) = rest.split_first_chunk::<8>().ok_or_else(corrupt)?;
     Ok((
-        Kind::from_u8(kind).ok_or_else(corrupt)?,
+        Kind::from_u8(kind & !OWN_MISFIRE).ok_or_else(corrupt)?,
         i64::from_be_bytes(*at),
     ))
+}
+
+/// Whether a row carries its own misfire policy, read off its kind byte.
+pub fn own_misfire(bytes: &[u8]) -> bool {
+    bytes.first().is_some_and(|k| k & OWN_MISFIRE != 0)
 }
 
 /// A lease: fired timers of one namespace handed out together, the deliverable rows of the
@@ -201,10 +220,11 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         revision: b.ext.revision.max(1),
     };
     match row.kind {
-        Kind::Acked | Kind::Cancelled | Kind::Dead => {
+        Kind::Acked | Kind::Cancelled | Kind::Dead | Kind::Expired => {
             t.state = match row.kind {
                 Kind::Acked => TimerState::Acked,
                 Kind::Cancelled => TimerState::Cancelled,
+                Kind::Expired => TimerState::Expired,
                 _ => TimerState::Dead,
             };
             let retention = lk.retention_ms(namespace)?;
@@ -311,7 +331,10 @@ pub fn materialize(t: &Timer, kind: Kind) -> Row {
                 .filter(|r| r.outcome != Outcome::InFlight)
                 .cloned()
                 .collect(),
-            ext: Ext { revision },
+            ext: Ext {
+                revision,
+                misfire: None,
+            },
         },
     }
 }
@@ -339,7 +362,10 @@ pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
             wake_at_ms: 0,
             content_type: spec.content_type.clone(),
             log: Vec::new(),
-            ext: Ext { revision: 1 },
+            ext: Ext {
+                revision: 1,
+                misfire: None,
+            },
         },
     }
 }
@@ -392,7 +418,13 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
     out.push(Kind::Pending as u8);
     out.extend_from_slice(&spec.when.resolve(now_ms).to_be_bytes());
     codec::encode_into(&body, &mut out);
-    codec::encode_into(&Ext { revision: 1 }, &mut out);
+    codec::encode_into(
+        &Ext {
+            revision: 1,
+            misfire: None,
+        },
+        &mut out,
+    );
     out
 }
 
@@ -451,7 +483,10 @@ mod tests {
                 finished_at_ms: 12,
                 wake_at_ms: 13,
                 content_type: "application/json".into(),
-                ext: Ext { revision: 4 },
+                ext: Ext {
+                    revision: 4,
+                    misfire: None,
+                },
                 log: vec![AttemptRecord {
                     at_ms: 5,
                     attempt: 1,

@@ -161,7 +161,7 @@ impl Lookup for Snap<'_> {
             return Ok(*r);
         }
         let policy: Policy = match self.reader.get(CF_NAMESPACES, namespace.as_bytes())? {
-            Some(v) => decode::<Config>(&v)?.policy,
+            Some(v) => super::config_of(&v)?.policy,
             None => Policy::default(),
         };
         self.retention
@@ -401,7 +401,7 @@ impl Store {
             .get_cf(cf(&self.db, CF_NAMESPACES), name.as_bytes())?;
         Ok(match raw {
             Some(v) => {
-                let c: Config = decode(&v)?;
+                let c: Config = super::config_of(&v)?;
                 Namespace {
                     name: name.into(),
                     policy: c.policy,
@@ -430,7 +430,7 @@ impl Store {
             let (k, v) = item?;
             let name = String::from_utf8(k.to_vec())
                 .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
-            let c: Config = decode(&v)?;
+            let c: Config = super::config_of(&v)?;
             out.push(Namespace {
                 name,
                 policy: c.policy,

@@ -193,3 +193,110 @@ async fn create_only_upsert_and_a_recurring_rule_changed_by_upsert() {
     cluster.converged().await;
     cluster.shutdown().await;
 }
+
+/// Misfire: the whole cluster stopped for 5 s with `max_lateness` 1 s: timers due during the
+/// stop end DEAD (never delivered) under `dead`, EXPIRED under `skip`, and fire (late) under
+/// `fire`; timers due after the restart fire; none is ever seen fired early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misfire_after_a_5_second_stop() {
+    let mut cluster = TestCluster::start(3).await;
+    let l = cluster.leader().await;
+    for (ns, action) in [
+        ("m-fire", pb::MisfireAction::Fire),
+        ("m-dead", pb::MisfireAction::Dead),
+        ("m-skip", pb::MisfireAction::Skip),
+    ] {
+        crate::delivery::put_policy(
+            &cluster,
+            l,
+            ns,
+            pb::NamespacePolicy {
+                max_lateness_ms: 1000,
+                misfire: action as i32,
+                ..Default::default()
+            },
+        )
+        .await;
+    }
+    let mut c = cluster.client(l).await;
+    let stop_at = now_ms() + 1000;
+    for ns in ["m-fire", "m-dead", "m-skip"] {
+        // Due 1.5 … 3.5 s into the stop (more than 1 s late once it is over), and due 10 s
+        // after the restart.
+        let mut timers: Vec<pb::ScheduleRequest> = (0..5)
+            .map(|i| pb::ScheduleRequest {
+                namespace: ns.into(),
+                id: format!("during-{i}"),
+                when: at(stop_at + 1500 + i * 500),
+                ..Default::default()
+            })
+            .collect();
+        timers.push(pb::ScheduleRequest {
+            namespace: ns.into(),
+            id: "after".into(),
+            when: at(stop_at + 15_000),
+            ..Default::default()
+        });
+        c.schedule_batch(pb::ScheduleBatchRequest { timers })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis((stop_at - now_ms()).max(0) as u64)).await;
+    for id in [1, 2, 3] {
+        cluster.stop(id).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for id in [1, 2, 3] {
+        cluster.restart(id).await;
+    }
+    let mut c = cluster.client(cluster.leader().await).await;
+    let want = [
+        ("m-fire", pb::TimerState::Fired),
+        ("m-dead", pb::TimerState::Dead),
+        ("m-skip", pb::TimerState::Expired),
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut done = true;
+        for (ns, state) in want {
+            for t in list_in(&mut c, ns, pb::TimerState::Unspecified).await {
+                if t.fire_index > 0 {
+                    assert_not_early(std::slice::from_ref(&t), now_ms());
+                }
+                let expected = if t.id == "after" {
+                    pb::TimerState::Fired
+                } else {
+                    state
+                };
+                done &= t.state == expected as i32;
+            }
+        }
+        if done {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not settled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (ns, state) in want {
+        let timers = list_in(&mut c, ns, pb::TimerState::Unspecified).await;
+        assert_eq!(timers.len(), 6, "{ns}");
+        for t in timers.iter().filter(|t| t.id != "after") {
+            assert_eq!(t.state, state as i32, "{ns}/{}", t.id);
+            if state != pb::TimerState::Fired {
+                assert_eq!(
+                    (t.fire_index, t.attempts),
+                    (0, 0),
+                    "{ns}/{}: never fired",
+                    t.id
+                );
+                let last = t.attempt_log.last().unwrap();
+                assert_eq!(last.outcome, "misfired", "{ns}/{}", t.id);
+            } else {
+                assert!(t.fired_at_ms - t.fire_at_ms > 1000, "fired late: {t:?}");
+            }
+        }
+    }
+    println!("misfire after a 5 s stop: fire -> FIRED late, dead -> DEAD, skip -> EXPIRED");
+    cluster.converged().await;
+    cluster.shutdown().await;
+}

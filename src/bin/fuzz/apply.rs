@@ -16,8 +16,8 @@ use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use timerdb::auth::{AccessChange, Key, Role};
 use timerdb::cluster::{FireSignal, TypeConfig};
-use timerdb::namespace::Policy;
-use timerdb::series::{occurrence_id, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec};
+use timerdb::namespace::{Misfire, MisfireAction, Policy};
+use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::{self, IndexGc, StateMachine, Store};
 use timerdb::timer::{
     Command, Cond, Grant, Mode, Response, Shift, TimerKey, TimerSpec, TimerState, When,
@@ -58,7 +58,7 @@ pub fn program(input: &[u8]) -> Vec<Command> {
     let mut now = T0;
     let mut out = Vec::new();
     while !b.done() && out.len() < MAX_COMMANDS {
-        let op = b.next() % 17;
+        let op = b.next() % 18;
         let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
         let cmd = match op {
             0 => {
@@ -135,6 +135,19 @@ pub fn program(input: &[u8]) -> Vec<Command> {
                 },
                 push: None,
             },
+            17 => Command::SetNamespace {
+                name: NAMESPACES[usize::from(b.next()) % 2].into(),
+                policy: Policy::default(),
+                push: None,
+                misfire: Misfire {
+                    max_lateness_ms: u64::from(b.next()) * 20,
+                    action: [
+                        MisfireAction::Dead,
+                        MisfireAction::Skip,
+                        MisfireAction::Fire,
+                    ][usize::from(b.next()) % 3],
+                },
+            },
             11 => Command::ScheduleSeries {
                 now_ms: now,
                 spec: series_spec(&mut b),
@@ -163,8 +176,16 @@ pub fn program(input: &[u8]) -> Vec<Command> {
                         payload: vec![b.next()],
                         content_type: String::new(),
                     },
-                    mode,
+                    mode: (b.next() % 5 != 0).then_some(mode),
                     cond: cond(&mut b),
+                    misfire: (b.next() % 2 == 0).then(|| Misfire {
+                        max_lateness_ms: 100 + u64::from(b.next()) * 10,
+                        action: [
+                            MisfireAction::Dead,
+                            MisfireAction::Skip,
+                            MisfireAction::Fire,
+                        ][usize::from(b.next()) % 3],
+                    }),
                 }
             }
             15 => Command::CancelIf {
@@ -266,8 +287,11 @@ fn series_spec(b: &mut Bytes) -> SeriesSpec {
             start_ms: 0,
             end_ms: if flags & 1 == 1 { T0 + 20_000 } else { 0 },
             max_count: u64::from(b.next() % 4),
-            misfire: [Misfire::FireOnce, Misfire::FireAll, Misfire::Skip]
-                [usize::from(flags >> 1) % 3],
+            misfire: [
+                series::Misfire::FireOnce,
+                series::Misfire::FireAll,
+                series::Misfire::Skip,
+            ][usize::from(flags >> 1) % 3],
             catch_up_window_ms: 5_000,
             max_lateness_ms: 1_000,
             overlap: [Overlap::Allow, Overlap::Skip, Overlap::BufferOne]

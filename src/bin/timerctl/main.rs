@@ -224,6 +224,7 @@ enum State {
     Acked,
     Cancelled,
     Dead,
+    Expired,
 }
 
 impl State {
@@ -234,6 +235,7 @@ impl State {
             State::Acked => pb::TimerState::Acked,
             State::Cancelled => pb::TimerState::Cancelled,
             State::Dead => pb::TimerState::Dead,
+            State::Expired => pb::TimerState::Expired,
         }
     }
 }

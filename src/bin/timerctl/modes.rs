@@ -18,6 +18,24 @@ pub enum ModeArg {
     KeepLatest,
 }
 
+/// `--misfire` of a namespace or a timer.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum MisfireArg {
+    Fire,
+    Dead,
+    Skip,
+}
+
+impl MisfireArg {
+    pub fn to_pb(self) -> pb::MisfireAction {
+        match self {
+            MisfireArg::Fire => pb::MisfireAction::Fire,
+            MisfireArg::Dead => pb::MisfireAction::Dead,
+            MisfireArg::Skip => pb::MisfireAction::Skip,
+        }
+    }
+}
+
 /// `--if-state` / `--if-revision`.
 #[derive(clap::Args, Debug)]
 pub struct CondArgs {
@@ -51,6 +69,13 @@ pub struct ModeArgs {
     max_wait: Option<Duration>,
     #[command(flatten)]
     cond: CondArgs,
+    /// This timer's misfire action if it fires more than --max-lateness late (default: the
+    /// namespace's): fire, dead, skip.
+    #[arg(long = "on-misfire", value_enum, requires = "max_lateness")]
+    on_misfire: Option<MisfireArg>,
+    /// This timer's own max lateness (with --on-misfire).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_lateness: Option<Duration>,
 }
 
 impl ModeArgs {
@@ -67,6 +92,8 @@ impl ModeArgs {
         req.max_wait_ms = self.max_wait.map_or(0, |d| d.as_millis() as i64);
         req.if_state = self.cond.state();
         req.if_revision = self.cond.revision();
+        req.misfire = self.on_misfire.map_or(0, |m| m.to_pb() as i32);
+        req.max_lateness_ms = self.max_lateness.map_or(0, |d| d.as_millis() as i64);
     }
 }
 

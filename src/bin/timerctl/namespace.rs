@@ -69,6 +69,12 @@ pub enum NamespaceCommand {
         /// Timers that may be scheduled at once (default: the schedule rate).
         #[arg(long)]
         max_schedule_burst: Option<u32>,
+        /// A timer firing more than this late (after an outage) gets --misfire instead.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        max_lateness: Option<Duration>,
+        /// What a too-late timer becomes: fire (default), dead, skip (EXPIRED).
+        #[arg(long, value_enum)]
+        misfire: Option<crate::modes::MisfireArg>,
     },
     /// Stop dispatching a namespace's fired timers (they still fire, and wait).
     Pause { name: String },
@@ -181,8 +187,12 @@ pub async fn namespace(ch: Channel, command: NamespaceCommand) -> anyhow::Result
             max_concurrent_dispatches,
             max_schedules_per_second,
             max_schedule_burst,
+            max_lateness,
+            misfire,
         } => {
             let policy = pb::NamespacePolicy {
+                max_lateness_ms: ms(max_lateness),
+                misfire: misfire.map_or(0, |m| m.to_pb() as i32),
                 ack_timeout_ms: ms(ack_timeout),
                 max_attempts: max_attempts.unwrap_or(0),
                 backoff_min_ms: ms(backoff_min),

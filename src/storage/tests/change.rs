@@ -9,8 +9,9 @@ fn with(id: &str, at: i64, payload: &str, mode: Mode, cond: Cond) -> Command {
     Command::ScheduleWith {
         now_ms: T0,
         spec: spec(id, at, payload),
-        mode,
+        mode: Some(mode),
         cond,
+        misfire: None,
     }
 }
 
@@ -129,8 +130,9 @@ async fn debounce_is_capped_by_max_wait_from_the_first_call() {
             when: When::After(delay),
             ..spec("d", 0, "p")
         },
-        mode: m,
+        mode: Some(m),
         cond: Cond::default(),
+        misfire: None,
     };
     assert!(created(&s.apply(at(T0, 300)).await));
     s.apply(at(T0 + 400, 300)).await;
@@ -342,6 +344,37 @@ pub(super) fn workload() -> Vec<Command> {
                 if_revision: None,
             },
         },
+        // Misfire: a namespace policy, a timer's own, a Fire that finds both late.
+        Command::SetNamespace {
+            name: "late".into(),
+            policy: crate::namespace::Policy::default(),
+            push: None,
+            misfire: crate::namespace::Misfire {
+                max_lateness_ms: 500,
+                action: crate::namespace::MisfireAction::Dead,
+            },
+        },
+        Command::Schedule {
+            now_ms: T0,
+            spec: TimerSpec {
+                key: TimerKey::new("late", "x1"),
+                ..spec("x1", T0 + 100_000, "p")
+            },
+        },
+        Command::ScheduleWith {
+            now_ms: T0,
+            spec: TimerSpec {
+                key: TimerKey::new("late", "x2"),
+                ..spec("x2", T0 + 100_000, "p")
+            },
+            mode: None,
+            cond: none,
+            misfire: Some(crate::namespace::Misfire {
+                max_lateness_ms: 10,
+                action: crate::namespace::MisfireAction::Skip,
+            }),
+        },
+        fire(T0 + 102_000, 1000),
         Command::Multi(vec![
             with("c4", T0 + 92_000, "a", Mode::Upsert, none),
             with("c4", T0 + 93_000, "b", Mode::KeepLatest, none),

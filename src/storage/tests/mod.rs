@@ -775,6 +775,7 @@ mod access;
 mod attempts;
 mod change;
 mod deliver;
+mod misfire;
 mod restore;
 mod series;
 mod snapshot;
