@@ -246,10 +246,11 @@ pub fn timer(verb: &str, t: &pb::Timer) {
 
 pub fn timer_line(t: &pb::Timer) -> String {
     let mut line = format!(
-        "{}/{}  {}  fire_at={}",
+        "{}/{}  {} rev={}  fire_at={}",
         t.namespace,
         t.id,
         state_name(t.state),
+        t.revision,
         fmt_ms(t.fire_at_ms)
     );
     if t.fire_index > 0 {
