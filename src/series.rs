@@ -144,6 +144,27 @@ impl Recurrence {
     }
 }
 
+#[cfg(test)]
+impl Recurrence {
+    /// An interval rule from the creation time with every default policy (for tests).
+    pub(crate) fn every_for_test(period_ms: i64) -> Recurrence {
+        Recurrence {
+            rule: RuleSpec::Every {
+                period_ms,
+                anchor_ms: 0,
+            },
+            start_ms: 0,
+            end_ms: 0,
+            max_count: 0,
+            misfire: Misfire::FireOnce,
+            catch_up_window_ms: DEFAULT_CATCH_UP_WINDOW_MS,
+            max_lateness_ms: DEFAULT_MAX_LATENESS_MS,
+            overlap: Overlap::Allow,
+            jitter_ms: 0,
+        }
+    }
+}
+
 /// A client's request to create a series, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeriesSpec {

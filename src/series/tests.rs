@@ -4,20 +4,7 @@
 use super::*;
 
 fn every(period_ms: i64) -> Recurrence {
-    Recurrence {
-        rule: RuleSpec::Every {
-            period_ms,
-            anchor_ms: 0,
-        },
-        start_ms: 0,
-        end_ms: 0,
-        max_count: 0,
-        misfire: Misfire::FireOnce,
-        catch_up_window_ms: DEFAULT_CATCH_UP_WINDOW_MS,
-        max_lateness_ms: DEFAULT_MAX_LATENESS_MS,
-        overlap: Overlap::Allow,
-        jitter_ms: 0,
-    }
+    Recurrence::every_for_test(period_ms)
 }
 
 #[test]

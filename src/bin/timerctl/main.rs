@@ -390,8 +390,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 ..Default::default()
             };
             mode.apply(&mut req);
+            // A mode that changes timers: "updated" rather than "exists" for created = false.
+            let changes = req.mode > pb::CreateMode::CreateOnly as i32;
+            if req.recurrence.is_none() {
+                req.max_lateness_ms = recur.max_lateness.map_or(0, |d| d.as_millis() as i64);
+            }
             let r = timers.schedule(req).await.map_err(status_err)?.into_inner();
-            let verb = if r.created { "scheduled" } else { "exists" };
+            let verb = match (r.created, changes) {
+                (true, _) => "scheduled",
+                (false, true) => "updated",
+                (false, false) => "exists",
+            };
             output::timer(verb, &r.timer.unwrap_or_default());
         }
         Command::Cancel {

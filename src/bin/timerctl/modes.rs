@@ -69,13 +69,10 @@ pub struct ModeArgs {
     max_wait: Option<Duration>,
     #[command(flatten)]
     cond: CondArgs,
-    /// This timer's misfire action if it fires more than --max-lateness late (default: the
-    /// namespace's): fire, dead, skip.
+    /// A one-shot timer's own misfire action if it fires more than --max-lateness late
+    /// (default: its namespace's): fire, dead, skip.
     #[arg(long = "on-misfire", value_enum, requires = "max_lateness")]
     on_misfire: Option<MisfireArg>,
-    /// This timer's own max lateness (with --on-misfire).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    max_lateness: Option<Duration>,
 }
 
 impl ModeArgs {
@@ -93,7 +90,6 @@ impl ModeArgs {
         req.if_state = self.cond.state();
         req.if_revision = self.cond.revision();
         req.misfire = self.on_misfire.map_or(0, |m| m.to_pb() as i32);
-        req.max_lateness_ms = self.max_lateness.map_or(0, |d| d.as_millis() as i64);
     }
 }
 

@@ -110,6 +110,8 @@ fn namespace_json(ns: &pb::Namespace) -> serde_json::Value {
             "max_schedules_per_second": p.max_schedules_per_second,
             "max_schedule_burst": p.max_schedule_burst,
             "paused": p.paused,
+            "max_lateness_ms": p.max_lateness_ms,
+            "misfire": pb::MisfireAction::try_from(p.misfire).map_or("?", |a| a.as_str_name()),
             "push": p.push.as_ref().map(|t| serde_json::json!({
                 "url": t.url,
                 "secrets": t.secrets,
@@ -162,6 +164,15 @@ fn print_namespace(ns: &pb::Namespace) {
             t.secrets.join(" ")
         ),
         None => println!("  delivery: Subscribe"),
+    }
+    let action = pb::MisfireAction::try_from(p.misfire).map_or("?", |a| a.as_str_name());
+    match p.max_lateness_ms {
+        0 => println!("  misfire: off (late timers fire)"),
+        ms => println!(
+            "  misfire: {} when more than {} late",
+            action.trim_start_matches("MISFIRE_ACTION_"),
+            dur(ms)
+        ),
     }
 }
 

@@ -42,9 +42,10 @@ pub struct RecurArgs {
     /// fire-all's window (default 1h).
     #[arg(long, value_parser = humantime::parse_duration)]
     catch_up_window: Option<Duration>,
-    /// skip's tolerance (default 1m).
+    /// How late is too late: a recurring timer's misfire skip tolerance (default 1m), or a
+    /// one-shot timer's own, with --on-misfire.
     #[arg(long, value_parser = humantime::parse_duration)]
-    max_lateness: Option<Duration>,
+    pub max_lateness: Option<Duration>,
     /// An occurrence due while the previous is not acked: allow (default), skip, buffer-one.
     #[arg(long, value_enum)]
     overlap: Option<OverlapArg>,

@@ -9,20 +9,7 @@ use crate::timer::Grant;
 const SEC: i64 = 1000;
 
 fn every(period_ms: i64) -> Recurrence {
-    Recurrence {
-        rule: RuleSpec::Every {
-            period_ms,
-            anchor_ms: 0,
-        },
-        start_ms: 0,
-        end_ms: 0,
-        max_count: 0,
-        misfire: Misfire::FireOnce,
-        catch_up_window_ms: 3_600_000,
-        max_lateness_ms: 60_000,
-        overlap: Overlap::Allow,
-        jitter_ms: 0,
-    }
+    Recurrence::every_for_test(period_ms)
 }
 
 fn create(id: &str, recurrence: Recurrence) -> Command {
