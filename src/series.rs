@@ -31,6 +31,8 @@ pub const DEFAULT_MAX_LATENESS_MS: u64 = 60_000;
 pub const MIN_EVERY_MS: i64 = 1_000;
 /// Longest jitter window (1 h).
 pub const MAX_JITTER_MS: u64 = 3_600_000;
+/// 2000-01-01T00:00:00Z: where a rule's validation looks for its first occurrence.
+const YEAR_2000_MS: i64 = 946_684_800_000;
 /// How many recent occurrences a series remembers (what Get shows).
 pub const RECENT: usize = 5;
 /// How long a `buffer_one` occurrence waits before looking at its predecessor again, at least.
@@ -112,6 +114,10 @@ impl Recurrence {
         }
     }
 
+    fn anchored_at_creation(&self) -> bool {
+        matches!(self.rule, RuleSpec::Every { anchor_ms: 0, .. })
+    }
+
     /// Checks what the rule alone cannot: bounds and windows. The rule itself is checked by
     /// building it ([`Recurrence::rule`]).
     pub fn validate(&self) -> Result<()> {
@@ -139,8 +145,26 @@ impl Recurrence {
                 self.jitter_ms
             ));
         }
-        self.rule(1)?;
-        Ok(())
+        // A rule that never matches would make every search walk to croner's year limit
+        // (milliseconds each): refused here, before anything is proposed.
+        let rule = self.rule(1)?;
+        let from = self.start_ms.max(YEAR_2000_MS + 1) - 1;
+        match rule.next_after(from) {
+            None => {
+                bad("recurrence.cron never matches a date (e.g. the 30th of February)".to_string())
+            }
+            // (An interval anchored at its creation time cannot be judged before it exists.)
+            Some(first)
+                if self.end_ms != 0 && first > self.end_ms && !self.anchored_at_creation() =>
+            {
+                bad(format!(
+                    "recurrence: no occurrence between start_ms and end_ms {} (the first is {})",
+                    self.end_ms,
+                    rfc3339_ms(first)
+                ))
+            }
+            Some(_) => Ok(()),
+        }
     }
 }
 

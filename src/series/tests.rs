@@ -95,6 +95,15 @@ fn a_recurrence_names_the_field_it_refuses() {
         "recurrence.time_zone",
     );
     bad(cron("0 9 * * MON-FRI", ""), "recurrence.time_zone");
+    bad(cron("0 0 30 2 *", "UTC"), "recurrence.cron never matches");
+    bad(
+        Recurrence {
+            start_ms: 1_800_000_000_000,
+            end_ms: 1_800_000_000_500,
+            ..cron("0 9 * * *", "UTC")
+        },
+        "no occurrence between",
+    );
     assert!(cron("0 9 * * MON-FRI", "Europe/Berlin").validate().is_ok());
     assert!(every(1000).validate().is_ok());
 }

@@ -329,6 +329,11 @@ async fn bad_recurrences_are_refused_naming_the_field() {
             "recurrence.cron",
         ),
         (
+            "a cron that never matches",
+            series_req("b", cron("0 0 30 2 *", "UTC")),
+            "never matches",
+        ),
+        (
             "an unknown zone",
             series_req("b", cron("0 9 * * *", "Mars/Olympus")),
             "recurrence.time_zone",
