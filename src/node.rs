@@ -203,10 +203,14 @@ impl Node {
     }
 
     /// Refuses payloads over their namespace's limit (the policy as this leader has applied it).
-    fn check_payloads<'a>(&self, specs: impl IntoIterator<Item = &'a TimerSpec>) -> Result<()> {
+    /// Refuses any of `payloads` (a timer's key and payload size) over its namespace's limit.
+    pub(super) fn check_payloads<'a>(
+        &self,
+        payloads: impl IntoIterator<Item = (&'a TimerKey, usize)>,
+    ) -> Result<()> {
         let mut limits: HashMap<&str, u32> = HashMap::new();
-        for spec in specs {
-            let ns = spec.key.namespace.as_str();
+        for (key, len) in payloads {
+            let ns = key.namespace.as_str();
             let limit = match limits.get(ns) {
                 Some(l) => *l,
                 None => {
@@ -214,11 +218,9 @@ impl Node {
                     *limits.entry(ns).or_insert(l)
                 }
             };
-            if spec.payload.len() > limit as usize {
+            if len > limit as usize {
                 return Err(Error::ResourceExhausted(format!(
-                    "payload of {} is {} bytes; namespace {ns} allows {limit}",
-                    spec.key,
-                    spec.payload.len()
+                    "payload of {key} is {len} bytes; namespace {ns} allows {limit}"
                 )));
             }
         }
@@ -252,7 +254,7 @@ impl Node {
     }
 
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
-        self.check_payloads([&spec])?;
+        self.check_payloads([(&spec.key, spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
@@ -268,7 +270,7 @@ impl Node {
     }
 
     pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
-        self.check_payloads(&specs)?;
+        self.check_payloads(specs.iter().map(|s| (&s.key, s.payload.len())))?;
         let mut per_ns: HashMap<&str, usize> = HashMap::new();
         for s in &specs {
             *per_ns.entry(s.key.namespace.as_str()).or_default() += 1;

@@ -20,16 +20,7 @@ impl Node {
 
     /// The namespace's payload limit and schedule rate, as for one timer.
     pub(super) fn check_series(&self, spec: &SeriesSpec) -> Result<()> {
-        let policy = self.store.namespace(&spec.key.namespace)?.policy;
-        if spec.payload.len() > policy.max_payload_bytes as usize {
-            return Err(Error::ResourceExhausted(format!(
-                "payload of {} is {} bytes; namespace {} allows {}",
-                spec.key,
-                spec.payload.len(),
-                spec.key.namespace,
-                policy.max_payload_bytes
-            )));
-        }
+        self.check_payloads([(&spec.key, spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)
     }
 
