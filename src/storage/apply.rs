@@ -87,10 +87,9 @@ pub(super) struct Applier<'a> {
     /// Namespaces where this entry rewrote a row its Fire had just passed (a series
     /// occurrence dropped or held back): no grant for them in this entry (`series.rs`).
     pub(super) rewrote_fired: Vec<String>,
-    /// Rows the Fire passed too late for their misfire policy: (index into
-    /// `late_namespaces`, slot, policy) (`misfire.rs`).
+    /// Rows the Fire passed too late for their misfire policy: (index into `visited`, slot,
+    /// policy) (`misfire.rs`).
     pub(super) late: Vec<(usize, Slot, crate::namespace::Misfire)>,
-    pub(super) late_namespaces: Vec<String>,
 }
 
 impl<'a> Applier<'a> {
@@ -130,7 +129,6 @@ impl<'a> Applier<'a> {
             series_staged: HashMap::default(),
             rewrote_fired: Vec::new(),
             late: Vec::new(),
-            late_namespaces: Vec::new(),
         }
     }
 

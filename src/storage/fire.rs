@@ -146,7 +146,6 @@ impl Applier<'_> {
             codec::encode(&(self.index, now_ms)),
         );
         self.fired = Some((old, new, now_ms));
-        self.late_namespaces = namespaces.clone();
         self.visited = namespaces;
         Ok((fired, more))
     }

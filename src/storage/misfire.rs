@@ -25,10 +25,11 @@ impl Applier<'_> {
     /// counted as fired did not fire.
     pub(super) fn misfires(&mut self, now_ms: i64) -> Result<u32> {
         let late = std::mem::take(&mut self.late);
-        let namespaces = std::mem::take(&mut self.late_namespaces);
         let mut unfired = 0;
         for (i, slot, misfire) in late {
-            let ns = &namespaces[i];
+            // The namespaces the cursor visited (`advance_cursor`), which a late row indexes.
+            let ns = self.visited[i].clone();
+            let ns = &ns;
             let Some(mut row) = self.row_at(ns, slot)? else {
                 continue;
             };
