@@ -2,6 +2,7 @@
 //! timerdb needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    rocksdb_is_built()?;
     let protos = [
         "proto/timerdb/v1/timerdb.proto",
         "proto/timerdb/v1/raft.proto",
@@ -21,4 +22,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .compile_fds(fds)?;
     Ok(())
+}
+
+/// RocksDB is linked from the machine's cache (`.cargo/config.toml`, `scripts/rocksdb.sh`): say
+/// so plainly when it is not built yet, instead of a linker error at the end of the build.
+fn rocksdb_is_built() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-env-changed=ROCKSDB_LIB_DIR");
+    println!("cargo:rerun-if-env-changed=ROCKSDB_COMPILE");
+    let compile = std::env::var("ROCKSDB_COMPILE").is_ok_and(|v| v == "1" || v == "true");
+    let Ok(dir) = std::env::var("ROCKSDB_LIB_DIR") else {
+        return Ok(());
+    };
+    let archive = std::path::Path::new(&dir).join("librocksdb.a");
+    if compile || archive.exists() {
+        return Ok(());
+    }
+    Err(format!(
+        "RocksDB is not built yet ({} is missing). Run `scripts/rocksdb.sh` once: it compiles \
+         RocksDB once for this machine (~10 min on 2 cores) and every build links it. Or set \
+         ROCKSDB_COMPILE=1 to compile it into this target directory instead.",
+        archive.display()
+    )
+    .into())
 }

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
 done
 bash scripts/deps.sh
 echo "== building release timerd and timerdb-bench (a cold build compiles RocksDB: tens of minutes)"
-cargo build --release --quiet --bin timerd --bin timerdb-bench
+cargo build --release --bin timerd --bin timerdb-bench
 BIN="${CARGO_TARGET_DIR:-target}/release"
 out=bench-results
 mkdir -p "$out"

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 echo "== building release timerd and timerdb-chaos (a cold build compiles RocksDB: tens of minutes)"
-cargo build --release --quiet --bin timerd --bin timerdb-chaos
+cargo build --release --bin timerd --bin timerdb-chaos
 BIN="${CARGO_TARGET_DIR:-target}/release"
 # Certificates for secure runs: the cluster CA, node-N and a client certificate named
 # chaos-client (the harness's admin certificate user), made afresh for every invocation.

@@ -44,7 +44,7 @@ build() {
   if [[ -z "${TIMERDB_BIN:-}" ]]; then
     bash scripts/deps.sh
     # --all-targets: the same feature set as scripts/test.sh, so RocksDB is compiled once for both.
-    cargo build --all-targets --quiet
+    cargo build --all-targets
   fi
 }
 

@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TIMERDB_CLUSTER_DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 bash scripts/deps.sh
-echo "== building (first build takes several minutes: RocksDB is compiled from source)"
-# --all-targets: the same feature set as scripts/test.sh, so RocksDB is compiled once for both.
-cargo build --all-targets --quiet
+echo "== building timerdb (debug profile)"
+# --all-targets: the same feature set as scripts/test.sh, so the Rust dependencies are built once for both.
+cargo build --all-targets
 TARGET=${CARGO_TARGET_DIR:-target}
 CTL="$TARGET/debug/timerctl"
 scripts/cluster.sh stop >/dev/null 2>&1 || true

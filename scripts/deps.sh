@@ -22,3 +22,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "deps: cargo not found; install the Rust toolchain (rustup) first" >&2
   exit 1
 fi
+
+# RocksDB's C++, compiled once per machine and linked by every build of this checkout
+# (scripts/rocksdb.sh, docs/building.md).
+bash "$(dirname "$0")/rocksdb.sh"

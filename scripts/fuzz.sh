@@ -24,5 +24,6 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 TARGET=${CARGO_TARGET_DIR:-target}
-cargo build --release --quiet --bin timerdb-fuzz
+bash scripts/deps.sh
+cargo build --release --bin timerdb-fuzz
 "$TARGET/release/timerdb-fuzz" --seconds "$SECONDS_TOTAL" "${ARGS[@]}"

@@ -9,9 +9,9 @@ bash scripts/deps.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --all-targets -- -D warnings
 echo "== building release timerd (the million-timer snapshot test runs it) and timerdb-fuzz"
-cargo build --release --quiet --bin timerd --bin timerdb-fuzz
+cargo build --release --bin timerd --bin timerdb-fuzz
 export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"
 echo "== cargo test"
 cargo test --all-targets -- --test-threads=2 --skip rejoin:: "$@"
