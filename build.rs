@@ -17,10 +17,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("timerdb_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
+    let encoded = prost::Message::encode_to_vec(&fds);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;
+    // serde for every message (the HTTP/JSON API, docs/http.md): the proto3 JSON mapping with
+    // the proto field names, every field written, unknown fields refused.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .preserve_proto_field_names()
+        .emit_fields()
+        .build(&[".timerdb.v1"])?;
     Ok(())
 }
 

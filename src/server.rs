@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::api::access::AccessService;
 use crate::api::auth::Gate;
 use crate::api::cluster::ClusterService;
+use crate::api::http::Transcode;
 use crate::api::layer::LayerOf;
 use crate::api::limit::{Bound, MAX_REQUESTS_IN_PROGRESS};
 use crate::api::namespaces::NamespacesService;
@@ -120,6 +121,7 @@ pub async fn start_with(
         tasks.push(tokio::spawn(serve(
             node.clone(),
             gate,
+            port,
             incoming,
             rx.clone(),
         )));
@@ -237,6 +239,7 @@ async fn bootstrap(node: &Node) -> Result<()> {
 async fn serve(
     node: Arc<Node>,
     gate: Gate,
+    port: Port,
     incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::listen::Conn>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -267,6 +270,10 @@ async fn serve(
     let result = tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        // The HTTP/JSON API (docs/http.md) also speaks HTTP/1.1, on the client port only.
+        .accept_http1(port == Port::Client)
+        // Outermost: an HTTP/JSON call becomes the gRPC call it names and goes down the rest.
+        .layer(LayerOf(Transcode))
         .layer(crate::api::observe::ObserveLayer)
         // The layers are each an `api::layer::Around`: the request bound, then auth, then
         // forwarding to the leader.

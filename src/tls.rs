@@ -157,6 +157,7 @@ fn server(
     (cert_flag, cert): (&str, &Path),
     (key_flag, key_path): (&str, &Path),
     clients: Option<Arc<dyn ClientCertVerifier>>,
+    port: Port,
 ) -> Result<Arc<ServerConfig>> {
     let b = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -174,7 +175,11 @@ fn server(
                 format!("does not match the certificate: {e}"),
             )
         })?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // The client port also serves the HTTP/JSON API to HTTP/1.1 clients (docs/http.md).
+    config.alpn_protocols = match port {
+        Port::Client => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        Port::Peer => vec![b"h2".to_vec()],
+    };
     Ok(Arc::new(config))
 }
 
@@ -237,18 +242,28 @@ impl TlsFiles {
                     false => Some(verifier(roots(&sets)?, self.client_ca.is_some())?),
                 };
                 let pair = (("--tls-cert", cert.as_path()), ("--tls-key", key.as_path()));
-                Some(server(pair.0, pair.1, clients)?)
+                Some(server(pair.0, pair.1, clients, Port::Client)?)
             }
             // A shared port with peer TLS only: the peer certificate serves, and a client
             // certificate is optional (a peer presents one).
             _ if shared && self.peer_tls() => {
                 let clients = verifier(roots(&[("--peer-ca", &peer_ca)])?, false)?;
-                Some(server(peer_cert_pair.0, peer_cert_pair.1, Some(clients))?)
+                Some(server(
+                    peer_cert_pair.0,
+                    peer_cert_pair.1,
+                    Some(clients),
+                    Port::Client,
+                )?)
             }
             _ => None,
         };
         let peer_port = match (shared, &peer_verifier) {
-            (false, Some(v)) => Some(server(peer_cert_pair.0, peer_cert_pair.1, Some(v.clone()))?),
+            (false, Some(v)) => Some(server(
+                peer_cert_pair.0,
+                peer_cert_pair.1,
+                Some(v.clone()),
+                Port::Peer,
+            )?),
             _ => None,
         };
         let dial = match self.peer_tls() {

@@ -17,6 +17,8 @@
 //! - [`health`]: `grpc.health.v1`, serving while the node has a leader and has applied what
 //!   was committed; server reflection is wired in `server`.
 //! - [`peer`]: the internal `Raft` service peers call; kept apart from the client services.
+//! - [`http`]: the HTTP/JSON API, the outermost layer of the client port: a non-gRPC request
+//!   is transcoded into the gRPC call it names and sent down the same stack (docs/http.md).
 //! - [`convert`]: validation of requests, protobuf ⇄ domain conversions, and the one place where
 //!   [`crate::Error`] becomes a `tonic::Status`.
 
@@ -28,6 +30,7 @@ pub mod convert;
 pub mod first;
 pub mod forward;
 pub mod health;
+pub mod http;
 pub mod layer;
 pub mod limit;
 pub mod methods;
@@ -46,6 +49,7 @@ pub mod timers;
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     tonic::include_proto!("timerdb.v1");
+    include!(concat!(env!("OUT_DIR"), "/timerdb.v1.serde.rs"));
 }
 
 /// The encoded descriptors of every timerdb service, for server reflection.

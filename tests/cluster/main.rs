@@ -11,6 +11,8 @@ mod ctl;
 mod delivery;
 mod garbage;
 mod harness;
+mod http;
+mod http_refusals;
 mod inproc;
 mod modes;
 mod observe;

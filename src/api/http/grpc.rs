@@ -1,0 +1,271 @@
+//! The gRPC side of transcoding: a request message framed as a gRPC call through the server's
+//! own stack, its answer unframed, and a gRPC status turned into an HTTP status and a JSON error.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tonic::body::Body;
+use tonic::Code;
+
+use super::codec::Decode;
+use crate::api::layer::{self, Inner};
+
+/// The request headers that travel from the HTTP request into the gRPC call: the credential.
+/// (A client certificate travels in the request's extensions, as for gRPC.)
+const FORWARDED_HEADERS: &[&str] = &[crate::api::auth::AUTHORIZATION, "user-agent"];
+
+/// The gRPC request for method `rpc` with the encoded `message`, carrying the HTTP request's
+/// credential and connection.
+pub fn request(
+    rpc: &str,
+    message: Vec<u8>,
+    headers: &HeaderMap,
+    extensions: http::Extensions,
+) -> http::Request<Body> {
+    let mut framed = BytesMut::with_capacity(5 + message.len());
+    framed.put_u8(0);
+    framed.put_u32(message.len() as u32);
+    framed.put_slice(&message);
+    let mut req = http::Request::new(Body::new(http_body_util::Full::new(framed.freeze())));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = http::Uri::try_from(rpc).expect("route methods are valid paths");
+    *req.version_mut() = http::Version::HTTP_2;
+    *req.extensions_mut() = extensions;
+    let h = req.headers_mut();
+    h.insert("content-type", HeaderValue::from_static("application/grpc"));
+    h.insert("te", HeaderValue::from_static("trailers"));
+    for name in FORWARDED_HEADERS {
+        if let Some(v) = headers.get(*name) {
+            h.insert(*name, v.clone());
+        }
+    }
+    req
+}
+
+/// Runs a unary call through `inner` and answers it as JSON.
+pub async fn unary<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode) -> Reply {
+    let (parts, body) = layer::call(inner, req).await.into_parts();
+    if let Some(status) = failed(&parts.headers) {
+        return Reply::Status(status);
+    }
+    let collected = match body.collect().await {
+        Ok(c) => c,
+        Err(status) => return Reply::Status(status),
+    };
+    if let Some(status) = collected.trailers().and_then(failed) {
+        return Reply::Status(status);
+    }
+    let mut deframer = Deframer::default();
+    deframer.push(&collected.to_bytes());
+    match deframer.next() {
+        Ok(Some(message)) => match decode(&message) {
+            Ok(mut v) => {
+                super::schema::decorate(&mut v);
+                Reply::Json(StatusCode::OK, v)
+            }
+            Err(e) => Reply::Status(tonic::Status::internal(e)),
+        },
+        Ok(None) => Reply::Status(tonic::Status::internal("the call ended without an answer")),
+        Err(e) => Reply::Status(tonic::Status::internal(e)),
+    }
+}
+
+/// Runs a server-streaming call through `inner` and answers NDJSON: one JSON object per
+/// message, and an `{"error": …}` line if the stream ends with a failure.
+pub async fn lines<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode) -> Reply {
+    let (parts, body) = layer::call(inner, req).await.into_parts();
+    if let Some(status) = failed(&parts.headers) {
+        return Reply::Status(status);
+    }
+    let state = (body, Deframer::default(), false);
+    let stream = futures::stream::unfold(state, move |(mut body, mut deframer, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            match deframer.next() {
+                Ok(Some(message)) => {
+                    let line = match decode(&message) {
+                        Ok(mut v) => {
+                            super::schema::decorate(&mut v);
+                            v
+                        }
+                        Err(e) => error_json(&tonic::Status::internal(e)),
+                    };
+                    return Some((ndjson(&line), (body, deframer, false)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let line = error_json(&tonic::Status::internal(e));
+                    return Some((ndjson(&line), (body, deframer, true)));
+                }
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => deframer.push(&data),
+                    Err(frame) => {
+                        let status = frame.trailers_ref().and_then(failed);
+                        let line = status.map(|s| ndjson(&error_json(&s)));
+                        return line.map(|l| (l, (body, deframer, true)));
+                    }
+                },
+                Some(Err(status)) => {
+                    return Some((ndjson(&error_json(&status)), (body, deframer, true)));
+                }
+                None => return None,
+            }
+        }
+    });
+    let frames = stream.map(|b| Ok::<_, tonic::Status>(hyper::body::Frame::data(b)));
+    let body = Body::new(http_body_util::StreamBody::new(frames));
+    let mut resp = http::Response::new(body);
+    resp.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Reply::Raw(resp)
+}
+
+fn ndjson(v: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A failed status in `headers` (trailers-only answers) or trailers; OK is not a failure.
+fn failed(headers: &HeaderMap) -> Option<tonic::Status> {
+    tonic::Status::from_header_map(headers).filter(|s| s.code() != Code::Ok)
+}
+
+/// Splits a gRPC body into its messages.
+#[derive(Default)]
+struct Deframer {
+    buf: BytesMut,
+}
+
+impl Deframer {
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole message, if one is buffered.
+    fn next(&mut self) -> Result<Option<Bytes>, String> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        if self.buf[0] != 0 {
+            return Err("the answer was compressed, which was not asked for".into());
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+        let len = len as usize;
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        self.buf.advance(5);
+        Ok(Some(self.buf.split_to(len).freeze()))
+    }
+}
+
+/// What the HTTP layer answers.
+pub enum Reply {
+    Json(StatusCode, Value),
+    Status(tonic::Status),
+    /// The transcoder's own refusal.
+    Refuse(StatusCode, String),
+    Raw(http::Response<Body>),
+}
+
+impl Reply {
+    pub fn into_response(self) -> http::Response<Body> {
+        match self {
+            Reply::Json(code, v) => json_response(code, &v),
+            Reply::Status(status) => {
+                json_response(http_status(status.code()), &error_json(&status))
+            }
+            Reply::Refuse(code, message) => {
+                let status = json!({"error": {
+                    "code": code.as_u16(),
+                    "status": grpc_name(grpc_of(code)),
+                    "message": message,
+                }});
+                json_response(code, &status)
+            }
+            Reply::Raw(r) => r,
+        }
+    }
+}
+
+pub fn json_response(code: StatusCode, v: &Value) -> http::Response<Body> {
+    let mut bytes = serde_json::to_vec_pretty(v).unwrap_or_default();
+    bytes.push(b'\n');
+    let mut resp = http::Response::new(Body::new(http_body_util::Full::new(Bytes::from(bytes))));
+    *resp.status_mut() = code;
+    resp.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// The JSON error of a gRPC status (the shape of Google APIs' errors).
+pub fn error_json(status: &tonic::Status) -> Value {
+    json!({"error": {
+        "code": http_status(status.code()).as_u16(),
+        "status": grpc_name(status.code()),
+        "message": status.message(),
+    }})
+}
+
+/// The HTTP status of a gRPC code, as Google APIs map them.
+pub fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        // 499 Client Closed Request: no constant in `http`.
+        Code::Cancelled => StatusCode::from_u16(499).expect("499 is a valid status"),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The gRPC code a transcoder refusal stands for.
+fn grpc_of(code: StatusCode) -> Code {
+    match code {
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => Code::Unimplemented,
+        StatusCode::PAYLOAD_TOO_LARGE => Code::ResourceExhausted,
+        _ => Code::InvalidArgument,
+    }
+}
+
+/// `NOT_FOUND`, as in the gRPC specification.
+pub fn grpc_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
