@@ -13,6 +13,7 @@ mod garbage;
 mod harness;
 mod http;
 mod http_refusals;
+mod http_tls;
 mod inproc;
 mod modes;
 mod observe;
