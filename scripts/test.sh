@@ -18,7 +18,9 @@ cargo test --all-targets -- --test-threads=2 --skip rejoin:: "$@"
 echo "== cargo test: the million-timer wipe-and-rejoin, alone (it needs the machine's 2 cores)"
 cargo test --test cluster rejoin:: -- --test-threads=1 "$@"
 echo "== the README's curl examples, as written, against a real cluster"
-bash scripts/readme.sh >/dev/null
+readme_log=$(mktemp)
+bash scripts/readme.sh >"$readme_log" 2>&1 || { cat "$readme_log"; exit 1; }
+tail -1 "$readme_log"; rm -f "$readme_log"
 echo "== fuzzing (a short run over the committed corpus: scripts/fuzz.sh for longer)"
 bash scripts/fuzz.sh --seconds 40
 echo "== chaos (short profile)"
