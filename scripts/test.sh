@@ -9,12 +9,12 @@ bash scripts/deps.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 echo "== building release timerd (the million-timer snapshot test runs it) and timerdb-fuzz"
 cargo build --release --bin timerd --bin timerdb-fuzz
 export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"
 echo "== cargo test"
-cargo test --all-targets -- --test-threads=2 --skip rejoin:: "$@"
+cargo test --workspace --all-targets -- --test-threads=2 --skip rejoin:: "$@"
 echo "== cargo test: the million-timer wipe-and-rejoin, alone (it needs the machine's 2 cores)"
 cargo test --test cluster rejoin:: -- --test-threads=1 "$@"
 echo "== the README's curl examples, as written, against a real cluster"

@@ -45,16 +45,12 @@ pub mod revocable;
 pub mod subscribe;
 pub mod timers;
 
-/// Generated protobuf and gRPC code for `timerdb.v1`.
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("timerdb.v1");
-    include!(concat!(env!("OUT_DIR"), "/timerdb.v1.serde.rs"));
-}
+/// Generated protobuf and gRPC code for `timerdb.v1` (generated once, in the client crate,
+/// so server, tools and client library share the types).
+pub use timerdb_client::pb;
 
 /// The encoded descriptors of every timerdb service, for server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/timerdb_descriptor.bin"));
+pub use timerdb_client::FILE_DESCRIPTOR_SET;
 
 /// Largest client message: a ScheduleBatch of `max_batch` timers with payloads.
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -5,6 +5,7 @@
 mod auth;
 mod backup;
 mod certs;
+mod client;
 mod consume;
 mod consumer;
 mod ctl;

@@ -1,0 +1,44 @@
+//! The Rust client of timerdb.
+//!
+//! - [`pb`]: the generated `timerdb.v1` messages and gRPC stubs (the server uses the same).
+//! - [`Connector`] ([`connect`]): how to reach a node — plain or TLS (a CA, a client
+//!   certificate), an API key sent as `authorization: Bearer` — making [`Conn`]s, a channel with
+//!   its credential, for code that talks to one node on purpose.
+//! - [`Client`] ([`client`]): the client an application wants. It is given any nodes of the
+//!   cluster, learns which one leads and sends calls there (a follower would forward them: one
+//!   hop saved), and retries idempotent calls on UNAVAILABLE and the other "did it happen?"
+//!   failures with exponential backoff and jitter, moving to another node, within a deadline.
+//!   Calls that are not idempotent (a relative Reschedule, Nack) are sent once: their failure
+//!   is returned as it is, an unknown outcome the caller must judge.
+//! - [`Subscription`] ([`consumer`]): a consumer of a namespace's fired timers that
+//!   resubscribes by itself (through another node when one fails) and acks in batches
+//!   (`AckBatch`, retried: acks are idempotent), with a way to wait until every ack is applied.
+//!
+//! Retrying is safe because timerdb makes it so: Schedule and ScheduleBatch are idempotent on
+//! (namespace, id) for the same request (`created = false` on the retry), Cancel answers a
+//! cancelled timer as cancelled, acks of an acked timer succeed again.
+
+pub mod client;
+pub mod connect;
+pub mod consumer;
+pub mod retry;
+
+pub use client::Client;
+pub use connect::{Conn, Connector};
+pub use consumer::{AckOutcome, Subscription, SubscriptionOptions};
+pub use retry::Retry;
+
+/// Generated protobuf and gRPC code for `timerdb.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("timerdb.v1");
+    include!(concat!(env!("OUT_DIR"), "/timerdb.v1.serde.rs"));
+}
+
+/// The encoded descriptors of every `timerdb.v1` service (server reflection, schemas).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/timerdb_descriptor.bin"));
+
+/// What a call of this library fails with: the server's status (for a connection that failed,
+/// UNAVAILABLE with the cause as its source).
+pub type Result<T> = std::result::Result<T, tonic::Status>;
