@@ -152,7 +152,10 @@ impl Connector {
                 why = format!("{why}: {s}");
                 source = s.source();
             }
-            Status::unavailable(format!("cannot reach {}: {why}", self.uri(addr)))
+            Status::unavailable(format!(
+                "cannot reach a timerdb node at {}: {why}",
+                self.uri(addr)
+            ))
         })?;
         Ok(InterceptedService::new(channel, self.bearer.clone()))
     }

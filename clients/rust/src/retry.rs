@@ -5,7 +5,8 @@
 //! away, a connection that failed), DEADLINE_EXCEEDED, CANCELLED and UNKNOWN (a connection cut
 //! mid-call). Every other status is an answer and is returned at once.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use tonic::Code;
 
@@ -52,6 +53,31 @@ impl Retry {
         let cap = exp.min(self.max_backoff);
         let ms = cap.as_millis() as u64;
         Duration::from_millis(rand::random_range(ms / 2..=ms.max(1)))
+    }
+}
+
+/// Runs an idempotent `call` (on a connection the caller holds) until it succeeds, fails with
+/// an answer, or `retry` gives up; also says how many times it was sent again. [`crate::Client`]
+/// does the same and also moves to another node.
+pub async fn retrying<T, F, Fut>(retry: &Retry, mut call: F) -> (crate::Result<T>, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<T>>,
+{
+    let started = Instant::now();
+    let mut retries = 0;
+    loop {
+        match call().await {
+            Err(s) if transient(s.code()) => {
+                let pause = retry.backoff(retries + 1);
+                if retries + 1 >= retry.attempts || started.elapsed() + pause > retry.within {
+                    return (Err(s), retries);
+                }
+                retries += 1;
+                tokio::time::sleep(pause).await;
+            }
+            other => return (other, retries),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
+use timerdb_client::retry::{retrying, Retry};
 use tokio::sync::Semaphore;
 
 use crate::consume::{wait_acked, Consumers, Log};
@@ -89,25 +90,20 @@ pub(crate) async fn produce(
             .map(|i| schedule_req(ns, format!("f{i}"), due(i), opts.payload_bytes))
             .collect();
         let first_due = due(sent);
-        let mut client = conns[(sent / PRODUCER_BATCH) as usize % conns.len()].clone();
+        let client = conns[(sent / PRODUCER_BATCH) as usize % conns.len()].clone();
         let late = late.clone();
         tasks.push(tokio::spawn(async move {
             let n = timers.len() as u64;
             // A stalled leader answers UNAVAILABLE for a moment (a slow fsync on the shared
             // disk); the batch is idempotent, so send it again, as the loaders do.
-            let mut tries = 0;
-            let r = loop {
+            let (r, _) = retrying(&Retry::default(), || {
+                let mut c = client.clone();
                 let req = pb::ScheduleBatchRequest {
                     timers: timers.clone(),
                 };
-                match client.schedule_batch(req).await {
-                    Err(s) if s.code() == tonic::Code::Unavailable && tries < 20 => {
-                        tries += 1;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    r => break r,
-                }
-            };
+                async move { c.schedule_batch(req).await }
+            })
+            .await;
             if now_ms() > first_due {
                 late.fetch_add(n, Ordering::Relaxed);
             }

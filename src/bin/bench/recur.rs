@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use timerdb::api::pb;
+use timerdb_client::retry::{retrying, Retry};
 
 use crate::consume::Consumers;
 use crate::pending::{caught_up, footprint, MIB, REST};
@@ -139,7 +140,7 @@ async fn create(
     let bar = crate::progress::counted("recur: create series", count);
     let mut tasks = Vec::new();
     for c in 0..CREATE_IN_FLIGHT {
-        let mut client = conns[c as usize % conns.len()].clone();
+        let client = conns[c as usize % conns.len()].clone();
         let (next, done, ns) = (next.clone(), done.clone(), ns.to_string());
         tasks.push(tokio::spawn(async move {
             loop {
@@ -158,17 +159,13 @@ async fn create(
                     }),
                     ..Default::default()
                 };
-                let mut tries = 0;
-                loop {
-                    match client.schedule(req.clone()).await {
-                        Ok(_) => break,
-                        Err(s) if s.code() == tonic::Code::Unavailable && tries < 300 => {
-                            tries += 1;
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                        Err(s) => return Err(s),
-                    }
-                }
+                retrying(&Retry::default(), || {
+                    let mut c = client.clone();
+                    let req = req.clone();
+                    async move { c.schedule(req).await }
+                })
+                .await
+                .0?;
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
-use tonic::transport::{Channel, Endpoint};
+use timerdb_client::Connector;
+use tonic::transport::Channel;
 
 use crate::cluster::{ProcCluster, NODES};
 use crate::secure::Secure;
@@ -80,11 +81,11 @@ impl Target {
     pub fn channel(&self, id: u64) -> anyhow::Result<Channel> {
         let addr = &self.addrs[&id];
         match &self.secure {
-            Some(s) => Ok(s
-                .endpoint(addr)?
-                .connect_timeout(Duration::from_millis(500))
-                .tcp_nodelay(true)
-                .connect_lazy()),
+            Some(s) => {
+                let connector = s.connector(false)?;
+                let connector = connector.connect_timeout(Duration::from_millis(500));
+                Ok(connector.endpoint(addr)?.connect_lazy())
+            }
             None => channel(addr),
         }
     }
@@ -141,10 +142,8 @@ impl Target {
 }
 
 fn channel(addr: &str) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .connect_lazy())
+    let connector = Connector::new().connect_timeout(Duration::from_millis(500));
+    Ok(connector.endpoint(addr)?.connect_lazy())
 }
 
 async fn status(channel: &Channel) -> Option<pb::StatusResponse> {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use timerdb::api::pb;
+use timerdb_client::retry::{retrying, Retry};
 
 use crate::report::Recorder;
 use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Target};
@@ -174,7 +175,7 @@ pub async fn load(
     let bar = crate::progress::counted(label, count);
     let mut tasks = Vec::new();
     for c in 0..opts.batch_in_flight {
-        let mut client = conns[c % conns.len()].clone();
+        let client = conns[c % conns.len()].clone();
         let (next, done, due, ns) = (next.clone(), done.clone(), due.clone(), ns.to_string());
         let retries = retries.clone();
         let (batch, payload) = (opts.load_batch as u64, opts.payload_bytes);
@@ -191,18 +192,14 @@ pub async fn load(
                 let req = pb::ScheduleBatchRequest { timers };
                 // As a client should: UNAVAILABLE (a leader change, a leader that heard from no
                 // quorum for a second) means "retry", and the same batch is safe to send again.
-                let mut waited = Duration::ZERO;
-                loop {
-                    match client.schedule_batch(req.clone()).await {
-                        Ok(_) => break,
-                        Err(s) if s.code() == tonic::Code::Unavailable && waited < RETRY_FOR => {
-                            retries.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(RETRY_PAUSE).await;
-                            waited += RETRY_PAUSE;
-                        }
-                        Err(s) => return Err(s),
-                    }
-                }
+                let (r, n_retries) = retrying(&RETRY, || {
+                    let mut c = client.clone();
+                    let req = req.clone();
+                    async move { c.schedule_batch(req).await }
+                })
+                .await;
+                retries.fetch_add(n_retries as u64, Ordering::Relaxed);
+                r?;
                 done.fetch_add(n, Ordering::Relaxed);
             }
         }));
@@ -229,6 +226,11 @@ pub async fn load(
     Ok(started.elapsed().as_secs_f64())
 }
 
-/// How long a loader keeps resending a batch answered UNAVAILABLE, and how often.
-const RETRY_FOR: Duration = Duration::from_secs(30);
-const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// How long a loader keeps resending a batch answered UNAVAILABLE: the client library's
+/// policy, for 30 s.
+const RETRY: Retry = Retry {
+    attempts: 1_000,
+    base: Duration::from_millis(50),
+    max_backoff: Duration::from_millis(200),
+    within: Duration::from_secs(30),
+};

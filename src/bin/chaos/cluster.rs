@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::proxy::{Link, Mode};
 use crate::secure::{Conn, Credential, Secure};
@@ -248,14 +248,12 @@ impl ProcCluster {
     /// A channel to node `id` with no token: the harness's certificate user when secure.
     pub async fn channel(&self, id: u64) -> anyhow::Result<Channel> {
         let addr = &self.nodes[&id].addr;
-        let endpoint = match &self.secure {
-            Some(s) => s.endpoint(addr)?,
-            None => Endpoint::from_shared(format!("http://{addr}"))?,
+        let connector = match &self.secure {
+            Some(s) => s.connector(false)?,
+            None => timerdb_client::Connector::new(),
         };
-        Ok(endpoint
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true)
-            .connect_lazy())
+        let connector = connector.connect_timeout(Duration::from_millis(500));
+        Ok(connector.endpoint(addr)?.connect_lazy())
     }
 
     /// A Timers client for the workers and consumers, with their credential.

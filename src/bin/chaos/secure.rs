@@ -20,11 +20,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use timerdb::api::pb::{self, access_client::AccessClient, cluster_client::ClusterClient};
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use tonic::{Code, Request, Status};
+use timerdb_client::Connector;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
 
 /// The name in the harness's client certificate (`scripts/certs.sh DIR --client chaos-client`).
 pub const CLIENT_NAME: &str = "chaos-client";
@@ -91,45 +89,32 @@ impl Secure {
         std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
     }
 
-    /// The client TLS settings: the cluster CA, and the harness's certificate unless
-    /// `anonymous`.
-    fn tls(&self, anonymous: bool) -> anyhow::Result<ClientTlsConfig> {
-        let tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.read("ca.crt")?));
+    /// How to reach the nodes: the cluster CA, and the harness's certificate unless
+    /// `anonymous` (the client library's connector).
+    pub fn connector(&self, anonymous: bool) -> anyhow::Result<Connector> {
+        let ca = self.read("ca.crt")?;
         if anonymous {
-            return Ok(tls);
+            return Ok(Connector::new().tls(Some(&ca), None));
         }
-        let identity = Identity::from_pem(self.read("client.crt")?, self.read("client.key")?);
-        Ok(tls.identity(identity))
+        let (cert, key) = (self.read("client.crt")?, self.read("client.key")?);
+        Ok(Connector::new().tls(Some(&ca), Some((&cert, &key))))
     }
 
-    /// A lazy TLS channel to `addr` with the harness's certificate.
+    /// A TLS endpoint of `addr` with the harness's certificate.
     pub fn endpoint(&self, addr: &str) -> anyhow::Result<Endpoint> {
-        Ok(Endpoint::from_shared(format!("https://{addr}"))?.tls_config(self.tls(false)?)?)
+        Ok(self.connector(false)?.endpoint(addr)?)
     }
 }
 
-/// A client connection with its credential.
-pub type Conn = InterceptedService<Channel, Credential>;
+/// A client connection with its credential (the client library's).
+pub use timerdb_client::Conn;
 
 /// The bearer token a client's calls carry (none: the caller is its certificate, or anyone
 /// while auth is off).
-#[derive(Clone, Default)]
-pub struct Credential(Option<MetadataValue<Ascii>>);
+pub type Credential = timerdb_client::connect::Bearer;
 
-impl Credential {
-    pub fn bearer(token: &str) -> anyhow::Result<Credential> {
-        Ok(Credential(Some(format!("Bearer {token}").parse()?)))
-    }
-}
-
-impl Interceptor for Credential {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
+fn bearer(token: &str) -> anyhow::Result<Credential> {
+    Credential::new(Some(token)).map_err(anyhow::Error::msg)
 }
 
 /// Creates the admin certificate user and the workers' key, turns auth on through `admin`
@@ -159,7 +144,7 @@ pub async fn enable_auth(admin: Channel) -> anyhow::Result<Credential> {
         .set_auth(pb::SetAuthRequest { enabled: true })
         .await
         .context("turning auth on")?;
-    Credential::bearer(&worker.token)
+    bearer(&worker.token)
 }
 
 /// Checks on node `addr` that auth and TLS are really on: every way in without the right
@@ -174,21 +159,19 @@ pub async fn verify(secure: &Secure, addr: &str, worker: &Credential) -> anyhow:
     };
 
     // Plain text: the TLS listener does not speak it.
-    let plain = quick(Endpoint::from_shared(format!("http://{addr}"))?).connect_lazy();
+    let plain = quick(Connector::new().endpoint(addr)?).connect_lazy();
     if status(ClusterClient::new(plain)).await.is_ok() {
         bail!("{addr} answered a plain-text call");
     }
     // TLS without a client certificate: the handshake (or the first call) fails.
-    let anonymous = quick(Endpoint::from_shared(format!("https://{addr}"))?)
-        .tls_config(secure.tls(true)?)?
-        .connect_lazy();
+    let anonymous = quick(secure.connector(true)?.endpoint(addr)?).connect_lazy();
     if status(ClusterClient::new(anonymous)).await.is_ok() {
         bail!("{addr} answered a client without a certificate although --client-ca is set");
     }
     let admin = quick(secure.endpoint(addr)?).connect_lazy();
     wait_auth_on(&admin, addr).await?;
     // A token that is no key: refused although the certificate is good.
-    let wrong = Credential::bearer("tdbk_0000000000000000_nosuchsecret")?;
+    let wrong = bearer("tdbk_0000000000000000_nosuchsecret")?;
     let got = ClusterClient::with_interceptor(admin.clone(), wrong)
         .status(pb::StatusRequest {})
         .await;

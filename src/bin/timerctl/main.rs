@@ -20,7 +20,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
 #[command(name = "timerctl", version, about = "Command-line client for timerdb")]
@@ -240,80 +239,31 @@ impl State {
     }
 }
 
-fn endpoint_uri(e: &str) -> String {
-    if e.starts_with("http://") || e.starts_with("https://") {
-        e.to_string()
-    } else {
-        format!("http://{e}")
-    }
-}
-
 /// A connection to a node that sends the `--token` credential with every call.
-pub(crate) type Ch = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+pub(crate) type Ch = timerdb_client::Conn;
 
-/// Adds `authorization: Bearer <token>` to each request (nothing without a token).
-#[derive(Clone)]
-pub(crate) struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+/// How to reach the cluster (`--ca`, `--cert`, `--key`, `--token`), set once in `main`.
+static CONNECTOR: std::sync::OnceLock<timerdb_client::Connector> = std::sync::OnceLock::new();
 
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
+/// The connector `--ca`, `--cert`, `--key` and `--token` make (plain text without TLS flags).
+fn connector(cli: &Cli) -> anyhow::Result<timerdb_client::Connector> {
+    let mut c = timerdb_client::Connector::new();
+    if cli.ca.is_some() || cli.cert.is_some() || cli.endpoint.starts_with("https://") {
+        let pair = cli.cert.as_deref().zip(cli.key.as_deref());
+        c = c
+            .tls_files(cli.ca.as_deref(), pair)
+            .map_err(anyhow::Error::msg)?;
     }
-}
-
-static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-static TLS: std::sync::OnceLock<Option<tonic::transport::ClientTlsConfig>> =
-    std::sync::OnceLock::new();
-
-/// The TLS settings `--ca`, `--cert` and `--key` make (none: plain text).
-fn client_tls(cli: &Cli) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    if cli.ca.is_none() && cli.cert.is_none() && !cli.endpoint.starts_with("https://") {
-        return Ok(None);
-    }
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))
-    };
-    let mut tls = ClientTlsConfig::new().with_webpki_roots();
-    if let Some(ca) = &cli.ca {
-        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
-    }
-    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
-        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-    }
-    Ok(Some(tls))
+    c.token(cli.token.as_deref()).map_err(anyhow::Error::msg)
 }
 
 pub(crate) async fn channel(endpoint: &str) -> anyhow::Result<Ch> {
-    let tls = TLS.get().cloned().flatten();
-    let mut uri = endpoint_uri(endpoint);
-    if tls.is_some() && uri.starts_with("http://") {
-        uri = uri.replacen("http://", "https://", 1);
-    }
-    let mut ep = tonic::transport::Endpoint::from_shared(uri.clone())?
-        .connect_timeout(Duration::from_secs(3));
-    if let Some(tls) = tls {
-        ep = ep.tls_config(tls)?;
-    }
-    let ch = ep
-        .connect()
+    let connector = CONNECTOR.get().cloned().unwrap_or_default();
+    connector
+        .connect_timeout(Duration::from_secs(3))
+        .connect(endpoint)
         .await
-        .map_err(|e| output::unreachable(&uri, &e))?;
-    let bearer = match TOKEN.get().cloned().flatten() {
-        Some(t) => Some(
-            format!("Bearer {t}")
-                .parse()
-                .context("the token holds characters a header cannot carry")?,
-        ),
-        None => None,
-    };
-    Ok(tonic::service::interceptor::InterceptedService::new(
-        ch,
-        Bearer(bearer),
-    ))
+        .map_err(|s| output::unreachable(s.message()))
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -337,10 +287,9 @@ pub(crate) use output::status_err;
 async fn main() {
     let cli = Cli::parse();
     output::set(cli.output);
-    let _ = TOKEN.set(cli.token.clone());
-    match client_tls(&cli) {
-        Ok(tls) => {
-            let _ = TLS.set(tls);
+    match connector(&cli) {
+        Ok(c) => {
+            let _ = CONNECTOR.set(c);
         }
         Err(e) => {
             output::error(&e);

@@ -115,11 +115,10 @@ pub fn causes(e: &dyn std::error::Error) -> String {
 }
 
 /// The endpoint could not be reached at all.
-pub fn unreachable(uri: &str, why: &dyn std::error::Error) -> anyhow::Error {
-    let why = causes(why);
+pub fn unreachable(why: &str) -> anyhow::Error {
     CallError {
         code: "Unreachable".into(),
-        message: format!("cannot reach a timerdb node at {uri}: {why}"),
+        message: why.to_string(),
         hint: Some(UNREACHABLE),
     }
     .into()
