@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs the README's marked command blocks as written against a real local 3-node cluster (debug
-# timerd processes, their own ports and data dir), so the examples cannot rot. A block is marked
-# by a line `<!-- scripts/readme.sh ... -->` just before its ```sh fence. Each command runs in
-# bash with curl made strict (`--fail-with-body`: an HTTP error fails it); the README's ports
-# 7101-7103 are moved to this run's. A command with `--max-time` may end by its time limit
-# (a stream). Exits non-zero at the first command that fails.
+# Runs the README's marked examples as written against a real local 3-node cluster (debug
+# timerd processes, their own ports and data dir), so the examples cannot rot:
+# - a ```sh block after a line `<!-- scripts/readme.sh runs ... -->`: each command runs in bash
+#   with curl made strict (`--fail-with-body`: an HTTP error fails it); the README's ports
+#   7101-7103 are moved to this run's; a command with `--max-time` may end by its time limit;
+# - a block after `<!-- scripts/readme.sh: FILE -->` must be FILE's text, and FILE runs: a .py
+#   with the Python client's virtualenv (clients/python/test.sh makes it), a .rs as the cargo
+#   example it is; both take the nodes from TIMERDB_ADDRS.
+# Exits non-zero at the first example that fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -20,7 +23,7 @@ TIMERDB_BIN=$BIN scripts/cluster.sh start --dir "$DIR" --base-port "$BASE" >/dev
 
 # The marked blocks' commands, one per line (continuation lines joined).
 commands=$(awk '
-  /<!-- scripts\/readme.sh/ { marked = 1; next }
+  /<!-- scripts\/readme.sh runs/ { marked = 1; next }
   marked && /^```sh/ { inside = 1; next }
   inside && /^```/ { inside = 0; marked = 0; next }
   inside {
@@ -51,4 +54,29 @@ while IFS= read -r cmd; do
     exit 1
   fi
 done <<< "$commands"
-echo "readme.sh: $n README commands ran as written"
+
+# Code examples: the README shows the file, the file runs.
+export TIMERDB_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+files=$(sed -n 's/^<!-- scripts\/readme.sh: \(.*\) -->$/\1/p' README.md)
+for file in $files; do
+  shown=$(awk -v f="<!-- scripts/readme.sh: $file -->" '
+    $0 == f { marked = 1; next }
+    marked && /^```/ && !inside { inside = 1; next }
+    inside && /^```$/ { exit }
+    inside { print }' README.md)
+  if [[ "$shown" != "$(cat "$file")" ]]; then
+    echo "readme.sh: the README's block for $file is not the file's text" >&2
+    exit 1
+  fi
+  echo "\$ (the README's $file)"
+  case "$file" in
+    *.py) "${TIMERDB_PYVENV:-$HOME/.cache/timerdb-pyvenv}/bin/python" "$file" ;;
+    *.rs)
+      name=$(basename "$file" .rs)
+      cargo build -q -p timerdb-client --example "$name"
+      "$TARGET/debug/examples/$name" ;;
+    *) echo "readme.sh: no way to run $file" >&2; exit 1 ;;
+  esac
+  n=$((n + 1))
+done
+echo "readme.sh: $n README examples ran as written"

@@ -17,7 +17,9 @@ echo "== cargo test"
 cargo test --workspace --all-targets -- --test-threads=2 --skip rejoin:: "$@"
 echo "== cargo test: the million-timer wipe-and-rejoin, alone (it needs the machine's 2 cores)"
 cargo test --test cluster rejoin:: -- --test-threads=1 "$@"
-echo "== the README's curl examples, as written, against a real cluster"
+echo "== the Python client's tests against a real cluster (clients/python/test.sh)"
+bash clients/python/test.sh
+echo "== the README's examples (curl, Python, Rust), as written, against a real cluster"
 readme_log=$(mktemp)
 bash scripts/readme.sh >"$readme_log" 2>&1 || { cat "$readme_log"; exit 1; }
 tail -1 "$readme_log"; rm -f "$readme_log"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The Python client's tests against a real 3-node cluster of this checkout's debug timerd
+# (scripts/test.sh runs it). Makes a virtualenv (~/.cache/timerdb-pyvenv) with grpcio,
+# protobuf and grpcio-tools on first use, checks the committed stubs are current, installs the
+# package, starts the cluster on its own ports and data dir, runs the tests, stops it.
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(cd ../.. && pwd)
+VENV=${TIMERDB_PYVENV:-$HOME/.cache/timerdb-pyvenv}
+if [[ ! -x "$VENV/bin/python" ]]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install -q -e ".[dev]"
+
+# The committed stubs must be what the proto generates.
+fresh=$(mktemp -d)
+"$VENV/bin/python" -m grpc_tools.protoc -I ../../proto --python_out="$fresh" \
+  --grpc_python_out="$fresh" --pyi_out="$fresh" ../../proto/timerdb/v1/timerdb.proto
+for f in timerdb_pb2.py timerdb_pb2_grpc.py timerdb_pb2.pyi; do
+  if ! cmp -s "$fresh/timerdb/v1/$f" "timerdb/v1/$f"; then
+    echo "clients/python/timerdb/v1/$f is stale: run clients/python/generate.sh" >&2
+    exit 1
+  fi
+done
+rm -rf "$fresh"
+
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${TIMERDB_BIN:-$TARGET/debug}
+BASE=${TIMERDB_PY_PORT:-17201}
+DIR=$(mktemp -d /tmp/timerdb-py.XXXXXX)
+CLUSTER="$ROOT/scripts/cluster.sh"
+stop() {
+  TIMERDB_BIN=$BIN "$CLUSTER" stop --dir "$DIR" >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+}
+trap stop EXIT
+TIMERDB_BIN=$BIN "$CLUSTER" start --dir "$DIR" --base-port "$BASE" >/dev/null
+export TIMERDB_TEST_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+export TIMERDB_BIN=$BIN
+export TIMERDB_TEST_CLUSTER="$CLUSTER --dir $DIR --base-port $BASE"
+"$VENV/bin/python" -m unittest discover -s tests -v

@@ -1,0 +1,324 @@
+"""The timerdb client: any node, the leader followed, idempotent calls retried.
+
+The same rules as the Rust client (clients/rust): the client is given some nodes of a cluster,
+learns from their Cluster.Status each one's id and which one leads, and sends calls to the
+leader (a follower would forward them; one hop saved). A call that fails with a status that
+leaves its outcome open or says "not now" (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, UNKNOWN)
+is sent again, to the next node, after an exponential backoff with jitter, if the call is
+idempotent: Schedule creating a timer, ScheduleBatch, an unconditional Cancel, Ack, Get, List
+and the namespace calls. Other calls (a relative Reschedule, Nack, conditional calls) are sent
+once and their failure raised as it is: an unknown outcome the caller must judge.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence, TypeVar
+
+import grpc
+
+from timerdb.v1 import timerdb_pb2 as pb
+from timerdb.v1 import timerdb_pb2_grpc as rpc
+
+T = TypeVar("T")
+
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Exponential backoff with jitter, bounded by attempts and by a deadline per call."""
+
+    attempts: int = 12
+    base: float = 0.05
+    max_backoff: float = 2.0
+    within: float = 30.0
+
+    def backoff(self, n: int) -> float:
+        """The pause before retry n (1-based): random in [cap/2, cap]."""
+        cap = min(self.base * (2 ** min(n - 1, 16)), self.max_backoff)
+        return random.uniform(cap / 2, cap)
+
+
+NEVER = Retry(attempts=1)
+
+
+class TimerdbError(Exception):
+    """A call failed: `code` is the gRPC status code, `details` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """True when the call may or may not have been applied."""
+        return self.code in TRANSIENT
+
+
+@dataclass
+class _Node:
+    addr: str
+    channel: grpc.Channel
+    timers: rpc.TimersStub
+    namespaces: rpc.NamespacesStub
+    cluster: rpc.ClusterStub
+    node_id: Optional[int] = None
+
+
+class Client:
+    """A client of one timerdb cluster (thread-safe).
+
+    `addrs` are client ports (`HOST:PORT`). With `root_certificates` (PEM bytes) the
+    connections use TLS, presenting `certificate_chain` and `private_key` if given (mTLS).
+    `token` is an API key sent as `authorization: Bearer` once auth is on.
+    """
+
+    def __init__(
+        self,
+        addrs: Sequence[str],
+        *,
+        token: Optional[str] = None,
+        root_certificates: Optional[bytes] = None,
+        certificate_chain: Optional[bytes] = None,
+        private_key: Optional[bytes] = None,
+        retry: Retry = Retry(),
+        timeout: float = 10.0,
+    ):
+        if not addrs:
+            raise ValueError("no node address given")
+        self._retry = retry
+        self._timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._lock = threading.Lock()
+        self._leader: Optional[int] = None
+        self._next = 0
+        self._nodes = []
+        for addr in addrs:
+            if root_certificates is not None or certificate_chain is not None:
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates, private_key, certificate_chain
+                )
+                ch = grpc.secure_channel(addr, creds)
+            else:
+                ch = grpc.insecure_channel(addr)
+            self._nodes.append(
+                _Node(addr, ch, rpc.TimersStub(ch), rpc.NamespacesStub(ch), rpc.ClusterStub(ch))
+            )
+        if not self.refresh():
+            raise TimerdbError(
+                grpc.StatusCode.UNAVAILABLE, "no node answered: " + ", ".join(addrs)
+            )
+
+    def close(self) -> None:
+        for n in self._nodes:
+            n.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- leader following ---------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Asks every node its Status; learns ids and the leader. True if any answered."""
+        leader_id = None
+        answered = False
+        for n in self._nodes:
+            try:
+                s = n.cluster.Status(pb.StatusRequest(), timeout=1.0, metadata=self._metadata)
+            except grpc.RpcError:
+                continue
+            answered = True
+            n.node_id = s.node_id
+            if s.role == "leader":
+                leader_id = s.node_id
+            elif s.leader_id and leader_id is None:
+                leader_id = s.leader_id
+        with self._lock:
+            self._leader = next(
+                (i for i, n in enumerate(self._nodes) if leader_id and n.node_id == leader_id),
+                None,
+            )
+        return answered
+
+    @property
+    def leader_id(self) -> Optional[int]:
+        with self._lock:
+            return None if self._leader is None else self._nodes[self._leader].node_id
+
+    def _pick(self) -> int:
+        with self._lock:
+            return self._leader if self._leader is not None else self._next % len(self._nodes)
+
+    def _passed_over(self, i: int) -> None:
+        with self._lock:
+            if self._leader == i:
+                self._leader = None
+            self._next = i + 1
+
+    def call(self, idempotent: bool, fn: Callable[[_Node, float, tuple], T]) -> T:
+        """Runs `fn(node, timeout, metadata)`, retried under the policy if `idempotent`."""
+        retry = self._retry if idempotent else NEVER
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            i = self._pick()
+            try:
+                return fn(self._nodes[i], self._timeout, self._metadata)
+            except grpc.RpcError as e:
+                code, details = e.code(), e.details() or ""
+            attempt += 1
+            if code not in TRANSIENT:
+                raise TimerdbError(code, details)
+            self._passed_over(i)
+            pause = retry.backoff(attempt)
+            if attempt >= retry.attempts or time.monotonic() - started + pause > retry.within:
+                raise TimerdbError(code, details)
+            time.sleep(pause)
+            if attempt % 2 == 1:
+                self.refresh()
+
+    # --- Timers ---------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        namespace: str,
+        id: str,
+        *,
+        delay_ms: Optional[int] = None,
+        fire_at_ms: Optional[int] = None,
+        payload: bytes | str | None = None,
+        json_payload=None,
+        content_type: str = "",
+        mode: int = pb.CREATE_MODE_UNSPECIFIED,
+        recurrence: Optional[pb.Recurrence] = None,
+    ) -> pb.ScheduleResponse:
+        """Creates a timer (retried: idempotent on namespace and id).
+
+        Give `delay_ms` or `fire_at_ms` (or a `recurrence`). `json_payload` is any JSON value,
+        sent as the payload with content type application/json.
+        """
+        req = pb.ScheduleRequest(
+            namespace=namespace, id=id, content_type=content_type, mode=mode
+        )
+        if delay_ms is not None:
+            req.delay_ms = delay_ms
+        if fire_at_ms is not None:
+            req.fire_at_ms = fire_at_ms
+        if json_payload is not None:
+            req.payload = json.dumps(json_payload).encode()
+            req.content_type = content_type or "application/json"
+        elif payload is not None:
+            req.payload = payload.encode() if isinstance(payload, str) else payload
+        if recurrence is not None:
+            req.recurrence.CopyFrom(recurrence)
+        creates = mode in (pb.CREATE_MODE_UNSPECIFIED, pb.CREATE_MODE_CREATE_ONLY, pb.CREATE_MODE_UPSERT)
+        idempotent = creates or fire_at_ms is not None
+        return self.call(idempotent, lambda n, t, m: n.timers.Schedule(req, timeout=t, metadata=m))
+
+    def schedule_batch(self, requests: Iterable[pb.ScheduleRequest]) -> pb.ScheduleBatchResponse:
+        """Creates many timers in one write, all or none (retried)."""
+        req = pb.ScheduleBatchRequest(timers=list(requests))
+        return self.call(True, lambda n, t, m: n.timers.ScheduleBatch(req, timeout=t, metadata=m))
+
+    def cancel(self, namespace: str, id: str, *, if_revision: int = 0) -> pb.Timer:
+        """Cancels a timer; definitive (retried unless conditional)."""
+        req = pb.CancelRequest(namespace=namespace, id=id, if_revision=if_revision)
+        r = self.call(if_revision == 0, lambda n, t, m: n.timers.Cancel(req, timeout=t, metadata=m))
+        return r.timer
+
+    def reschedule(
+        self, namespace: str, id: str, *, delay_ms: Optional[int] = None, fire_at_ms: Optional[int] = None
+    ) -> pb.Timer:
+        """Moves a timer (retried only to an absolute time)."""
+        req = pb.RescheduleRequest(namespace=namespace, id=id)
+        if delay_ms is not None:
+            req.delay_ms = delay_ms
+        if fire_at_ms is not None:
+            req.fire_at_ms = fire_at_ms
+        r = self.call(
+            fire_at_ms is not None, lambda n, t, m: n.timers.Reschedule(req, timeout=t, metadata=m)
+        )
+        return r.timer
+
+    def get(self, namespace: str, id: str) -> pb.Timer:
+        req = pb.GetRequest(namespace=namespace, id=id)
+        return self.call(True, lambda n, t, m: n.timers.Get(req, timeout=t, metadata=m)).timer
+
+    def list(self, namespace: str, *, state: int = 0, limit: int = 0, page_token: str = "") -> pb.ListResponse:
+        req = pb.ListRequest(namespace=namespace, state=state, limit=limit, page_token=page_token)
+        return self.call(True, lambda n, t, m: n.timers.List(req, timeout=t, metadata=m))
+
+    def list_all(self, namespace: str, *, state: int = 0) -> list:
+        """Every timer of the namespace in `state`, all pages."""
+        out, token = [], ""
+        while True:
+            page = self.list(namespace, state=state, limit=1000, page_token=token)
+            out.extend(page.timers)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    def ack(self, namespace: str, id: str, attempt: int) -> pb.Timer:
+        """Acknowledges one delivery (retried: acking an acked timer succeeds again)."""
+        req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt)
+        return self.call(True, lambda n, t, m: n.timers.Ack(req, timeout=t, metadata=m)).timer
+
+    def ack_batch(self, acks: Iterable[pb.AckRequest]) -> pb.AckBatchResponse:
+        req = pb.AckBatchRequest(acks=list(acks))
+        return self.call(True, lambda n, t, m: n.timers.AckBatch(req, timeout=t, metadata=m))
+
+    def nack(self, namespace: str, id: str, attempt: int) -> pb.Timer:
+        """Gives up on one delivery (sent once)."""
+        req = pb.NackRequest(namespace=namespace, id=id, attempt=attempt)
+        return self.call(False, lambda n, t, m: n.timers.Nack(req, timeout=t, metadata=m)).timer
+
+    def redrive(self, namespace: str, id: str = "", *, all: bool = False) -> pb.RedriveResponse:
+        req = pb.RedriveRequest(namespace=namespace, id=id, all=all)
+        return self.call(True, lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
+
+    # --- Namespaces and Cluster -----------------------------------------------------------
+
+    def put_namespace(self, name: str, policy: pb.NamespacePolicy) -> pb.Namespace:
+        req = pb.PutNamespaceRequest(name=name, policy=policy)
+        return self.call(True, lambda n, t, m: n.namespaces.PutNamespace(req, timeout=t, metadata=m)).namespace
+
+    def get_namespace(self, name: str) -> pb.Namespace:
+        req = pb.GetNamespaceRequest(name=name)
+        return self.call(True, lambda n, t, m: n.namespaces.GetNamespace(req, timeout=t, metadata=m)).namespace
+
+    def status(self) -> pb.StatusResponse:
+        """The Status of the node calls go to (the leader when known)."""
+        req = pb.StatusRequest()
+        return self.call(True, lambda n, t, m: n.cluster.Status(req, timeout=t, metadata=m))
+
+    # --- consuming ------------------------------------------------------------------------
+
+    def consumer(self, namespace: str, **options) -> "Consumer":
+        """A consumer of the namespace's fired timers (see `timerdb.consumer.Consumer`)."""
+        from timerdb.consumer import Consumer
+
+        return Consumer(self, namespace, **options)
+
+    @property
+    def nodes(self) -> list:
+        return list(self._nodes)
+
+    @property
+    def metadata(self) -> tuple:
+        return self._metadata
