@@ -19,6 +19,8 @@ echo "== cargo test: the million-timer wipe-and-rejoin, alone (it needs the mach
 cargo test --test cluster rejoin:: -- --test-threads=1 "$@"
 echo "== the Python client's tests against a real cluster (clients/python/test.sh)"
 bash clients/python/test.sh
+echo "== the web console in headless chromium (tests/console/run.sh; screenshots kept)"
+bash tests/console/run.sh
 echo "== the README's examples (curl, Python, Rust), as written, against a real cluster"
 readme_log=$(mktemp)
 bash scripts/readme.sh >"$readme_log" 2>&1 || { cat "$readme_log"; exit 1; }

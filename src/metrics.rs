@@ -119,6 +119,11 @@ impl Events {
         self.acked += n;
     }
 
+    /// The lateness of each timer the entry fired, in ms.
+    pub fn fired_lateness(&self) -> &[i64] {
+        &self.fired_late_ms
+    }
+
     /// Deliveries acknowledged by the entry.
     pub fn acked_count(&self) -> u64 {
         self.acked
@@ -158,6 +163,52 @@ impl Events {
                 lateness.record(ms.max(0) as f64 / 1000.0);
             }
         }
+    }
+}
+
+/// The upper bounds (ms) of the fire-lateness counts a node keeps for its Status (the web
+/// console charts them); the last count holds every fired timer.
+pub const FIRE_LATENESS_BOUNDS_MS: [u64; 13] =
+    [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
+
+/// Timers fired and their lateness since the node started, kept whether or not the Prometheus
+/// exporter runs: cumulative counts at each bound of [`FIRE_LATENESS_BOUNDS_MS`] and a sum.
+#[derive(Debug, Default)]
+pub struct FireStats {
+    fired: std::sync::atomic::AtomicU64,
+    sum_ms: std::sync::atomic::AtomicU64,
+    /// Fired timers at most each bound late, and (last) all of them.
+    le: [std::sync::atomic::AtomicU64; FIRE_LATENESS_BOUNDS_MS.len() + 1],
+}
+
+impl FireStats {
+    pub fn add(&self, lateness_ms: &[i64]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if lateness_ms.is_empty() {
+            return;
+        }
+        let mut le = [0u64; FIRE_LATENESS_BOUNDS_MS.len() + 1];
+        let mut sum = 0u64;
+        for ms in lateness_ms {
+            let ms = (*ms).max(0) as u64;
+            sum += ms;
+            for (i, bound) in FIRE_LATENESS_BOUNDS_MS.iter().enumerate() {
+                le[i] += u64::from(ms <= *bound);
+            }
+        }
+        le[FIRE_LATENESS_BOUNDS_MS.len()] = lateness_ms.len() as u64;
+        self.fired.fetch_add(lateness_ms.len() as u64, Relaxed);
+        self.sum_ms.fetch_add(sum, Relaxed);
+        for (slot, n) in self.le.iter().zip(le) {
+            slot.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// (fired, sum of lateness ms, cumulative counts per bound).
+    pub fn read(&self) -> (u64, u64, Vec<u64>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let le = self.le.iter().map(|a| a.load(Relaxed)).collect();
+        (self.fired.load(Relaxed), self.sum_ms.load(Relaxed), le)
     }
 }
 

@@ -52,6 +52,9 @@ pub struct NodeStatus {
     pub state_machine_keys_written: u64,
     /// FIRED → ACKED transitions applied since this node started.
     pub timers_acked: u64,
+    /// Timers fired since this node started: (count, lateness sum ms, cumulative counts at
+    /// each bound of `metrics::FIRE_LATENESS_BOUNDS_MS`, then all).
+    pub fired: (u64, u64, Vec<u64>),
 }
 
 /// One timerdb node: its Raft handle, its state machine reader and its configuration.
@@ -518,12 +521,14 @@ impl Node {
             snapshots_installed: self.snapshots.stats.installed.load(Ordering::Relaxed),
             state_machine_keys_written: self.store.keys_written(),
             timers_acked: self.store.acked(),
+            fired: self.store.fire_stats().read(),
         })
     }
 }
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
 mod change;
+pub mod overview;
 mod series;
 
 mod faults {

@@ -68,6 +68,40 @@ impl cluster_server::Cluster for ClusterService {
             snapshots_installed: s.snapshots_installed,
             state_machine_keys_written: s.state_machine_keys_written,
             timers_acked: s.timers_acked,
+            timers_fired: s.fired.0,
+            fire_lateness_sum_ms: s.fired.1,
+            fire_lateness_le: s.fired.2,
+        }))
+    }
+
+    async fn overview(
+        &self,
+        _req: Request<pb::OverviewRequest>,
+    ) -> Result<Response<pb::OverviewResponse>, Status> {
+        let o = self.node.overview()?;
+        let members = o.members.into_iter().map(|m| pb::MemberProgress {
+            node_id: m.id,
+            addr: m.addr,
+            voter: m.voter,
+            leader: m.leader,
+            matched_index: m.matched_index,
+            lag: m.lag,
+        });
+        let namespaces = o.namespaces.into_iter().map(|n| pb::NamespaceCounts {
+            name: n.name,
+            pending: n.pending,
+            stored: n.stored,
+            configured: n.configured,
+            paused: n.paused,
+        });
+        Ok(Response::new(pb::OverviewResponse {
+            leader_id: o.leader_id.unwrap_or(0),
+            term: o.term,
+            last_log_index: o.last_log_index,
+            commit_index: o.commit_index,
+            applied_index: o.applied_index,
+            members: members.collect(),
+            namespaces: namespaces.collect(),
         }))
     }
 

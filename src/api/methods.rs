@@ -155,6 +155,11 @@ pub const RULES: &[Rule] = &[
         Access::Authenticated,
     ),
     rule(
+        "/timerdb.v1.Cluster/Overview",
+        LEADER,
+        ns_in(Permission::Read, Names::All),
+    ),
+    rule(
         "/timerdb.v1.Cluster/Digest",
         Route::Local,
         Access::Authenticated,

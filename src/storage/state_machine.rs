@@ -128,6 +128,7 @@ impl StateMachine {
             after.events.acked_count(),
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.store.fire_stats.add(after.events.fired_lateness());
         after.events.record();
         if let Some(state) = after.access {
             self.store.set_access(state);

@@ -75,6 +75,8 @@ pub struct Store {
     pub(super) keys_written: Arc<AtomicU64>,
     /// FIRED → ACKED transitions the state machine applied since it was opened.
     pub(super) acked: Arc<AtomicU64>,
+    /// Timers fired since it was opened, and their lateness.
+    pub(super) fire_stats: Arc<crate::metrics::FireStats>,
     /// Each namespace's first row after the fire cursor (kept by the state machine).
     pub(super) heads: Arc<Mutex<Heads>>,
     /// Which index entries compaction may drop; pinned while a digest reads.
@@ -177,6 +179,7 @@ impl Store {
             db,
             wheel,
             keys_written: Arc::default(),
+            fire_stats: Arc::default(),
             acked: Arc::default(),
             heads: Arc::default(),
             gc,
@@ -446,8 +449,13 @@ impl Store {
         meta::SmMeta::load(&self.db)
     }
 
-    /// PENDING timers per namespace (every namespace that ever had one).
-    pub fn pending_by_namespace(&self) -> Result<Vec<(String, u64)>> {
+    /// Timers fired since the store was opened, and their lateness.
+    pub fn fire_stats(&self) -> &crate::metrics::FireStats {
+        &self.fire_stats
+    }
+
+    /// Each namespace's (PENDING, stored) counts (every namespace that ever had a timer).
+    pub fn counts_by_namespace(&self) -> Result<Vec<(String, u64, u64)>> {
         let mut out = Vec::new();
         for item in self
             .db
@@ -456,9 +464,18 @@ impl Store {
             let (k, v) = item?;
             let ns = String::from_utf8_lossy(&k).into_owned();
             let m: NsMeta = decode(&v)?;
-            out.push((ns, m.pending));
+            out.push((ns, m.pending, m.stored));
         }
         Ok(out)
+    }
+
+    /// PENDING timers per namespace (every namespace that ever had one).
+    pub fn pending_by_namespace(&self) -> Result<Vec<(String, u64)>> {
+        let counts = self.counts_by_namespace()?;
+        Ok(counts
+            .into_iter()
+            .map(|(ns, pending, _)| (ns, pending))
+            .collect())
     }
 
     /// Bytes the Raft log takes on disk and in memtables (RocksDB's estimate).

@@ -185,7 +185,6 @@ async fn client_mistakes_are_4xx_with_a_message() {
             "NOT_FOUND",
             "no such route",
         ),
-        ("GET", "/", None, 404, "NOT_FOUND", "no such route"),
         (
             "PATCH",
             "/v1/namespaces/web/timers/a",

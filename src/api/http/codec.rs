@@ -134,6 +134,11 @@ pub static CODECS: &[Codec] = &[
         pb::DigestResponse
     ),
     codec!(
+        "/timerdb.v1.Cluster/Overview",
+        pb::OverviewRequest,
+        pb::OverviewResponse
+    ),
+    codec!(
         "/timerdb.v1.Cluster/AddNode",
         pb::AddNodeRequest,
         pb::AddNodeResponse

@@ -9,12 +9,15 @@
 //! request bound, auth, forwarding to the leader, the handler — and the gRPC answer comes back
 //! up as JSON, a failure as a JSON error with the HTTP status of its code.
 //!
+//! [`console`] serves the web console's page, script and style (compiled in) beside the API.
+//!
 //! Invariants: the HTTP API has no behaviour of its own beyond the mapping (a call over HTTP
 //! is the gRPC call, with its validation, auth and forwarding); a client's mistake is a 4xx
 //! with a message a person understands, never a 5xx; a body is read only up to the method's
 //! gRPC message limit.
 
 pub mod codec;
+pub mod console;
 pub mod grpc;
 pub mod openapi;
 pub mod routes;
@@ -52,6 +55,9 @@ fn is_grpc(headers: &http::HeaderMap) -> bool {
 
 async fn serve<S: Inner>(inner: S, req: http::Request<Body>) -> http::Response<Body> {
     let path = req.uri().path();
+    if let Some(page) = console::serve(req.method(), path) {
+        return page;
+    }
     if path == "/v1/openapi.json" {
         return match *req.method() {
             Method::GET | Method::HEAD => grpc::json_response(StatusCode::OK, openapi::document()),

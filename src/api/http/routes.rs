@@ -304,6 +304,14 @@ pub static ROUTES: &[Route] = &[
         "A digest of this node's state machine at its applied index.",
     ),
     route(
+        Method::GET,
+        "/v1/cluster/overview",
+        "/timerdb.v1.Cluster/Overview",
+        ("OverviewRequest", "OverviewResponse"),
+        Input::Query,
+        "The cluster as its leader sees it: members' progress and lag, namespaces' counts.",
+    ),
+    route(
         Method::POST,
         "/v1/cluster/nodes",
         "/timerdb.v1.Cluster/AddNode",

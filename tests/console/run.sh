@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The web console's browser tests (tests/console/console_test.py): installs what they need if
+# missing (Debian's chromium with apt, Playwright into the Python client's virtualenv, no
+# browser download), starts a 3-node cluster of this checkout's debug timerd on its own ports,
+# runs the tests in headless chromium and stops it. Screenshots of each page go to
+# $TIMERDB_SHOTS (default target/console-screenshots), kept as the run's artefacts.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+VENV=${TIMERDB_PYVENV:-$HOME/.cache/timerdb-pyvenv}
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "console: installing chromium (Debian package)" >&2
+  SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+"$VENV/bin/python" -c "import playwright" 2>/dev/null || "$VENV/bin/pip" install -q playwright
+
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${TIMERDB_BIN:-$TARGET/debug}
+BASE=${TIMERDB_CONSOLE_PORT:-17301}
+DIR=$(mktemp -d /tmp/timerdb-console.XXXXXX)
+stop() {
+  TIMERDB_BIN=$BIN scripts/cluster.sh stop --dir "$DIR" >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+}
+trap stop EXIT
+TIMERDB_BIN=$BIN scripts/cluster.sh start --dir "$DIR" --base-port "$BASE" >/dev/null
+export TIMERDB_TEST_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+export TIMERDB_SHOTS=${TIMERDB_SHOTS:-$TARGET/console-screenshots}
+export CHROMIUM=${CHROMIUM:-$(command -v chromium)}
+"$VENV/bin/python" -m unittest -v tests/console/console_test.py
+echo "console: screenshots in $TIMERDB_SHOTS"
