@@ -474,7 +474,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "leader_id", "term", "last_log_index", "applied_index", "members", "pending_timers", "time_cursor_ms", "commit_index", "snapshot_index", "purged_index", "snapshots_built", "snapshots_installed", "state_machine_keys_written", "timers_acked")
+    __slots__ = ("node_id", "role", "leader_id", "term", "last_log_index", "applied_index", "members", "pending_timers", "time_cursor_ms", "commit_index", "snapshot_index", "purged_index", "snapshots_built", "snapshots_installed", "state_machine_keys_written", "timers_acked", "timers_fired", "fire_lateness_sum_ms", "fire_lateness_le")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -491,6 +491,9 @@ class StatusResponse(_message.Message):
     SNAPSHOTS_INSTALLED_FIELD_NUMBER: _ClassVar[int]
     STATE_MACHINE_KEYS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     TIMERS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    TIMERS_FIRED_FIELD_NUMBER: _ClassVar[int]
+    FIRE_LATENESS_SUM_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRE_LATENESS_LE_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     leader_id: int
@@ -507,7 +510,10 @@ class StatusResponse(_message.Message):
     snapshots_installed: int
     state_machine_keys_written: int
     timers_acked: int
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., pending_timers: _Optional[int] = ..., time_cursor_ms: _Optional[int] = ..., commit_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ..., snapshots_built: _Optional[int] = ..., snapshots_installed: _Optional[int] = ..., state_machine_keys_written: _Optional[int] = ..., timers_acked: _Optional[int] = ...) -> None: ...
+    timers_fired: int
+    fire_lateness_sum_ms: int
+    fire_lateness_le: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., pending_timers: _Optional[int] = ..., time_cursor_ms: _Optional[int] = ..., commit_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ..., snapshots_built: _Optional[int] = ..., snapshots_installed: _Optional[int] = ..., state_machine_keys_written: _Optional[int] = ..., timers_acked: _Optional[int] = ..., timers_fired: _Optional[int] = ..., fire_lateness_sum_ms: _Optional[int] = ..., fire_lateness_le: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DigestRequest(_message.Message):
     __slots__ = ()
@@ -572,6 +578,58 @@ class TransferLeaderResponse(_message.Message):
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
     leader_id: int
     def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
+
+class OverviewRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OverviewResponse(_message.Message):
+    __slots__ = ("leader_id", "term", "last_log_index", "commit_index", "applied_index", "members", "namespaces")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    leader_id: int
+    term: int
+    last_log_index: int
+    commit_index: int
+    applied_index: int
+    members: _containers.RepeatedCompositeFieldContainer[MemberProgress]
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceCounts]
+    def __init__(self, leader_id: _Optional[int] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[MemberProgress, _Mapping]]] = ..., namespaces: _Optional[_Iterable[_Union[NamespaceCounts, _Mapping]]] = ...) -> None: ...
+
+class MemberProgress(_message.Message):
+    __slots__ = ("node_id", "addr", "voter", "leader", "matched_index", "lag")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    addr: str
+    voter: bool
+    leader: bool
+    matched_index: int
+    lag: int
+    def __init__(self, node_id: _Optional[int] = ..., addr: _Optional[str] = ..., voter: _Optional[bool] = ..., leader: _Optional[bool] = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class NamespaceCounts(_message.Message):
+    __slots__ = ("name", "pending", "stored", "configured", "paused")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pending: int
+    stored: int
+    configured: bool
+    paused: bool
+    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., stored: _Optional[int] = ..., configured: _Optional[bool] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class BackupRequest(_message.Message):
     __slots__ = ()

@@ -1080,6 +1080,11 @@ class ClusterStub:
                 request_serializer=timerdb_dot_v1_dot_timerdb__pb2.BackupRequest.SerializeToString,
                 response_deserializer=timerdb_dot_v1_dot_timerdb__pb2.BackupChunk.FromString,
                 _registered_method=True)
+        self.Overview = channel.unary_unary(
+                '/timerdb.v1.Cluster/Overview',
+                request_serializer=timerdb_dot_v1_dot_timerdb__pb2.OverviewRequest.SerializeToString,
+                response_deserializer=timerdb_dot_v1_dot_timerdb__pb2.OverviewResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -1136,6 +1141,15 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Overview(self, request, context):
+        """(timerdb addition) The cluster as its leader sees it, for dashboards (the web console):
+        each member's replication progress and lag, and each namespace's counts. Run on the
+        leader; needs read permission on every namespace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1168,6 +1182,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Backup,
                     request_deserializer=timerdb_dot_v1_dot_timerdb__pb2.BackupRequest.FromString,
                     response_serializer=timerdb_dot_v1_dot_timerdb__pb2.BackupChunk.SerializeToString,
+            ),
+            'Overview': grpc.unary_unary_rpc_method_handler(
+                    servicer.Overview,
+                    request_deserializer=timerdb_dot_v1_dot_timerdb__pb2.OverviewRequest.FromString,
+                    response_serializer=timerdb_dot_v1_dot_timerdb__pb2.OverviewResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1333,6 +1352,33 @@ class Cluster:
             '/timerdb.v1.Cluster/Backup',
             timerdb_dot_v1_dot_timerdb__pb2.BackupRequest.SerializeToString,
             timerdb_dot_v1_dot_timerdb__pb2.BackupChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Overview(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/timerdb.v1.Cluster/Overview',
+            timerdb_dot_v1_dot_timerdb__pb2.OverviewRequest.SerializeToString,
+            timerdb_dot_v1_dot_timerdb__pb2.OverviewResponse.FromString,
             options,
             channel_credentials,
             insecure,
