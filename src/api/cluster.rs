@@ -76,9 +76,9 @@ impl cluster_server::Cluster for ClusterService {
 
     async fn overview(
         &self,
-        _req: Request<pb::OverviewRequest>,
+        req: Request<pb::OverviewRequest>,
     ) -> Result<Response<pb::OverviewResponse>, Status> {
-        let o = self.node.overview()?;
+        let o = self.node.overview(req.into_inner().by_state)?;
         let members = o.members.into_iter().map(|m| pb::MemberProgress {
             node_id: m.id,
             addr: m.addr,
@@ -93,6 +93,16 @@ impl cluster_server::Cluster for ClusterService {
             stored: n.stored,
             configured: n.configured,
             paused: n.paused,
+            by_state: n
+                .by_state
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(state, count)| pb::StateCount {
+                    state: crate::api::convert::state_to_pb(state) as i32,
+                    count,
+                })
+                .collect(),
+            by_state_partial: n.by_state_partial,
         });
         Ok(Response::new(pb::OverviewResponse {
             leader_id: o.leader_id.unwrap_or(0),

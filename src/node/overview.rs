@@ -26,6 +26,10 @@ pub struct NamespaceCounts {
     pub stored: u64,
     pub configured: bool,
     pub paused: bool,
+    /// Timers by state, when asked for (`None`: not counted).
+    pub by_state: Option<Vec<(crate::timer::TimerState, u64)>>,
+    /// The by-state counts stopped at the overview's budget (the first timers by id only).
+    pub by_state_partial: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -41,9 +45,14 @@ pub struct Overview {
 
 /// Most namespaces one overview lists.
 const MAX_NAMESPACES: usize = 10_000;
+/// Most timers one overview reads to count them by state, over all namespaces: a bounded
+/// cost on the leader (about a second of one core at the most).
+pub const COUNT_BUDGET: usize = 200_000;
 
 impl Node {
-    pub fn overview(&self) -> Result<Overview> {
+    /// The overview; with `by_state`, each namespace's timers are also counted by state (up to
+    /// [`COUNT_BUDGET`] timers in all; the namespaces past it are marked partial).
+    pub fn overview(&self, by_state: bool) -> Result<Overview> {
         let m = self.raft.metrics().borrow().clone();
         let last = m.last_log_index.unwrap_or(0);
         let replication = m.replication.clone().unwrap_or_default();
@@ -89,6 +98,17 @@ impl Node {
             entry.configured = ns.configured;
             entry.paused = ns.policy.paused;
         }
+        let mut namespaces: Vec<NamespaceCounts> =
+            by_name.into_values().take(MAX_NAMESPACES).collect();
+        if by_state {
+            let mut budget = COUNT_BUDGET;
+            for ns in &mut namespaces {
+                let (counts, partial, read) = self.store.count_states(&ns.name, budget)?;
+                budget -= read;
+                ns.by_state = Some(counts);
+                ns.by_state_partial = partial;
+            }
+        }
         Ok(Overview {
             leader_id: m.current_leader,
             term: m.current_term,
@@ -96,7 +116,7 @@ impl Node {
             commit_index: self.committed.load(Ordering::Relaxed),
             applied_index: m.last_applied.map_or(0, |l| l.index),
             members,
-            namespaces: by_name.into_values().take(MAX_NAMESPACES).collect(),
+            namespaces,
         })
     }
 }

@@ -270,6 +270,45 @@ impl Store {
         Ok(page)
     }
 
+    /// Counts `namespace`'s timers by state, reading at most `budget` of them (in id order);
+    /// also says whether it stopped there. One snapshot, so the counts are of one moment.
+    pub fn count_states(
+        &self,
+        namespace: &str,
+        budget: usize,
+    ) -> Result<(Vec<(crate::timer::TimerState, u64)>, bool, usize)> {
+        let prefix = wheel::namespace_prefix(namespace);
+        let mut snap = Snap::new(&self.db)?;
+        let mut keys = Vec::new();
+        let mut iter = snap
+            .reader
+            .iter(CF_INDEX, prefix.clone(), Some(prefix_end(&prefix)));
+        while let Some(k) = iter.key() {
+            if keys.len() >= budget {
+                break;
+            }
+            keys.push(k.to_vec());
+            iter.next();
+        }
+        let partial = keys.len() >= budget && iter.key().is_some();
+        iter.status()?;
+        drop(iter);
+        let read = keys.len();
+        let mut counts: Vec<(crate::timer::TimerState, u64)> = Vec::new();
+        for k in keys {
+            let key = TimerKey::from_index_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt index key".into()))?;
+            let Some(timer) = snap.timer(&key)? else {
+                continue; // purged: its index entry waits for compaction
+            };
+            match counts.iter_mut().find(|(s, _)| *s == timer.state) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((timer.state, 1)),
+            }
+        }
+        Ok((counts, partial, read))
+    }
+
     /// The timers a lease handed out, still in flight under it (each with its attempt in
     /// `attempts`), in slot order.
     pub fn leased(&self, g: &Granted) -> Result<Vec<Timer>> {

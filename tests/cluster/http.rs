@@ -312,6 +312,39 @@ async fn every_route_through_a_follower() {
     assert_eq!(v["members"].as_array().unwrap().len(), 3);
     let v = api.ok("GET", "/v1/cluster/digest", None).await;
     assert_eq!(v["node_id"], json!(follower.to_string()));
+    // The leader's overview: members with progress, and counts by state that add up.
+    let v = api
+        .ok("GET", "/v1/cluster/overview?by_state=true", None)
+        .await;
+    let members = v["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3);
+    assert_eq!(
+        members
+            .iter()
+            .filter(|m| m["leader"] == json!(true))
+            .count(),
+        1
+    );
+    let web = v["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "web")
+        .expect("web is listed");
+    let counted: u64 = web["by_state"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["count"].as_str().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(json!(counted.to_string()), web["stored"], "{web}");
+    assert!(
+        web["by_state"]
+            .to_string()
+            .contains("TIMER_STATE_CANCELLED"),
+        "{web}"
+    );
+    assert_eq!(web["by_state_partial"], json!(false));
     let v = api.ok("GET", "/v1/access/whoami", None).await;
     assert_eq!(v["auth_enabled"], json!(false));
     let key = api

@@ -109,6 +109,9 @@ class ConsoleTest(unittest.TestCase):
         page = self.open("namespaces")
         row = page.locator(f"#namespaces tr[data-ns='{NS}']")
         expect(row.locator(".pending")).to_have_text("70")
+        dead_row = page.locator(f"#namespaces tr[data-ns='{NS}-dead']")
+        expect(dead_row.locator(".dead")).to_have_text("3")
+        expect(dead_row.locator(".pending")).to_have_text("0")
         expect(page.locator(f"#namespaces tr[data-ns='{NS}-dead']")).to_contain_text("push http://127.0.0.1:9/hook")
         self.shot(page, "namespaces")
 

@@ -580,8 +580,10 @@ class TransferLeaderResponse(_message.Message):
     def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
 
 class OverviewRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("by_state",)
+    BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    by_state: bool
+    def __init__(self, by_state: _Optional[bool] = ...) -> None: ...
 
 class OverviewResponse(_message.Message):
     __slots__ = ("leader_id", "term", "last_log_index", "commit_index", "applied_index", "members", "namespaces")
@@ -618,18 +620,30 @@ class MemberProgress(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., addr: _Optional[str] = ..., voter: _Optional[bool] = ..., leader: _Optional[bool] = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class NamespaceCounts(_message.Message):
-    __slots__ = ("name", "pending", "stored", "configured", "paused")
+    __slots__ = ("name", "pending", "stored", "configured", "paused", "by_state", "by_state_partial")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    BY_STATE_PARTIAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     pending: int
     stored: int
     configured: bool
     paused: bool
-    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., stored: _Optional[int] = ..., configured: _Optional[bool] = ..., paused: _Optional[bool] = ...) -> None: ...
+    by_state: _containers.RepeatedCompositeFieldContainer[StateCount]
+    by_state_partial: bool
+    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., stored: _Optional[int] = ..., configured: _Optional[bool] = ..., paused: _Optional[bool] = ..., by_state: _Optional[_Iterable[_Union[StateCount, _Mapping]]] = ..., by_state_partial: _Optional[bool] = ...) -> None: ...
+
+class StateCount(_message.Message):
+    __slots__ = ("state", "count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: TimerState
+    count: int
+    def __init__(self, state: _Optional[_Union[TimerState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class BackupRequest(_message.Message):
     __slots__ = ()

@@ -93,9 +93,11 @@ async function cluster() {
       <th class="num">matched index</th><th class="num">lag (entries)</th></tr>${rows}</table>`);
 }
 
+const COUNTED = ["pending", "fired", "acked", "dead", "cancelled", "expired"];
+
 async function namespaces() {
   const [o, list] = await Promise.all([
-    api("GET", "/v1/cluster/overview"),
+    api("GET", "/v1/cluster/overview?by_state=true"),
     api("GET", "/v1/namespaces?limit=10000"),
   ]);
   const policies = Object.fromEntries(list.namespaces.map((n) => [n.name, n.policy]));
@@ -105,17 +107,21 @@ async function namespaces() {
       ? `${esc(p.max_attempts || 5)} attempts, ack ${num(p.ack_timeout_ms || 30000) / 1000} s` +
         (p.push && p.push.url ? `, push ${esc(p.push.url)}` : "")
       : `<span class="note">defaults</span>`;
+    const by = Object.fromEntries((n.by_state || []).map((c) => [stateName(c.state).toLowerCase(), num(c.count)]));
+    const cells = COUNTED.map((st) => `<td class="num ${st}">${st === "pending" ? esc(n.pending) :
+      `<a href="#/timers?ns=${enc(n.name)}&state=${st}">${by[st] || 0}</a>`}${n.by_state_partial && st !== "pending" ? "+" : ""}</td>`).join("");
     return `<tr data-ns="${esc(n.name)}">
-      <td><a href="#/timers?ns=${enc(n.name)}">${esc(n.name)}</a></td>
-      <td class="num pending">${esc(n.pending)}</td>
-      <td class="num">${num(n.stored) - num(n.pending)}</td><td class="num">${esc(n.stored)}</td>
+      <td><a href="#/timers?ns=${enc(n.name)}">${esc(n.name)}</a></td>${cells}
+      <td class="num">${esc(n.stored)}</td>
       <td>${n.paused ? "paused" : ""}</td><td>${policy}</td>
       <td><a href="#/dead?ns=${enc(n.name)}">dead letters</a></td></tr>`;
   }).join("");
   show(`<h2>Namespaces</h2>
-    <table id="namespaces"><tr><th>namespace</th><th class="num">pending</th>
-      <th class="num">fired or finished</th><th class="num">stored</th><th></th><th>policy</th><th></th></tr>
-      ${rows || `<tr><td colspan="7" class="note">no namespace yet</td></tr>`}</table>`);
+    <table id="namespaces"><tr><th>namespace</th>${COUNTED.map((st) => `<th class="num">${st}</th>`).join("")}
+      <th class="num">stored</th><th></th><th>policy</th><th></th></tr>
+      ${rows || `<tr><td colspan="12" class="note">no namespace yet</td></tr>`}</table>
+    <p class="note">Counts by state are read from the leader's state (up to 200,000 timers in all; "+" marks a
+      namespace counted in part). Finished timers count until the namespace's retention purges them.</p>`);
 }
 
 async function namespaceOptions(selected) {
