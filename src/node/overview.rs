@@ -103,10 +103,10 @@ impl Node {
         if by_state {
             let mut budget = COUNT_BUDGET;
             for ns in &mut namespaces {
-                let (counts, partial, read) = self.store.count_states(&ns.name, budget)?;
-                budget -= read;
-                ns.by_state = Some(counts);
-                ns.by_state_partial = partial;
+                let c = self.store.count_states(&ns.name, budget)?;
+                budget -= c.read;
+                ns.by_state = Some(c.counts);
+                ns.by_state_partial = c.partial;
             }
         }
         Ok(Overview {

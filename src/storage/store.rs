@@ -66,6 +66,17 @@ pub struct Page {
 /// short page and a token instead of scanning for ever.
 const LIST_SCAN_BUDGET: usize = 100_000;
 
+/// A namespace's timers counted by state ([`Store::count_states`]).
+#[derive(Debug, Clone, Default)]
+pub struct StateCounts {
+    /// Each state seen, with how many timers are in it.
+    pub counts: Vec<(crate::timer::TimerState, u64)>,
+    /// The count stopped at its budget: these are the first timers (by id) only.
+    pub partial: bool,
+    /// Timers read.
+    pub read: usize,
+}
+
 /// Read access to the state machine.
 #[derive(Clone)]
 pub struct Store {
@@ -276,7 +287,7 @@ impl Store {
         &self,
         namespace: &str,
         budget: usize,
-    ) -> Result<(Vec<(crate::timer::TimerState, u64)>, bool, usize)> {
+    ) -> Result<StateCounts> {
         let prefix = wheel::namespace_prefix(namespace);
         let mut snap = Snap::new(&self.db)?;
         let mut keys = Vec::new();
@@ -306,7 +317,11 @@ impl Store {
                 None => counts.push((timer.state, 1)),
             }
         }
-        Ok((counts, partial, read))
+        Ok(StateCounts {
+            counts,
+            partial,
+            read,
+        })
     }
 
     /// The timers a lease handed out, still in flight under it (each with its attempt in
