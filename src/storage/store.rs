@@ -283,11 +283,7 @@ impl Store {
 
     /// Counts `namespace`'s timers by state, reading at most `budget` of them (in id order);
     /// also says whether it stopped there. One snapshot, so the counts are of one moment.
-    pub fn count_states(
-        &self,
-        namespace: &str,
-        budget: usize,
-    ) -> Result<StateCounts> {
+    pub fn count_states(&self, namespace: &str, budget: usize) -> Result<StateCounts> {
         let prefix = wheel::namespace_prefix(namespace);
         let mut snap = Snap::new(&self.db)?;
         let mut keys = Vec::new();

@@ -5,39 +5,50 @@ use timerdb::api::pb::{self, timers_client::TimersClient};
 
 use crate::output::{self, status_err};
 
-/// Subscribes and prints each delivery; acks it with `ack`; stops after `count` if given.
+/// Subscribes and prints each delivery; acks it with `ack`; stops after `count` if given. The
+/// client library's subscription: it resubscribes if the stream breaks, and sends the acks in
+/// batches, all applied (or reported refused) before this returns.
 pub async fn watch(
-    mut timers: TimersClient<Channel>,
+    client: timerdb_client::Client,
     req: pb::SubscribeRequest,
     ack: bool,
     count: Option<usize>,
 ) -> anyhow::Result<()> {
     let namespace = req.namespace.clone();
-    let mut stream = timers
-        .subscribe(req)
-        .await
-        .map_err(status_err)?
-        .into_inner();
+    let options = timerdb_client::SubscriptionOptions {
+        consumer: req.consumer,
+        max_in_flight: req.max_in_flight,
+        ..Default::default()
+    };
+    let mut sub = client.subscribe(&namespace, options);
     eprintln!("watching {namespace} (Ctrl-C to stop)");
     let mut n = 0;
     while count.is_none_or(|c| n < c) {
-        let Some(d) = stream.message().await.map_err(status_err)? else {
-            anyhow::bail!("the server ended the stream");
+        let Some(d) = sub.next().await else {
+            anyhow::bail!("the subscription ended");
         };
+        let d = d.map_err(status_err)?;
         n += 1;
-        let t = d.timer.unwrap_or_default();
+        let t = d.timer.clone().unwrap_or_default();
         if output::json() {
             output::doc(serde_json::json!({"attempt": d.attempt, "timer": output::timer_json(&t)}));
         } else {
             println!("delivery attempt={}  {}", d.attempt, output::timer_line(&t));
         }
         if ack {
-            let req = pb::AckRequest {
-                namespace: t.namespace,
-                id: t.id,
-                attempt: d.attempt,
-            };
-            timers.ack(req).await.map_err(status_err)?;
+            sub.ack(&d);
+        }
+    }
+    if ack {
+        let outcome = sub.flush().await;
+        for (id, attempt, why) in &outcome.refused {
+            eprintln!(
+                "ack of {namespace}/{id} attempt {attempt} refused: {}",
+                why.message()
+            );
+        }
+        if !outcome.refused.is_empty() {
+            anyhow::bail!("{} of the acks were refused", outcome.refused.len());
         }
     }
     Ok(())

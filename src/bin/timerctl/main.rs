@@ -457,7 +457,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 consumer,
                 max_in_flight,
             };
-            delivery::watch(timers, req, ack, count).await?;
+            let connector = CONNECTOR.get().cloned().unwrap_or_default();
+            let client = timerdb_client::Client::connect(connector, &[cli.endpoint.as_str()])
+                .await
+                .map_err(status_err)?;
+            delivery::watch(client, req, ack, count).await?;
         }
         Command::Ack(a) => delivery::settle(timers, a.namespace, a.id, a.attempt, true).await?,
         Command::Nack(a) => delivery::settle(timers, a.namespace, a.id, a.attempt, false).await?,
