@@ -11,15 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${CARGO_TARGET_DIR:-target}
-BIN=${TIMERDB_BIN:-$TARGET/debug}
 BASE=${TIMERDB_README_PORT:-17101}
-DIR=$(mktemp -d /tmp/timerdb-readme.XXXXXX)
-stop() {
-  TIMERDB_BIN=$BIN scripts/cluster.sh stop --dir "$DIR" >/dev/null 2>&1 || true
-  rm -rf "$DIR"
-}
-trap stop EXIT
-TIMERDB_BIN=$BIN scripts/cluster.sh start --dir "$DIR" --base-port "$BASE" >/dev/null
+source scripts/test-cluster.sh
+test_cluster_start "$BASE" readme
 
 # The marked blocks' commands, one per line (continuation lines joined).
 commands=$(awk '
@@ -56,7 +50,7 @@ while IFS= read -r cmd; do
 done <<< "$commands"
 
 # Code examples: the README shows the file, the file runs.
-export TIMERDB_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+export TIMERDB_ADDRS=$TIMERDB_TEST_ADDRS
 files=$(sed -n 's/^<!-- scripts\/readme.sh: \(.*\) -->$/\1/p' README.md)
 for file in $files; do
   shown=$(awk -v f="<!-- scripts/readme.sh: $file -->" '

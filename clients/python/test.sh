@@ -24,18 +24,6 @@ for f in timerdb_pb2.py timerdb_pb2_grpc.py timerdb_pb2.pyi; do
 done
 rm -rf "$fresh"
 
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=${TIMERDB_BIN:-$TARGET/debug}
-BASE=${TIMERDB_PY_PORT:-17201}
-DIR=$(mktemp -d /tmp/timerdb-py.XXXXXX)
-CLUSTER="$ROOT/scripts/cluster.sh"
-stop() {
-  TIMERDB_BIN=$BIN "$CLUSTER" stop --dir "$DIR" >/dev/null 2>&1 || true
-  rm -rf "$DIR"
-}
-trap stop EXIT
-TIMERDB_BIN=$BIN "$CLUSTER" start --dir "$DIR" --base-port "$BASE" >/dev/null
-export TIMERDB_TEST_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
-export TIMERDB_BIN=$BIN
-export TIMERDB_TEST_CLUSTER="$CLUSTER --dir $DIR --base-port $BASE"
+source "$ROOT/scripts/test-cluster.sh"
+test_cluster_start "${TIMERDB_PY_PORT:-17201}" py
 "$VENV/bin/python" -m unittest discover -s tests -v

@@ -17,16 +17,8 @@ fi
 "$VENV/bin/python" -c "import playwright" 2>/dev/null || "$VENV/bin/pip" install -q playwright
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN=${TIMERDB_BIN:-$TARGET/debug}
-BASE=${TIMERDB_CONSOLE_PORT:-17301}
-DIR=$(mktemp -d /tmp/timerdb-console.XXXXXX)
-stop() {
-  TIMERDB_BIN=$BIN scripts/cluster.sh stop --dir "$DIR" >/dev/null 2>&1 || true
-  rm -rf "$DIR"
-}
-trap stop EXIT
-TIMERDB_BIN=$BIN scripts/cluster.sh start --dir "$DIR" --base-port "$BASE" >/dev/null
-export TIMERDB_TEST_ADDRS="127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"
+source scripts/test-cluster.sh
+test_cluster_start "${TIMERDB_CONSOLE_PORT:-17301}" console
 export TIMERDB_SHOTS=${TIMERDB_SHOTS:-$TARGET/console-screenshots}
 export CHROMIUM=${CHROMIUM:-$(command -v chromium)}
 "$VENV/bin/python" -m unittest -v tests/console/console_test.py
