@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 bash scripts/deps.sh
-echo "== building release timerd and timerdb-bench (a cold build compiles RocksDB: tens of minutes)"
+echo "== building release timerd and timerdb-bench (RocksDB itself is compiled once per machine, by scripts/rocksdb.sh)"
 cargo build --release --bin timerd --bin timerdb-bench
 BIN="${CARGO_TARGET_DIR:-target}/release"
 out=bench-results

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-echo "== building release timerd and timerdb-chaos (a cold build compiles RocksDB: tens of minutes)"
+echo "== building release timerd and timerdb-chaos (RocksDB itself is compiled once per machine, by scripts/rocksdb.sh)"
 cargo build --release --bin timerd --bin timerdb-chaos
 BIN="${CARGO_TARGET_DIR:-target}/release"
 # Certificates for secure runs: the cluster CA, node-N and a client certificate named

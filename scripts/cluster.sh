@@ -43,8 +43,8 @@ PEERS="1=$(addr 1),2=$(addr 2),3=$(addr 3)"
 build() {
   if [[ -z "${TIMERDB_BIN:-}" ]]; then
     bash scripts/deps.sh
-    # --all-targets: the same feature set as scripts/test.sh, so RocksDB is compiled once for both.
-    cargo build --all-targets
+    # Only what the cluster runs: the tests' targets are built by the test commands.
+    cargo build --bin timerd --bin timerctl
   fi
 }
 

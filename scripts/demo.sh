@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 export TIMERDB_CLUSTER_DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 bash scripts/deps.sh
 echo "== building timerdb (debug profile)"
-# --all-targets: the same feature set as scripts/test.sh, so the Rust dependencies are built once for both.
-cargo build --all-targets
+# Only the two binaries the demo runs (scripts/test.sh builds the tests' targets itself).
+cargo build --bin timerd --bin timerctl
 TARGET=${CARGO_TARGET_DIR:-target}
 CTL="$TARGET/debug/timerctl"
 scripts/cluster.sh stop >/dev/null 2>&1 || true
