@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
 
 use crate::harness::*;
 use crate::http::{check_refusal, Api};
@@ -212,6 +213,36 @@ async fn client_mistakes_are_4xx_with_a_message() {
             "{method} {path} {body:?}: {message:?} lacks {needle:?}"
         );
     }
+    // A namespace's schedule rate limit: 429 with the wait, as Retry-After and in the JSON.
+    let slow = json!({"policy": {"max_schedules_per_second": 1, "max_schedule_burst": 1}});
+    api.ok("PUT", "/v1/namespaces/slow", Some(slow)).await;
+    // The leader's bucket starts empty in each term: send until one is refused.
+    let mut refused = None;
+    for i in 0..4 {
+        let body = json!({"id": format!("s{i}"), "delay_ms": 60000, "payload": ""});
+        let body = serde_json::to_vec(&body).unwrap();
+        let resp = api
+            .http
+            .request(api.request("POST", "/v1/namespaces/slow/timers", Some(body)))
+            .await
+            .unwrap();
+        if resp.status() != 200 {
+            refused = Some(resp);
+            break;
+        }
+    }
+    let resp = refused.expect("a schedule over 1 a second is refused");
+    assert_eq!(resp.status(), 429);
+    let wait: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["error"]["status"], json!("RESOURCE_EXHAUSTED"));
+    assert!(v["error"]["retry_after_ms"].as_u64().unwrap() > 0, "{v}");
     // A body over the call's limit (4 MiB for Namespaces) → 413, before it is transcoded.
     let big = vec![b' '; 5 * 1024 * 1024];
     let (got, v) = api.raw("PUT", "/v1/namespaces/web", Some(big)).await;
@@ -306,5 +337,32 @@ async fn auth_covers_http_as_it_covers_grpc() {
     assert_eq!(v["auth_enabled"], json!(true));
     let v = api.ok("GET", "/v1/access/whoami", None).await;
     assert_eq!(v["roles"], json!(["admin"]));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_leader_is_503_unavailable() {
+    let mut cluster = TestCluster::start(3).await;
+    let survivor = cluster.follower().await;
+    let api = Api::new(&cluster, survivor);
+    let timer = json!({"id": "a", "delay_ms": 60000});
+    api.ok("POST", "/v1/namespaces/web/timers", Some(timer))
+        .await;
+    for id in cluster.running() {
+        if id != survivor {
+            cluster.stop(id).await;
+        }
+    }
+    // No quorum: the call waits the node's leader wait, then 503 with why.
+    let m = api
+        .refused(
+            "GET",
+            "/v1/namespaces/web/timers/a",
+            None,
+            503,
+            "UNAVAILABLE",
+        )
+        .await;
+    assert!(!m.is_empty());
     cluster.shutdown().await;
 }

@@ -134,6 +134,11 @@ pub static CODECS: &[Codec] = &[
         pb::DigestResponse
     ),
     codec!(
+        "/timerdb.v1.Cluster/Backup",
+        pb::BackupRequest,
+        pb::BackupChunk
+    ),
+    codec!(
         "/timerdb.v1.Cluster/Overview",
         pb::OverviewRequest,
         pb::OverviewResponse

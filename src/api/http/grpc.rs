@@ -128,6 +128,88 @@ pub async fn lines<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode)
     Reply::Raw(resp)
 }
 
+/// Runs Backup through `inner` and answers the backup file itself (`application/octet-stream`),
+/// with the first message's `info` as JSON in the `x-timerdb-backup` header: what `timerctl
+/// backup save` writes, for `curl -o`.
+pub async fn backup<S: Inner>(inner: S, req: http::Request<Body>) -> Reply {
+    use prost::Message;
+    let (parts, mut body) = layer::call(inner, req).await.into_parts();
+    if let Some(status) = failed(&parts.headers) {
+        return Reply::Status(status);
+    }
+    // The first message (the info) before the headers go out.
+    let mut deframer = Deframer::default();
+    let info = loop {
+        match deframer.next() {
+            Ok(Some(m)) => match crate::api::pb::BackupChunk::decode(m) {
+                Ok(c) => break c.info.unwrap_or_default(),
+                Err(e) => return Reply::Status(tonic::Status::internal(e.to_string())),
+            },
+            Ok(None) => {}
+            Err(e) => return Reply::Status(tonic::Status::internal(e)),
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => deframer.push(&data),
+                Err(frame) => {
+                    let status = frame.trailers_ref().and_then(failed);
+                    let why = "the backup ended before it began";
+                    return Reply::Status(status.unwrap_or_else(|| tonic::Status::internal(why)));
+                }
+            },
+            Some(Err(status)) => return Reply::Status(status),
+            None => return Reply::Status(tonic::Status::internal("no backup was sent")),
+        }
+    };
+    let info_json = serde_json::to_string(&info).unwrap_or_default();
+    // Then the data of every message, as it comes; a failure mid-way cuts the body short
+    // (the file's own row count and CRC-32 tell a cut file from a whole one).
+    let stream = futures::stream::unfold((body, deframer), |(mut body, mut deframer)| async {
+        loop {
+            match deframer.next() {
+                Ok(Some(m)) => {
+                    let data = crate::api::pb::BackupChunk::decode(m).map(|c| c.data);
+                    return match data {
+                        Ok(d) => Some((Ok(Bytes::from(d)), (body, deframer))),
+                        Err(e) => Some((
+                            Err(tonic::Status::internal(e.to_string())),
+                            (body, deframer),
+                        )),
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => return Some((Err(tonic::Status::internal(e)), (body, deframer))),
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => deframer.push(&data),
+                    Err(frame) => {
+                        let status = frame.trailers_ref().and_then(failed);
+                        return status.map(|s| (Err(s), (body, deframer)));
+                    }
+                },
+                Some(Err(status)) => return Some((Err(status), (body, deframer))),
+                None => return None,
+            }
+        }
+    });
+    let frames = stream.map(|r| r.map(hyper::body::Frame::data));
+    let mut resp = http::Response::new(Body::new(http_body_util::StreamBody::new(frames)));
+    let h = resp.headers_mut();
+    h.insert(
+        "content-type",
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        "content-length",
+        HeaderValue::from_str(&info.bytes.to_string()).expect("digits"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&info_json) {
+        h.insert("x-timerdb-backup", v);
+    }
+    Reply::Raw(resp)
+}
+
 fn ndjson(v: &Value) -> Bytes {
     let mut line = serde_json::to_vec(v).unwrap_or_default();
     line.push(b'\n');
@@ -182,7 +264,15 @@ impl Reply {
         match self {
             Reply::Json(code, v) => json_response(code, &v),
             Reply::Status(status) => {
-                json_response(http_status(status.code()), &error_json(&status))
+                let mut resp = json_response(http_status(status.code()), &error_json(&status));
+                // HTTP's own form of the wait, in whole seconds (rounded up).
+                if let Some(ms) = retry_after_ms(&status) {
+                    let secs = ms.div_ceil(1000).max(1);
+                    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
+                    }
+                }
+                resp
             }
             Reply::Refuse(code, message) => {
                 let status = json!({"error": {
@@ -207,13 +297,24 @@ pub fn json_response(code: StatusCode, v: &Value) -> http::Response<Body> {
     resp
 }
 
-/// The JSON error of a gRPC status (the shape of Google APIs' errors).
+/// The JSON error of a gRPC status (the shape of Google APIs' errors), with the wait the
+/// server asked for (`retry_after_ms`) when it asked for one.
 pub fn error_json(status: &tonic::Status) -> Value {
-    json!({"error": {
+    let mut error = json!({
         "code": http_status(status.code()).as_u16(),
         "status": grpc_name(status.code()),
         "message": status.message(),
-    }})
+    });
+    if let Some(ms) = retry_after_ms(status) {
+        error["retry_after_ms"] = json!(ms);
+    }
+    json!({ "error": error })
+}
+
+/// The `retry-after-ms` a refusal carries (a schedule rate limit).
+fn retry_after_ms(status: &tonic::Status) -> Option<u64> {
+    let v = status.metadata().get(crate::api::convert::RETRY_AFTER_MS)?;
+    v.to_str().ok()?.parse().ok()
 }
 
 /// The HTTP status of a gRPC code, as Google APIs map them.
@@ -267,5 +368,53 @@ pub fn grpc_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DataLoss => "DATA_LOSS",
         Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_grpc_code_has_its_google_http_status() {
+        let table = [
+            (Code::Ok, 200),
+            (Code::Cancelled, 499),
+            (Code::Unknown, 500),
+            (Code::InvalidArgument, 400),
+            (Code::DeadlineExceeded, 504),
+            (Code::NotFound, 404),
+            (Code::AlreadyExists, 409),
+            (Code::PermissionDenied, 403),
+            (Code::ResourceExhausted, 429),
+            (Code::FailedPrecondition, 400),
+            (Code::Aborted, 409),
+            (Code::OutOfRange, 400),
+            (Code::Unimplemented, 501),
+            (Code::Internal, 500),
+            (Code::Unavailable, 503),
+            (Code::DataLoss, 500),
+            (Code::Unauthenticated, 401),
+        ];
+        for (code, http) in table {
+            assert_eq!(http_status(code).as_u16(), http, "{code:?}");
+            let e = error_json(&tonic::Status::new(code, "why"));
+            assert_eq!(e["error"]["code"], json!(http));
+            assert_eq!(e["error"]["message"], json!("why"));
+            assert_eq!(
+                e["error"]["status"].as_str().map(str::len),
+                Some(grpc_name(code).len())
+            );
+        }
+    }
+
+    #[test]
+    fn a_wait_the_server_asks_for_becomes_retry_after() {
+        let mut s = tonic::Status::resource_exhausted("slow down");
+        s.metadata_mut()
+            .insert(crate::api::convert::RETRY_AFTER_MS, "1500".parse().unwrap());
+        let resp = Reply::Status(s).into_response();
+        assert_eq!(resp.status().as_u16(), 429);
+        assert_eq!(resp.headers()[http::header::RETRY_AFTER], "2");
     }
 }

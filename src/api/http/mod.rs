@@ -137,6 +137,7 @@ async fn call<S: Inner>(
     match route.output {
         Output::Unary => grpc::unary(inner, grpc_req, codec.decode).await,
         Output::Lines => grpc::lines(inner, grpc_req, codec.decode).await,
+        Output::Backup => grpc::backup(inner, grpc_req).await,
     }
 }
 

@@ -56,6 +56,11 @@ fn build() -> Value {
         let ok = match route.output {
             Output::Unary => json!({"description": "OK", "content": {"application/json": {
                 "schema": reference(route.response)}}}),
+            Output::Backup => json!({
+                "description": "The backup file (restore it with timerd --restore-from); \
+                                its BackupInfo as JSON in the x-timerdb-backup header",
+                "content": {"application/octet-stream": {"schema": {"type": "string",
+                    "format": "binary"}}}}),
             Output::Lines => json!({
                 "description": "A stream of JSON objects, one per line, each one Delivery \
                                 (or, last, an Error)",

@@ -29,6 +29,8 @@ pub enum Output {
     Unary,
     /// The server stream, one JSON object per line (NDJSON), then the end or an error line.
     Lines,
+    /// The backup file itself (Backup's data messages), its info in a header.
+    Backup,
 }
 
 /// One HTTP route onto one gRPC method.
@@ -312,6 +314,15 @@ pub static ROUTES: &[Route] = &[
         "The cluster as its leader sees it: members' progress and lag, namespaces' counts.",
     ),
     route(
+        Method::GET,
+        "/v1/cluster/backup",
+        "/timerdb.v1.Cluster/Backup",
+        ("BackupRequest", "BackupChunk"),
+        Input::Query,
+        "A backup file, taken on the leader once it holds every acknowledged write.",
+    )
+    .backup(),
+    route(
         Method::POST,
         "/v1/cluster/nodes",
         "/timerdb.v1.Cluster/AddNode",
@@ -389,6 +400,10 @@ impl Route {
     }
     const fn lines(mut self) -> Route {
         self.output = Output::Lines;
+        self
+    }
+    const fn backup(mut self) -> Route {
+        self.output = Output::Backup;
         self
     }
 }
