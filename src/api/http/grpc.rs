@@ -50,25 +50,24 @@ pub async fn unary<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode)
     if let Some(status) = failed(&parts.headers) {
         return Reply::Status(status);
     }
-    let collected = match body.collect().await {
-        Ok(c) => c,
-        Err(status) => return Reply::Status(status),
-    };
-    if let Some(status) = collected.trailers().and_then(failed) {
-        return Reply::Status(status);
+    let mut messages = Messages::new(body);
+    let first = messages.next().await;
+    // Read to the end: the call's status comes in the trailers.
+    while let Some(more) = messages.next().await {
+        if let Err(status) = more {
+            return Reply::Status(status);
+        }
     }
-    let mut deframer = Deframer::default();
-    deframer.push(&collected.to_bytes());
-    match deframer.next() {
-        Ok(Some(message)) => match decode(&message) {
+    match first {
+        Some(Ok(message)) => match decode(&message) {
             Ok(mut v) => {
                 super::schema::decorate(&mut v);
                 Reply::Json(StatusCode::OK, v)
             }
             Err(e) => Reply::Status(tonic::Status::internal(e)),
         },
-        Ok(None) => Reply::Status(tonic::Status::internal("the call ended without an answer")),
-        Err(e) => Reply::Status(tonic::Status::internal(e)),
+        Some(Err(status)) => Reply::Status(status),
+        None => Reply::Status(tonic::Status::internal("the call ended without an answer")),
     }
 }
 
@@ -79,44 +78,19 @@ pub async fn lines<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode)
     if let Some(status) = failed(&parts.headers) {
         return Reply::Status(status);
     }
-    let state = (body, Deframer::default(), false);
-    let stream = futures::stream::unfold(state, move |(mut body, mut deframer, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            match deframer.next() {
-                Ok(Some(message)) => {
-                    let line = match decode(&message) {
-                        Ok(mut v) => {
-                            super::schema::decorate(&mut v);
-                            v
-                        }
-                        Err(e) => error_json(&tonic::Status::internal(e)),
-                    };
-                    return Some((ndjson(&line), (body, deframer, false)));
+    let stream = futures::stream::unfold(Messages::new(body), move |mut messages| async move {
+        let line = match messages.next().await? {
+            Ok(message) => match decode(&message) {
+                Ok(mut v) => {
+                    super::schema::decorate(&mut v);
+                    v
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    let line = error_json(&tonic::Status::internal(e));
-                    return Some((ndjson(&line), (body, deframer, true)));
-                }
-            }
-            match body.frame().await {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => deframer.push(&data),
-                    Err(frame) => {
-                        let status = frame.trailers_ref().and_then(failed);
-                        let line = status.map(|s| ndjson(&error_json(&s)));
-                        return line.map(|l| (l, (body, deframer, true)));
-                    }
-                },
-                Some(Err(status)) => {
-                    return Some((ndjson(&error_json(&status)), (body, deframer, true)));
-                }
-                None => return None,
-            }
-        }
+                Err(e) => error_json(&tonic::Status::internal(e)),
+            },
+            // The last line: the stream's failure (`messages` ends after it).
+            Err(status) => error_json(&status),
+        };
+        Some((ndjson(&line), messages))
     });
     let frames = stream.map(|b| Ok::<_, tonic::Status>(hyper::body::Frame::data(b)));
     let body = Body::new(http_body_util::StreamBody::new(frames));
@@ -133,65 +107,31 @@ pub async fn lines<S: Inner>(inner: S, req: http::Request<Body>, decode: Decode)
 /// backup save` writes, for `curl -o`.
 pub async fn backup<S: Inner>(inner: S, req: http::Request<Body>) -> Reply {
     use prost::Message;
-    let (parts, mut body) = layer::call(inner, req).await.into_parts();
+    let (parts, body) = layer::call(inner, req).await.into_parts();
     if let Some(status) = failed(&parts.headers) {
         return Reply::Status(status);
     }
     // The first message (the info) before the headers go out.
-    let mut deframer = Deframer::default();
-    let info = loop {
-        match deframer.next() {
-            Ok(Some(m)) => match crate::api::pb::BackupChunk::decode(m) {
-                Ok(c) => break c.info.unwrap_or_default(),
-                Err(e) => return Reply::Status(tonic::Status::internal(e.to_string())),
-            },
-            Ok(None) => {}
-            Err(e) => return Reply::Status(tonic::Status::internal(e)),
-        }
-        match body.frame().await {
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => deframer.push(&data),
-                Err(frame) => {
-                    let status = frame.trailers_ref().and_then(failed);
-                    let why = "the backup ended before it began";
-                    return Reply::Status(status.unwrap_or_else(|| tonic::Status::internal(why)));
-                }
-            },
-            Some(Err(status)) => return Reply::Status(status),
-            None => return Reply::Status(tonic::Status::internal("no backup was sent")),
-        }
+    let mut messages = Messages::new(body);
+    let info = match messages.next().await {
+        Some(Ok(m)) => match crate::api::pb::BackupChunk::decode(m) {
+            Ok(c) => c.info.unwrap_or_default(),
+            Err(e) => return Reply::Status(tonic::Status::internal(e.to_string())),
+        },
+        Some(Err(status)) => return Reply::Status(status),
+        None => return Reply::Status(tonic::Status::internal("no backup was sent")),
     };
     let info_json = serde_json::to_string(&info).unwrap_or_default();
     // Then the data of every message, as it comes; a failure mid-way cuts the body short
     // (the file's own row count and CRC-32 tell a cut file from a whole one).
-    let stream = futures::stream::unfold((body, deframer), |(mut body, mut deframer)| async {
-        loop {
-            match deframer.next() {
-                Ok(Some(m)) => {
-                    let data = crate::api::pb::BackupChunk::decode(m).map(|c| c.data);
-                    return match data {
-                        Ok(d) => Some((Ok(Bytes::from(d)), (body, deframer))),
-                        Err(e) => Some((
-                            Err(tonic::Status::internal(e.to_string())),
-                            (body, deframer),
-                        )),
-                    };
-                }
-                Ok(None) => {}
-                Err(e) => return Some((Err(tonic::Status::internal(e)), (body, deframer))),
-            }
-            match body.frame().await {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => deframer.push(&data),
-                    Err(frame) => {
-                        let status = frame.trailers_ref().and_then(failed);
-                        return status.map(|s| (Err(s), (body, deframer)));
-                    }
-                },
-                Some(Err(status)) => return Some((Err(status), (body, deframer))),
-                None => return None,
-            }
-        }
+    let stream = futures::stream::unfold(messages, |mut messages| async move {
+        let data = match messages.next().await? {
+            Ok(m) => crate::api::pb::BackupChunk::decode(m)
+                .map(|c| Bytes::from(c.data))
+                .map_err(|e| tonic::Status::internal(e.to_string())),
+            Err(status) => Err(status),
+        };
+        Some((data, messages))
     });
     let frames = stream.map(|r| r.map(hyper::body::Frame::data));
     let mut resp = http::Response::new(Body::new(http_body_util::StreamBody::new(frames)));
@@ -247,6 +187,57 @@ impl Deframer {
         }
         self.buf.advance(5);
         Ok(Some(self.buf.split_to(len).freeze()))
+    }
+}
+
+/// The messages of a gRPC answer's body, in order, then its end: `None` after an OK end, one
+/// error (a failed status in the trailers, a broken body or frame) and then `None`.
+struct Messages {
+    body: Body,
+    deframer: Deframer,
+    done: bool,
+}
+
+impl Messages {
+    fn new(body: Body) -> Messages {
+        Messages {
+            body,
+            deframer: Deframer::default(),
+            done: false,
+        }
+    }
+
+    async fn next(&mut self) -> Option<Result<Bytes, tonic::Status>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.deframer.next() {
+                Ok(Some(message)) => return Some(Ok(message)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(tonic::Status::internal(e)));
+                }
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.deframer.push(&data),
+                    Err(frame) => {
+                        self.done = true;
+                        return frame.trailers_ref().and_then(failed).map(Err);
+                    }
+                },
+                Some(Err(status)) => {
+                    self.done = true;
+                    return Some(Err(status));
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        }
     }
 }
 
