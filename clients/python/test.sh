@@ -8,7 +8,13 @@ cd "$(dirname "$0")"
 ROOT=$(cd ../.. && pwd)
 VENV=${TIMERDB_PYVENV:-$HOME/.cache/timerdb-pyvenv}
 if [[ ! -x "$VENV/bin/python" ]]; then
-  python3 -m venv "$VENV"
+  # Debian's system python needs python3-venv for this; install it if the first try fails.
+  if ! python3 -m venv "$VENV" 2>/dev/null; then
+    SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+  fi
 fi
 "$VENV/bin/pip" install -q -e ".[dev]"
 

@@ -13,7 +13,9 @@ if ! command -v chromium >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" != 0 ] && SUDO="sudo"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
-[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+# The Python client's tests make the virtualenv (installing python3-venv if needed); run
+# alone, make it the same way.
+[[ -x "$VENV/bin/python" ]] || bash clients/python/test.sh >/dev/null
 "$VENV/bin/python" -c "import playwright" 2>/dev/null || "$VENV/bin/pip" install -q playwright
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
