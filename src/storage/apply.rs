@@ -57,8 +57,13 @@ pub(super) struct Applier<'a> {
     pub placed: HashMap<String, Slot>,
     /// Whether writes are staged for the entry's later reads (see `command`).
     stage: bool,
-    /// Namespaces whose head must be read again once the batch is written (Fire passed them).
+    /// Namespaces whose head must be read again once the batch is written: those the heads
+    /// cache sent the Fire to look at. Node-local (a head may be early): it decides what the
+    /// cache is told, never what the entry writes.
     pub visited: Vec<String>,
+    /// Namespaces the Fire's cursor passed rows of, by name: a function of the replicated
+    /// state, so it may decide writes (the pass leases, `fire.rs`).
+    pub(super) passed: Vec<String>,
     /// Purge floors this entry moved, for the index's compaction filter.
     pub purged: Vec<(String, Slot)>,
     /// Events for the metrics, recorded once the entry is written.
@@ -114,6 +119,7 @@ impl<'a> Applier<'a> {
             placed: HashMap::default(),
             stage: true,
             visited: Vec::new(),
+            passed: Vec::new(),
             purged: Vec::new(),
             events: Default::default(),
             fired: None,

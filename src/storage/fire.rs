@@ -45,9 +45,11 @@ impl Applier<'_> {
             }
             leases.push(self.grant(now_ms, &g.namespace, g.room, g.push)?);
         }
-        // Namespaces the cursor passed and nobody was granted: let the delivery cursor pass
-        // finished rows, so that they can be purged though nobody consumes the namespace.
-        for ns in self.visited.clone() {
+        // Namespaces the cursor passed rows of and nobody was granted: let the delivery
+        // cursor pass finished rows, so that they can be purged though nobody consumes the
+        // namespace. Only those whose rows it passed: which namespaces the heads cache named
+        // is node-local (a head may be early), and must not decide a write (DESIGN 8).
+        for ns in std::mem::take(&mut self.passed) {
             if !grants.iter().any(|g| g.namespace == ns) && !rewrote.contains(&ns) {
                 self.grant(now_ms, &ns, 0, false)?;
             }
@@ -93,6 +95,8 @@ impl Applier<'_> {
         }
         let (mut scanned, mut fired) = (0, 0u32);
         let mut pending_by_ns: BTreeMap<usize, i64> = BTreeMap::new();
+        // The namespaces whose rows the cursor passed (indexes into `namespaces`).
+        let mut passed = vec![false; namespaces.len()];
         let (mut last, mut more) = (old, false);
         while let Some(Reverse((slot, i))) = heap.pop() {
             if scanned == max {
@@ -124,6 +128,7 @@ impl Applier<'_> {
                 _ => {}
             }
             scanned += 1;
+            passed[i] = true;
             last = slot;
             it.next();
             if let Some(k) = it.key() {
@@ -146,6 +151,12 @@ impl Applier<'_> {
             codec::encode(&(self.index, now_ms)),
         );
         self.fired = Some((old, new, now_ms));
+        // By name: the order of `namespaces` is the cache's (earliest head first).
+        self.passed = (namespaces.iter().zip(&passed))
+            .filter(|(_, p)| **p)
+            .map(|(ns, _)| ns.clone())
+            .collect();
+        self.passed.sort();
         self.visited = namespaces;
         Ok((fired, more))
     }

@@ -57,6 +57,20 @@ impl Heads {
         self.order.first().map(|(slot, _)| *slot)
     }
 
+    /// Makes every head as early as the contract allows (just after `cursor`): the state of a
+    /// cache whose rows all moved away unseen. Apply must write the same with it as with exact
+    /// heads; the apply fuzzer puts a replica in this state to check that.
+    pub fn all_early(&mut self, cursor: Slot) {
+        let names: Vec<String> = self.by_ns.keys().cloned().collect();
+        let early = Slot {
+            bucket: cursor.bucket,
+            seq: cursor.seq.saturating_add(1),
+        };
+        for ns in names {
+            self.set(&ns, Some(early));
+        }
+    }
+
     /// Reads every namespace's head after `cursor` from the database.
     pub fn load(db: &DB, cursor: Slot) -> Result<Heads> {
         let mut heads = Heads::default();

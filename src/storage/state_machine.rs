@@ -53,15 +53,33 @@ impl StateMachine {
             data_dir.join("snapshot"),
         )?;
         let meta = SmMeta::load(store.db())?;
-        store.gc.load(store.db())?;
-        store.reload_heads(meta.cursor)?;
-        store.reload_access()?;
-        Ok(StateMachine {
+        let mut sm = StateMachine {
             store,
             meta,
             signal,
             snapshots,
-        })
+        };
+        sm.reload()?;
+        Ok(sm)
+    }
+
+    /// Makes the node-local caches as stale as their contracts allow (every head early), as a
+    /// long-running replica's may be. For the apply fuzzer: apply must not write otherwise.
+    pub fn stale_caches(&self) {
+        let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
+        heads.all_early(self.meta.cursor);
+    }
+
+    /// Rebuilds every node-local structure apply and the readers keep beside the database (the
+    /// metadata mirror, the heads, the index GC's floors, the access cache) from the database,
+    /// as opening it does. A cache may make apply faster, never different (DESIGN 8): a replica
+    /// that just did this writes what one that never did writes, which the apply fuzzer checks
+    /// before every entry.
+    pub fn reload(&mut self) -> Result<()> {
+        self.meta = SmMeta::load(self.store.db())?;
+        self.store.gc.load(self.store.db())?;
+        self.store.reload_heads(self.meta.cursor)?;
+        self.store.reload_access()
     }
 
     /// The read side of this state machine.
@@ -243,10 +261,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let path = snapshot.finish().await.map_err(|e| sm_err(e.into()))?;
         let snapshots = self.snapshots.clone();
         let rows = off_the_runtime(|| snapshots.install(meta, &path)).map_err(sm_err)?;
-        self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
-        self.store.reload_heads(self.meta.cursor).map_err(sm_err)?;
-        self.store.gc.load(self.store.db()).map_err(sm_err)?;
-        self.store.reload_access().map_err(sm_err)?;
+        self.reload().map_err(sm_err)?;
         tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);

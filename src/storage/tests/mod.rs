@@ -776,6 +776,7 @@ mod attempts;
 mod change;
 mod deliver;
 mod misfire;
+mod replicas;
 mod restore;
 mod series;
 mod snapshot;
