@@ -4,8 +4,9 @@
 #   scripts/fuzz.sh [--minutes N | --seconds N] [--target T]... [--save] [--seed S]
 #
 # Targets: peer (the peer message decoder), backup (the snapshot/backup reader), convert
-# (protobuf -> command validation), apply (command programs on two state machines: same
-# answers, same digest). The time is shared evenly. Starts from the committed corpus in
+# (protobuf -> command validation), apply (command programs on three state machines, one of
+# them restarted, reinstalled and its caches rebuilt, the other's caches made stale: same
+# answers, same digest after every entry). The time is shared evenly. Starts from the committed corpus in
 # fuzz/corpus/<target>/; --save keeps inputs that reached a new outcome there. A finding (a
 # panic, a broken invariant) is saved to fuzz/findings/<target>/ and fails the run; so does an
 # abort of the process. Default: 10 minutes.
@@ -24,6 +25,11 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 TARGET=${CARGO_TARGET_DIR:-target}
+# The apply target opens three RocksDB state machines per input: on tmpfs, twice as many inputs
+# a second as on disk.
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  export TMPDIR=/dev/shm
+fi
 bash scripts/deps.sh
 cargo build --release --bin timerdb-fuzz
 "$TARGET/release/timerdb-fuzz" --seconds "$SECONDS_TOTAL" "${ARGS[@]}"

@@ -27,5 +27,8 @@ bash scripts/readme.sh >"$readme_log" 2>&1 || { cat "$readme_log"; exit 1; }
 tail -1 "$readme_log"; rm -f "$readme_log"
 echo "== fuzzing (a short run over the committed corpus: scripts/fuzz.sh for longer)"
 bash scripts/fuzz.sh --seconds 40
+# apply gets more: on cde6148's apply it found issue 33's finding 1 (replicas diverging after
+# a restart) in 10 s with 6 seeds of 10, in 30 s with 9 of 10.
+bash scripts/fuzz.sh --seconds 45 --target apply
 echo "== chaos (short profile)"
 bash scripts/chaos.sh --short

@@ -1,10 +1,24 @@
 //! The apply target: bytes read as a program of client and leader commands (schedule, batch,
 //! cancel, reschedule, fire, deliver, ack, nack, redrive, namespace policy, access changes,
 //! recurring timers: create with any policy, pause, resume, and cancels and acks of their
-//! occurrences; the create modes, conditional cancels and reschedules, relative shifts),
-//! applied to two fresh state machines — one entry at a time on one, all entries in one call
-//! on the other — which must give the same answers and the same digest (the determinism
-//! oracle of `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
+//! occurrences; the create modes, conditional cancels and reschedules, relative shifts) and of
+//! disturbances of one replica, applied to three fresh state machines:
+//!
+//! - the *steady* one applies one entry at a time and is never disturbed: its node-local
+//!   caches (the heads, the access cache, the index GC's floors) carry whatever history left
+//!   in them, and at the points the program says they are made as stale as their contracts
+//!   allow (every head early, `StateMachine::stale_caches`);
+//! - the *disturbed* one applies the same entries one at a time, rebuilding every node-local
+//!   cache from its database before each (`StateMachine::reload`, what opening does), and at
+//!   the points the program says it is closed and opened again or installs a snapshot the
+//!   steady one builds there — what a restart or a catching-up follower does;
+//! - the *grouped* one applies every entry in one call.
+//!
+//! The steady and the disturbed replica must give the same answer and the same digest after
+//! **every** entry (DESIGN invariant 8: a committed entry's effect is a function of the
+//! replicated state and the entry only; a cache may make apply faster, never different); the
+//! grouped one the same answers and digest at the end (the determinism oracle of
+//! `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
 //!
 //! Programs stay in the domain the leader proposes from (its replicated clock only moves
 //! forward), so a disagreement is a real bug, not an impossible log.
@@ -48,17 +62,68 @@ impl Bytes<'_> {
 
     fn key(&mut self) -> TimerKey {
         let ns = NAMESPACES[usize::from(self.next()) % NAMESPACES.len()];
-        TimerKey::new(ns, format!("t{}", self.next() % 24))
+        TimerKey::new(ns, format!("t{}", self.next() % 8))
     }
 }
 
+/// One step of a program.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // a program holds at most 64 steps
+pub enum Step {
+    /// Every replica applies this command as the next entry.
+    Apply(Command),
+    /// The disturbed replica is closed and opened again.
+    Reopen,
+    /// The disturbed replica installs a snapshot the steady one builds now.
+    Install,
+    /// The steady replica's caches become as stale as their contracts allow (every head early).
+    Stale,
+}
+
+/// Each op by how often a byte picks it: what moves time and rows (fires, schedules,
+/// reschedules, misfire policies) more often than the rest, so that programs reach the states
+/// where caches and the replicated state part ways (a row moved later, a timer passed late, a
+/// fire between them) within seconds of fuzzing rather than minutes.
+const OPS: [u8; 32] = [
+    0, 0, 0, 1, 2, 3, 3, 4, 4, 4, 4, 5, 6, 7, 8, 9, 17, 17, 11, 12, 13, 14, 14, 15, 16, 10, 18, 19,
+    20, 20, 20, 20,
+];
+
 /// The commands `input` describes.
 pub fn program(input: &[u8]) -> Vec<Command> {
+    steps(input)
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Apply(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The steps `input` describes: commands and disturbances.
+pub fn steps(input: &[u8]) -> Vec<Step> {
     let mut b = Bytes(input, 0);
     let mut now = T0;
     let mut out = Vec::new();
-    while !b.done() && out.len() < MAX_COMMANDS {
-        let op = b.next() % 18;
+    let mut commands = 0;
+    while !b.done() && commands < MAX_COMMANDS {
+        let op = OPS[usize::from(b.next()) % OPS.len()];
+        match op {
+            18 => {
+                out.push(Step::Reopen);
+                continue;
+            }
+            19 => {
+                out.push(Step::Install);
+                continue;
+            }
+            20 => {
+                out.push(Step::Stale);
+                continue;
+            }
+            _ => {}
+        }
+        commands += 1;
         let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
         let cmd = match op {
             0 => {
@@ -244,7 +309,7 @@ pub fn program(input: &[u8]) -> Vec<Command> {
                 _ => AccessChange::Enable(b.next() % 2 == 0),
             }),
         };
-        out.push(cmd);
+        out.push(Step::Apply(cmd));
     }
     out
 }
@@ -324,37 +389,81 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// Runs the program on two state machines and compares them.
+/// Runs the program on the three state machines and compares them.
 pub fn run(input: &[u8]) -> Verdict {
-    let cmds = program(input);
+    let steps = steps(input);
+    let cmds: Vec<Command> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Apply(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
     if cmds.is_empty() {
         return Ok("empty".into());
     }
-    let (d1, d2) = (tempdir()?, tempdir()?);
+    let (d1, d2, d3) = (tempdir()?, tempdir()?, tempdir()?);
     runtime().block_on(async {
-        let (mut one, mut two) = (open(d1.path())?, open(d2.path())?);
+        let (mut steady, mut grouped) = (open(d1.path())?, open(d3.path())?);
+        let mut disturbed = Some(open(d2.path())?);
         let mut answers = Vec::new();
-        for (i, c) in cmds.iter().enumerate() {
-            let mut r = one
-                .apply([entry(i as u64 + 1, c.clone())])
-                .await
-                .map_err(|e| format!("apply failed: {e}"))?;
-            answers.push(r.pop().ok_or("no answer")?);
+        let mut disturbances = 0;
+        for step in &steps {
+            let index = answers.len() as u64 + 1;
+            match step {
+                Step::Apply(c) => {
+                    let a = apply_one(&mut steady, index, c).await?;
+                    let sm = disturbed.as_mut().ok_or("no disturbed replica")?;
+                    // Every cache rebuilt from the database, as a restart would.
+                    sm.reload().map_err(|e| format!("reloading the caches: {e}"))?;
+                    let b = apply_one(sm, index, c).await?;
+                    if a != b {
+                        return Err(format!(
+                            "entry {index} ({}): a disturbed replica answers otherwise:\n{a:?}\n{b:?}",
+                            c.name()
+                        ));
+                    }
+                    if digest(&steady)? != digest(sm)? {
+                        return Err(format!(
+                            "entry {index} ({}): a disturbed replica's state differs \
+                             (digests differ after the entry)",
+                            c.name()
+                        ));
+                    }
+                    answers.push(a);
+                }
+                Step::Stale => steady.stale_caches(),
+                Step::Reopen => {
+                    drop(disturbed.take());
+                    disturbed = Some(open(d2.path())?);
+                    disturbances += 1;
+                }
+                Step::Install => {
+                    let sm = disturbed.as_mut().ok_or("no disturbed replica")?;
+                    install(&mut steady, sm).await?;
+                    if digest(&steady)? != digest(sm)? {
+                        return Err(format!(
+                            "after entry {}: an installed snapshot differs from its source",
+                            index - 1
+                        ));
+                    }
+                    disturbances += 1;
+                }
+            }
         }
         let entries: Vec<_> = (cmds.iter().cloned().enumerate())
             .map(|(i, c)| entry(i as u64 + 1, c))
             .collect();
-        let grouped = two
+        let all = grouped
             .apply(entries)
             .await
             .map_err(|e| format!("apply failed: {e}"))?;
-        if answers != grouped {
+        if answers != all {
             return Err(format!(
-                "same log, different answers:\n{answers:?}\n{grouped:?}"
+                "same log, different answers:\n{answers:?}\n{all:?}"
             ));
         }
-        let digest = |sm: &StateMachine| sm_store(sm).digest().map_err(|e| e.to_string());
-        if digest(&one)? != digest(&two)? {
+        if digest(&steady)? != digest(&grouped)? {
             return Err("same log, different state (digests differ)".into());
         }
         let rejected = answers
@@ -362,19 +471,49 @@ pub fn run(input: &[u8]) -> Verdict {
             .filter(|r| matches!(r, Response::Rejected(_)))
             .count();
         Ok(format!(
-            "{} cmds {} rejected",
+            "{} cmds {} rejected {} disturbed",
             cmds.len().min(8),
-            rejected.min(4)
+            rejected.min(4),
+            disturbances.min(2)
         ))
     })
 }
 
-fn tempdir() -> Result<crate::Scratch, String> {
-    crate::Scratch::new()
+/// Applies `cmd` as entry `index` of `sm`, alone.
+async fn apply_one(sm: &mut StateMachine, index: u64, cmd: &Command) -> Result<Response, String> {
+    let mut r = sm
+        .apply([entry(index, cmd.clone())])
+        .await
+        .map_err(|e| format!("apply of entry {index} ({}) failed: {e}", cmd.name()))?;
+    r.pop().ok_or_else(|| "no answer".to_string())
 }
 
-fn sm_store(sm: &StateMachine) -> &Store {
-    sm.store()
+/// `to` installs a snapshot `from` builds now, as a follower that fell behind would.
+async fn install(from: &mut StateMachine, to: &mut StateMachine) -> Result<(), String> {
+    let mut snapshot = from
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .map_err(|e| format!("building a snapshot: {e}"))?;
+    let mut file = to
+        .begin_receiving_snapshot()
+        .await
+        .map_err(|e| format!("receiving a snapshot: {e}"))?;
+    tokio::io::copy(&mut snapshot.snapshot, &mut *file)
+        .await
+        .map_err(|e| format!("copying a snapshot: {e}"))?;
+    to.install_snapshot(&snapshot.meta, file)
+        .await
+        .map_err(|e| format!("installing a snapshot: {e}"))
+}
+
+fn digest(sm: &StateMachine) -> Result<(u64, u64), String> {
+    sm.store().digest().map_err(|e| e.to_string())
+}
+
+fn tempdir() -> Result<crate::Scratch, String> {
+    crate::Scratch::new()
 }
 
 /// Seed programs: every op, then a day of fires.

@@ -46,6 +46,10 @@ struct Args {
     /// The corpus and findings live under this directory.
     #[arg(long, default_value = "fuzz")]
     dir: PathBuf,
+    /// Runs this one input (a saved finding) on the target and prints what it is and what
+    /// the target said, instead of fuzzing.
+    #[arg(long)]
+    explain: Option<PathBuf>,
 }
 
 /// A directory of its own under the system's temp dir, removed when dropped.
@@ -241,6 +245,26 @@ fn save_finding(args: &Args, target: &str, input: &[u8], why: &str) -> String {
 
 fn main() {
     let args = Args::parse();
+    if let Some(path) = &args.explain {
+        let target = args.targets.first().map_or("apply", String::as_str);
+        let input = std::fs::read(path).unwrap_or_else(|e| {
+            eprintln!("{}: {e}", path.display());
+            std::process::exit(2);
+        });
+        if target == "apply" {
+            for (i, step) in apply::steps(&input).iter().enumerate() {
+                println!("{i:>3} {step:?}");
+            }
+        }
+        match targets::run(target, &input) {
+            Ok(class) => println!("{target}: ok ({class})"),
+            Err(broken) => {
+                println!("{target}: BROKEN: {broken}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
