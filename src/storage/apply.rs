@@ -609,6 +609,11 @@ impl<'a> Applier<'a> {
     }
 
     fn schedule(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<Response> {
+        // A recurring timer's id is taken (as ScheduleWith and ScheduleSeries also say).
+        if self.series_row(&spec.key)?.is_some() {
+            let key = spec.key.clone();
+            return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
+        }
         match self.existing(&spec.key)? {
             Some(existing) if existing.same_request(spec) => Ok(Response::Timer {
                 timer: existing,
@@ -637,6 +642,9 @@ impl<'a> Applier<'a> {
         entry: &Arc<Command>,
         at: Option<usize>,
     ) -> Result<Response> {
+        if let Some(key) = self.series_among(specs)? {
+            return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
+        }
         self.prefetch_index(specs.iter().map(|s| &s.key))?;
         let mut items: Vec<Scheduled> = Vec::with_capacity(specs.len());
         let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::default();

@@ -39,6 +39,33 @@ impl Applier<'_> {
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
+    /// The first of `specs`' ids that names a recurring timer (a one-shot cannot take it).
+    /// A namespace without series (one seek finds none) costs no read per timer.
+    pub(super) fn series_among(&mut self, specs: &[TimerSpec]) -> Result<Option<TimerKey>> {
+        let mut namespaces: Vec<&str> = specs.iter().map(|s| s.key.namespace.as_str()).collect();
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        let reader = Reader::live(self.db);
+        for ns in namespaces {
+            let prefix = wheel::namespace_prefix(ns);
+            let staged = self.series_staged.keys().any(|k| k.starts_with(&prefix));
+            let stored = {
+                let iter = reader.iter(CF_SERIES, prefix.clone(), Some(prefix_end(&prefix)));
+                iter.status()?;
+                iter.valid()
+            };
+            if !staged && !stored {
+                continue;
+            }
+            for spec in specs.iter().filter(|s| s.key.namespace == ns) {
+                if self.series_row(&spec.key)?.is_some() {
+                    return Ok(Some(spec.key.clone()));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     fn put_series(&mut self, s: &Series) {
         let k = s.spec.key.index_key();
         self.batch

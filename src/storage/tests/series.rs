@@ -467,3 +467,51 @@ async fn a_format_4_directory_is_upgraded_in_place() {
         .unwrap();
     assert!(created(&r[0]), "{r:?}");
 }
+
+/// Finding 3 of issue 33: a one-shot Schedule (alone or in a batch) took a recurring timer's
+/// id; then Get and Cancel acted on the one-shot while the series kept firing.
+#[tokio::test]
+async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
+    let mut s = Sm::new();
+    assert!(created(&s.apply(create("tick", every(SEC))).await));
+    let key = TimerKey::new("ns", "tick");
+    let taken = Response::Rejected(Rejection::AlreadyExists(key.clone()));
+    assert_eq!(s.apply(schedule("tick", T0 + 10)).await, taken);
+    let batch = Command::ScheduleBatch {
+        now_ms: T0,
+        specs: vec![spec("other", T0 + 10, "p"), spec("tick", T0 + 10, "p")],
+    };
+    assert_eq!(s.apply(batch).await, taken);
+    assert!(
+        s.store
+            .get(&TimerKey::new("ns", "other"))
+            .unwrap()
+            .is_none(),
+        "a batch is all or none"
+    );
+    // In one entry with the series' creation too (a Multi: the series is only staged).
+    let multi = Command::Multi(vec![
+        create("tock", every(SEC)),
+        schedule("tock", T0 + 10),
+        Command::ScheduleBatch {
+            now_ms: T0,
+            specs: vec![spec("tock", T0 + 10, "p")],
+        },
+    ]);
+    let Response::Multi(answers) = s.apply(multi).await else {
+        panic!("a Multi answer")
+    };
+    let tock = Response::Rejected(Rejection::AlreadyExists(TimerKey::new("ns", "tock")));
+    assert_eq!(answers[1..], [tock.clone(), tock]);
+    // The series still fires, and its id still names it.
+    s.apply(fire(T0 + SEC, 100)).await;
+    assert_eq!(occ(&s, "tick", T0 + SEC).unwrap().state, TimerState::Fired);
+    assert!(s.store.series(&key, 1).unwrap().is_some());
+    // A cancelled series' id stays taken (its tombstone answers retried cancels).
+    s.apply(Command::Cancel {
+        now_ms: T0 + SEC,
+        key: key.clone(),
+    })
+    .await;
+    assert_eq!(s.apply(schedule("tick", T0 + 10)).await, taken);
+}
