@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{Hold, Raft};
 use crate::timer::{Command, Response};
+use crate::wheel::MAX_ROWS_PER_ENTRY;
 use crate::Result;
 
 /// Outstanding proposals; more would only make batches smaller.
@@ -23,10 +24,16 @@ const MAX_IN_FLIGHT: usize = 2;
 /// Most commands in one entry (keeps each entry, and each apply, bounded). An AckBatch of
 /// 2,000 acks fits in one entry.
 const MAX_BATCH: usize = 2048;
-/// Most timers in one entry, counting a ScheduleBatch as its timers: an entry must stay small
-/// enough for a follower to append within one heartbeat (see `config::NodeConfig::openraft`).
-/// A single larger ScheduleBatch still goes alone.
+/// Most timers in one entry, counting a ScheduleBatch as its timers and a Redrive as the timers
+/// it names: an entry must stay small enough for a follower to append within one heartbeat
+/// (see `config::NodeConfig::openraft`). A single larger ScheduleBatch still goes alone.
 const MAX_WEIGHT: usize = 10_000;
+/// Most bytes of payload and keys in one Multi entry, for the same reason (2,048 schedules of
+/// 64 KiB would make a 128 MiB entry). A single larger command still goes alone.
+const MAX_MULTI_BYTES: usize = 4 << 20;
+/// Most bytes one entry may hold: what a peer accepts in one message, with room for the
+/// AppendEntries around it. A command beyond it could be committed by no follower.
+const MAX_ENTRY_BYTES: usize = super::network::MAX_PEER_MESSAGE_BYTES / 2;
 
 type Waiter = oneshot::Sender<Result<Response>>;
 
@@ -66,22 +73,26 @@ async fn run(
     map_err: fn(RaftWriteError) -> crate::Error,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    while let Some(first) = rx.recv().await {
+    // A command that did not fit the last batch starts the next one.
+    let mut carried = None;
+    loop {
+        let first = match carried.take() {
+            Some(c) => c,
+            None => match rx.recv().await {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        // Refused before it is proposed: committed, it would fail apply on every replica.
+        let Some(first) = refuse_oversized(first) else {
+            continue;
+        };
         // Wait for a slot first: commands arriving meanwhile join this batch.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut weight = weight_of(&first.0);
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH && weight < MAX_WEIGHT {
-            match rx.try_recv() {
-                Ok(next) => {
-                    weight += weight_of(&next.0);
-                    batch.push(next);
-                }
-                Err(_) => break,
-            }
-        }
+        let (batch, rest) = take_batch(first, &mut rx);
+        carried = rest;
         let (raft, hold) = (raft.clone(), hold.clone());
         tokio::spawn(async move {
             hold.pass().await;
@@ -91,12 +102,100 @@ async fn run(
     }
 }
 
-/// How many timers a command writes, roughly what it costs to replicate and apply.
-fn weight_of(cmd: &Command) -> usize {
+/// Answers a command no entry may hold with INVALID_ARGUMENT; passes the rest on.
+fn refuse_oversized((cmd, waiter): (Command, Waiter)) -> Option<(Command, Waiter)> {
+    match check_bounds(&cmd) {
+        Ok(()) => Some((cmd, waiter)),
+        Err(e) => {
+            let _ = waiter.send(Err(e));
+            None
+        }
+    }
+}
+
+/// DESIGN 10: the bound of one entry `cmd` alone would break, as an error for its caller.
+pub fn check_bounds(cmd: &Command) -> crate::Result<()> {
+    let cost = cost_of(cmd);
+    if cost.rows > MAX_ROWS_PER_ENTRY as usize {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{} names {} timers; one log entry can place at most {MAX_ROWS_PER_ENTRY}",
+            cmd.name(),
+            cost.rows
+        )));
+    }
+    if cost.bytes > MAX_ENTRY_BYTES {
+        return Err(crate::Error::InvalidArgument(format!(
+            "{} is about {} bytes; one log entry holds at most {MAX_ENTRY_BYTES}",
+            cmd.name(),
+            cost.bytes
+        )));
+    }
+    Ok(())
+}
+
+/// A batch, and the command that did not fit it.
+type Batch<T> = (Vec<(Command, T)>, Option<(Command, T)>);
+
+/// The batch `first` starts: it and the commands queued behind it, up to `MAX_BATCH`
+/// commands, `MAX_WEIGHT` timers and `MAX_MULTI_BYTES` (a first command larger than those goes
+/// alone). A queued command that would pass a bound is handed back to start the next batch.
+fn take_batch<T>(first: (Command, T), rx: &mut mpsc::UnboundedReceiver<(Command, T)>) -> Batch<T> {
+    let mut cost = cost_of(&first.0);
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        let Ok(next) = rx.try_recv() else {
+            return (batch, None);
+        };
+        let more = cost_of(&next.0);
+        if cost.rows + more.rows > MAX_WEIGHT || cost.bytes + more.bytes > MAX_MULTI_BYTES {
+            return (batch, Some(next));
+        }
+        cost = cost + more;
+        batch.push(next);
+    }
+    (batch, None)
+}
+
+/// What a command may cost an entry: the timers (rows) it may place or rewrite, at most, and
+/// roughly its encoded size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    pub rows: usize,
+    pub bytes: usize,
+}
+
+impl std::ops::Add for Cost {
+    type Output = Cost;
+    fn add(self, o: Cost) -> Cost {
+        Cost {
+            rows: self.rows + o.rows,
+            bytes: self.bytes + o.bytes,
+        }
+    }
+}
+
+/// Bytes a command's fixed fields take, roughly (a key, times, flags).
+const COMMAND_BYTES: usize = 64;
+
+/// The most `cmd` can cost an entry: every timer it names may be placed (a ScheduleBatch
+/// places each of its timers, a Redrive moves each DEAD timer it names after the cursor, an
+/// ack rewrites a row).
+pub fn cost_of(cmd: &Command) -> Cost {
+    let spec = |s: &crate::timer::TimerSpec| Cost {
+        rows: 1,
+        bytes: COMMAND_BYTES + s.key.namespace.len() + s.key.id.len() + s.payload.len(),
+    };
+    let keys = |n: usize| Cost {
+        rows: n,
+        bytes: n * COMMAND_BYTES,
+    };
     match cmd {
-        Command::ScheduleBatch { specs, .. } => specs.len(),
-        Command::Acks { leases, acks, .. } => leases.len() + acks.len(),
-        _ => 1,
+        Command::Schedule { spec: s, .. } | Command::ScheduleWith { spec: s, .. } => spec(s),
+        Command::ScheduleBatch { specs, .. } => specs.iter().map(spec).fold(keys(0), |a, b| a + b),
+        Command::Redrive { keys: k, .. } => keys(k.len()),
+        Command::Acks { leases, acks, .. } => keys(leases.len() + acks.len()),
+        Command::Multi(cmds) => cmds.iter().map(cost_of).fold(keys(0), |a, b| a + b),
+        _ => keys(1),
     }
 }
 
@@ -137,5 +236,100 @@ async fn propose(
                 .into_iter()
                 .for_each(|w| drop(w.send(Err(e.clone()))));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timer::{TimerKey, TimerSpec, When};
+
+    fn queue(cmds: impl IntoIterator<Item = Command>) -> mpsc::UnboundedReceiver<(Command, ())> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for c in cmds {
+            tx.send((c, ())).unwrap();
+        }
+        rx
+    }
+
+    /// Every batch `take_batch` makes of what `rx` holds, in order.
+    fn batches(mut rx: mpsc::UnboundedReceiver<(Command, ())>) -> Vec<Vec<Command>> {
+        let mut out = Vec::new();
+        let mut carried = None;
+        while let Some(first) = carried.take().or_else(|| rx.try_recv().ok()) {
+            let (batch, rest) = take_batch(first, &mut rx);
+            carried = rest;
+            out.push(batch.into_iter().map(|(c, _)| c).collect());
+        }
+        out
+    }
+
+    fn redrive(chunk: usize) -> Command {
+        Command::Redrive {
+            now_ms: 0,
+            keys: (0..1000)
+                .map(|i| TimerKey::new("ns", format!("c{chunk}-{i}")))
+                .collect(),
+        }
+    }
+
+    /// Finding 7 of issue 33: a Redrive chunk (up to 1,000 DEAD timers moved) was weighed as
+    /// one, so 2,048 of them queued together made one entry placing 2,048,000 rows, past
+    /// `MAX_ROWS_PER_ENTRY`: committed, then failing apply on every replica.
+    #[test]
+    fn queued_redrive_chunks_never_make_an_entry_past_the_row_bound() {
+        let made = batches(queue((0..MAX_BATCH).map(redrive)));
+        for batch in &made {
+            let placed = cost_of(&Command::Multi(batch.clone())).rows;
+            assert!(
+                placed <= MAX_WEIGHT,
+                "an entry of {} commands may place {placed} rows (bound {MAX_WEIGHT}, \
+                 apply fails past {MAX_ROWS_PER_ENTRY})",
+                batch.len()
+            );
+        }
+        assert_eq!(made.iter().map(Vec::len).sum::<usize>(), MAX_BATCH);
+    }
+
+    /// Big payloads close a Multi by bytes; a command larger than a Multi may be goes alone;
+    /// nothing is lost or reordered.
+    #[test]
+    fn batches_are_bounded_in_bytes_and_keep_their_order() {
+        let schedule = |i: usize, bytes: usize| Command::Schedule {
+            now_ms: 0,
+            spec: TimerSpec {
+                key: TimerKey::new("ns", format!("t{i}")),
+                when: When::At(0),
+                payload: vec![0; bytes],
+                content_type: String::new(),
+            },
+        };
+        let mut cmds: Vec<Command> = (0..200).map(|i| schedule(i, 64 * 1024)).collect();
+        cmds.insert(50, schedule(9999, 6 << 20));
+        let made = batches(queue(cmds.clone()));
+        for batch in &made {
+            let bytes = cost_of(&Command::Multi(batch.clone())).bytes;
+            assert!(
+                batch.len() == 1 || bytes <= MAX_MULTI_BYTES,
+                "{bytes} bytes"
+            );
+        }
+        assert_eq!(made.concat(), cmds, "every command once, in order");
+        assert!(made
+            .iter()
+            .any(|b| b.len() == 1 && cost_of(&b[0]).bytes > MAX_MULTI_BYTES));
+    }
+
+    /// A command no entry may hold is refused before it is proposed, with a message.
+    #[test]
+    fn a_command_past_an_entry_bound_is_refused() {
+        let huge = Command::Redrive {
+            now_ms: 0,
+            keys: vec![TimerKey::new("ns", "x"); MAX_ROWS_PER_ENTRY as usize + 1],
+        };
+        let e = check_bounds(&huge).unwrap_err();
+        assert!(matches!(e, crate::Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("one log entry"), "{e}");
+        assert!(check_bounds(&redrive(0)).is_ok());
     }
 }

@@ -14,6 +14,9 @@ use crate::{Error, Result};
 pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};
 
 /// Limits on client input. Requests beyond them are refused with a clear status.
+/// The most rows a Fire entry may pass (`--max-fires-per-entry`).
+pub const MAX_FIRES_PER_ENTRY: u32 = 100_000;
+
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Longest namespace, in UTF-8 bytes.
@@ -236,10 +239,12 @@ impl NodeConfig {
                 "bucket width must be at least 1 ms".into(),
             ));
         }
-        if self.max_fires_per_entry == 0 {
-            return Err(Error::InvalidArgument(
-                "max fires per entry must be positive".into(),
-            ));
+        // A Fire entry places at most about twice its rows (expired leases' retries, series'
+        // next occurrences): bounded far below what one entry can place (DESIGN 10).
+        if self.max_fires_per_entry == 0 || self.max_fires_per_entry > MAX_FIRES_PER_ENTRY {
+            return Err(Error::InvalidArgument(format!(
+                "max fires per entry must be between 1 and {MAX_FIRES_PER_ENTRY}"
+            )));
         }
         Ok(())
     }
