@@ -224,7 +224,14 @@ impl<'a> Applier<'a> {
                 max,
                 grants,
             } => self.fire(now_ms, max, grants),
-            Command::PutNamespace { name, policy, push } => {
+            Command::PutNamespace {
+                name,
+                mut policy,
+                push,
+            } => {
+                // Its encoding carries no misfire policy (SetNamespace does): applied from the
+                // proposer's own copy it must write what a follower decodes.
+                policy.misfire = Default::default();
                 Ok(self.put_namespace(name, Config { policy, push }))
             }
             Command::PauseNamespace { name, paused } => self.pause_namespace(name, paused),

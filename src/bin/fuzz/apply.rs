@@ -14,6 +14,7 @@
 //!   steady one builds there — what a restart or a catching-up follower does;
 //! - the *grouped* one applies every entry in one call.
 //!
+//! The disturbed replica applies each command as a follower does, decoded from its encoding.
 //! The steady and the disturbed replica must give the same answer and the same digest after
 //! **every** entry (DESIGN invariant 8: a committed entry's effect is a function of the
 //! replicated state and the entry only; a cache may make apply faster, never different); the
@@ -32,7 +33,7 @@ use timerdb::auth::{AccessChange, Key, Role};
 use timerdb::cluster::{FireSignal, TypeConfig};
 use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
-use timerdb::storage::{self, IndexGc, StateMachine, Store};
+use timerdb::storage::{self, decode, encode, IndexGc, StateMachine, Store};
 use timerdb::timer::{
     Command, Cond, Grant, Mode, Response, Shift, TimerKey, TimerSpec, TimerState, When,
 };
@@ -196,6 +197,12 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 policy: Policy {
                     max_attempts: 1 + u32::from(b.next() % 4),
                     ack_timeout_ms: 1_000 + u64::from(b.next()) * 100,
+                    // PutNamespace's encoding has no misfire policy (SetNamespace carries it):
+                    // a leader that applied its own copy would keep one its followers lack.
+                    misfire: Misfire {
+                        max_lateness_ms: u64::from(b.next()) * 20,
+                        action: MisfireAction::Dead,
+                    },
                     ..Policy::default()
                 },
                 push: None,
@@ -416,7 +423,11 @@ pub fn run(input: &[u8]) -> Verdict {
                     let sm = disturbed.as_mut().ok_or("no disturbed replica")?;
                     // Every cache rebuilt from the database, as a restart would.
                     sm.reload().map_err(|e| format!("reloading the caches: {e}"))?;
-                    let b = apply_one(sm, index, c).await?;
+                    // The leader applies the command it proposed; a follower (and the leader
+                    // after a restart) the one decoded from the log's bytes.
+                    let decoded = decode::<Command>(&encode(c))
+                        .map_err(|e| format!("entry {index} does not decode: {e}"))?;
+                    let b = apply_one(sm, index, &decoded).await?;
                     if a != b {
                         return Err(format!(
                             "entry {index} ({}): a disturbed replica answers otherwise:\n{a:?}\n{b:?}",
