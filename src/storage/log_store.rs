@@ -7,6 +7,14 @@
 //!   then synced in the background), as openraft's contract asks.
 //! - The log has no holes: truncate deletes a suffix, purge a prefix and records the last
 //!   purged id in the same synced batch.
+//! - The log is never purged past what the state machine holds. openraft 0.9 purges up to a
+//!   received snapshot right after handing it to the state machine, which makes it durable
+//!   only later: a crash in between left a node whose log started after its state machine,
+//!   which could not start again (openraft re-applies committed entries from the log). Such a
+//!   purge is *deferred* (in memory) until the state machine has applied that far, and done
+//!   on the next append or purge; and at start the committed index is read as at most what
+//!   the log or the state machine holds, so a node that crashed in that window starts from
+//!   what it has and takes the snapshot again.
 //!
 //! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
 //! decoded entries when it holds them; RocksDB answers the rest.
@@ -28,7 +36,8 @@ use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageI
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
 use super::log_cache::LogCache;
-use super::{cf, codec, CF_LOG, CF_RAFT};
+use super::meta::LAST_APPLIED;
+use super::{cf, codec, CF_LOG, CF_META, CF_RAFT};
 use crate::cluster::TypeConfig;
 
 const VOTE: &[u8] = b"vote";
@@ -58,6 +67,8 @@ pub struct LogStore {
     committed: Arc<AtomicU64>,
     /// The newest entries, decoded.
     cache: Arc<LogCache>,
+    /// A purge openraft asked for past the state machine's applied index (see the invariants).
+    deferred: Arc<std::sync::Mutex<Option<LogId<u64>>>>,
 }
 
 /// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
@@ -96,7 +107,60 @@ impl LogStore {
             syncer: Arc::new(syncer),
             committed: Arc::default(),
             cache: Arc::default(),
+            deferred: Arc::default(),
         }
+    }
+
+    /// The index the state machine has applied (it shares the database).
+    fn applied_index(&self) -> StResult<u64> {
+        let raw = (self.db)
+            .get_cf(cf(&self.db, CF_META), LAST_APPLIED)
+            .map_err(read_err)?;
+        let applied: Option<LogId<u64>> = match raw {
+            Some(v) => codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?,
+            None => None,
+        };
+        Ok(applied.map_or(0, |l| l.index))
+    }
+
+    /// Purges up to `log_id` now if the state machine has applied that far, else defers it.
+    fn purge_or_defer(&self, log_id: LogId<u64>) -> StResult<()> {
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if self.applied_index()? < log_id.index {
+            if deferred.is_none_or(|d| d < log_id) {
+                tracing::info!(upto = %log_id, "log purge deferred until the state machine has it");
+                *deferred = Some(log_id);
+            }
+            return Ok(());
+        }
+        let upto = deferred.take().map_or(log_id, |d| d.max(log_id));
+        drop(deferred);
+        self.purge_now(upto)
+    }
+
+    /// The first index openraft may read: a deferred purge's entries are purged to it (they
+    /// stay on disk only for a restart that finds its state machine behind them).
+    fn first_readable(&self) -> u64 {
+        let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        deferred.map_or(0, |d| d.index + 1)
+    }
+
+    /// Does a deferred purge once the state machine has reached it.
+    fn settle_deferred(&self) -> StResult<()> {
+        let pending = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        match pending {
+            Some(upto) => self.purge_or_defer(upto),
+            None => Ok(()),
+        }
+    }
+
+    fn purge_now(&self, log_id: LogId<u64>) -> StResult<()> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
+        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
+        self.write_synced(batch)?;
+        self.cache.purge(log_id.index);
+        Ok(())
     }
 
     /// The commit index as this node knows it, updated as openraft saves it: a follower has
@@ -184,6 +248,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => *i,
             Bound::Unbounded => u64::MAX,
         };
+        let start = start.max(self.first_readable());
         if let Some(entries) = self.cache.get(start, end, usize::MAX) {
             return Ok(entries);
         }
@@ -216,6 +281,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> StResult<Vec<Entry<TypeConfig>>> {
+        let start = start.max(self.first_readable());
         if let Some(entries) = self.cache.get(start, end, MAX_APPEND_BYTES) {
             return Ok(entries);
         }
@@ -247,8 +313,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> StResult<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
-        let last_log_id = self.last_log_id()?.or(last_purged_log_id);
+        let stored: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
+        let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let last_purged_log_id = stored.max(deferred);
+        // Entries a deferred purge still keeps are behind it.
+        let last_log_id = self.last_log_id()?.max(last_purged_log_id);
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -279,8 +348,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(write_err)
     }
 
+    /// At most what this node can apply: a committed index past both its log and its state
+    /// machine is what a crash during a snapshot install leaves (see the invariants).
     async fn read_committed(&mut self) -> StResult<Option<LogId<u64>>> {
-        Ok(self.get_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten())
+        let Some(saved) = self.get_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten() else {
+            return Ok(None);
+        };
+        let applied = self.applied_index()?;
+        let last = self.last_log_id()?;
+        if saved.index <= applied || last.is_some_and(|l| saved.index <= l.index) {
+            return Ok(Some(saved));
+        }
+        // The newest id it holds (the last entry, or none: the state machine's own is read by
+        // openraft).
+        let held = last.filter(|l| l.index >= applied);
+        tracing::warn!(
+            committed = %saved,
+            applied,
+            last_log = ?last,
+            "the committed index is past this node's log and state machine (a snapshot \
+             install was interrupted): starting from what it holds; the leader sends the rest"
+        );
+        Ok(held)
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StResult<()>
@@ -288,6 +377,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.settle_deferred()?;
         let log = cf(&self.db, CF_LOG);
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
@@ -324,11 +414,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> StResult<()> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
-        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
-        self.write_synced(batch)?;
-        self.cache.purge(log_id.index);
-        Ok(())
+        self.purge_or_defer(log_id)
     }
 }

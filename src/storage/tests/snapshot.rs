@@ -67,3 +67,85 @@ async fn an_install_stopped_before_it_began_leaves_the_state_alone() {
         .unwrap()
         .is_none());
 }
+
+fn log_id(index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+/// Entry `i` of the logs below: a blank first entry (openraft's log starts at 0), then
+/// schedules.
+fn nth(i: u64) -> Entry<TypeConfig> {
+    match i {
+        0 => Entry {
+            log_id: log_id(0),
+            payload: EntryPayload::Blank,
+        },
+        i => entry(i, schedule(&format!("t{i}"), T0 + i as i64)),
+    }
+}
+
+/// Entries `0..=last` written to `log` as `append` writes them (its flush callback cannot be
+/// made outside openraft), those up to `applied` applied.
+async fn log_and_state(dir: &TempDir, last: u64, applied: u64) {
+    let (mut log, mut sm) = open(dir);
+    let db = sm.store.db().clone();
+    for i in 0..=last {
+        db.put_cf(cf(&db, CF_LOG), i.to_be_bytes(), encode(&nth(i)))
+            .unwrap();
+    }
+    sm.apply((0..=applied).map(nth)).await.unwrap();
+    log.save_committed(Some(log_id(applied))).await.unwrap();
+}
+
+/// Finding 6 of issue 33: openraft 0.9 purges the log up to a received snapshot right after
+/// handing it to the state machine, which makes it durable later. A crash in between left the
+/// log purged past the state machine, and the node could not start again (openraft re-applies
+/// committed entries from the log at start). The purge now waits for the state machine.
+#[tokio::test]
+async fn a_crash_between_the_snapshot_purge_and_its_install_leaves_a_node_that_starts() {
+    let dir = TempDir::new().unwrap();
+    log_and_state(&dir, 5, 3).await;
+    {
+        // What openraft does on receiving a snapshot of index 10 (install_full_snapshot): the
+        // committed index moves, the install goes to the state-machine worker, the log is
+        // purged. The process dies before the install is durable.
+        let (mut log, _sm) = open(&dir);
+        log.save_committed(Some(log_id(10))).await.unwrap();
+        log.purge(log_id(10)).await.unwrap();
+    }
+    let (mut log, mut sm) = open(&dir);
+    let state = openraft::storage::StorageHelper::new(&mut log, &mut sm)
+        .get_initial_state()
+        .await;
+    let state = state.expect("the node starts");
+    assert_eq!(
+        (
+            state.committed.map(|l| l.index),
+            sm.meta.last_applied.map(|l| l.index)
+        ),
+        (Some(5), Some(5)),
+        "what its log holds is applied; the rest comes from the leader again"
+    );
+    assert_eq!(sm.store.meta().unwrap().pending, 5);
+}
+
+/// The purge a snapshot install asked for happens once the state machine has it.
+#[tokio::test]
+async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
+    let dir = TempDir::new().unwrap();
+    log_and_state(&dir, 8, 3).await;
+    let (mut log, mut sm) = open(&dir);
+    log.purge(log_id(6)).await.unwrap();
+    let db = sm.store.db().clone();
+    let first = || {
+        let mut it = db.iterator_cf(cf(&db, CF_LOG), rocksdb::IteratorMode::Start);
+        it.next()
+            .map(|kv| u64::from_be_bytes(kv.unwrap().0.as_ref().try_into().unwrap()))
+    };
+    assert_eq!(first(), Some(0), "entries the state machine lacks stay");
+    sm.apply((4..=6).map(nth)).await.unwrap();
+    log.purge(log_id(6)).await.unwrap();
+    assert_eq!(first(), Some(7));
+    let st = log.get_log_state().await.unwrap();
+    assert_eq!(st.last_purged_log_id, Some(log_id(6)));
+}
