@@ -57,7 +57,13 @@ impl Node {
             // A learner to promote (perhaps added by an AddNode that a leader change cut short):
             // it too must first hold the log.
             Some(_) => self.wait_caught_up(id, &addr).await?,
-            None => self.add_learner(id, &addr).await?,
+            None => {
+                // A node that cannot be one of us (another bucket width) is refused before it
+                // is a member, with the reason; an empty one takes this cluster's width here.
+                let dial = self.config.dial_addr(id, &addr);
+                network::hello(&self.config.tls, &dial, &self.store).await?;
+                self.add_learner(id, &addr).await?
+            }
         }
         if voter {
             let ids = BTreeSet::from([id]);

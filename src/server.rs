@@ -43,7 +43,6 @@ use crate::config::NodeConfig;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
 use crate::tls::Port;
-use crate::wheel::Wheel;
 use crate::{Error, Result};
 
 /// A started node; call [`RunningNode::shutdown`] to stop it.
@@ -79,9 +78,14 @@ pub async fn start_with(
     let addr = listener.local_addr()?;
     let gc = storage::IndexGc::new();
     let db = open_db_retrying(&config.data_dir, &gc).await?;
-    let store = Store::new(db.clone(), Wheel::new(config.bucket_ms), gc);
+    let store = Store::with_width(db.clone(), config.bucket_ms, gc);
     let signal = Arc::new(FireSignal::default());
     let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
+    // A new node of a new cluster (its data dir records no width, none given): the default. A
+    // joining one takes the cluster's from its first peer (`Store::adopt_width`).
+    if store.width_ms() == 0 && !config.join {
+        store.adopt_width(crate::wheel::DEFAULT_BUCKET_MS, "the default")?;
+    }
     let db_owner = db.clone();
     let log = LogStore::new(db);
     let committed = log.committed();
@@ -89,6 +93,7 @@ pub async fn start_with(
     let hold = Hold::default();
     let network = Network {
         config: config.clone(),
+        store: store.clone(),
     };
     let raft = Raft::new(config.id, Arc::new(config.openraft()?), network, log, sm)
         .await
@@ -247,7 +252,7 @@ async fn serve(
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
-    let peer = RaftServer::new(PeerService::new(node.raft.clone()))
+    let peer = RaftServer::new(PeerService::new(node.raft.clone(), node.store.clone()))
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
     let (reporter, health) = tonic_health::server::health_reporter();

@@ -3,21 +3,46 @@
 //! Decodes openraft's request, hands it to the local Raft, and returns the bincode of the whole
 //! `Result`, so the caller ([`crate::cluster::network`]) gets remote Raft errors typed. A body
 //! that does not decode is INVALID_ARGUMENT: only another timerdb node of this build calls here.
+//! A call from a node of another bucket width is FAILED_PRECONDITION, before anything is
+//! decoded or appended (`Store::adopt_width`).
 
 use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
+use crate::cluster::network::BUCKET_MS_HEADER;
 use crate::cluster::Raft;
+use crate::storage::Store;
 use crate::storage::{decode, encode};
 
 /// Serves Raft RPCs from peers.
 pub struct PeerService {
     raft: Raft,
+    store: Store,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft) -> Self {
-        PeerService { raft }
+    pub fn new(raft: Raft, store: Store) -> Self {
+        PeerService { raft, store }
+    }
+
+    /// The sender's bucket width must be this node's (or becomes it: see `Store::adopt_width`).
+    /// A call without the header comes from a build before it, which checked nothing.
+    fn check_width<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(value) = req.metadata().get(BUCKET_MS_HEADER) else {
+            return Ok(());
+        };
+        let width: u64 = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Status::invalid_argument(format!("bad {BUCKET_MS_HEADER} header")))?;
+        let from = req
+            .remote_addr()
+            .map_or_else(|| "the peer".to_string(), |a| format!("the peer at {a}"));
+        self.store.adopt_width(width, &from).map_err(|e| {
+            tracing::error!("refused a peer: {e}");
+            Status::failed_precondition(e.to_string())
+        })
     }
 }
 
@@ -38,13 +63,20 @@ impl raft_server::Raft for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        self.check_width(&req)?;
         let rpc = body(req)?;
         reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_width(&req)?;
         let rpc = body(req)?;
         reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn hello(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_width(&req)?;
+        Ok(Response::new(RaftMessage { data: Vec::new() }))
     }
 
     async fn timeout_now(
@@ -74,6 +106,7 @@ impl raft_server::Raft for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        self.check_width(&req)?;
         let rpc = body(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
     }

@@ -37,10 +37,15 @@ use crate::storage::{decode, encode};
 /// Largest peer message accepted or sent: entries batch many timers with their payloads.
 pub const MAX_PEER_MESSAGE_BYTES: usize = crate::storage::MAX_DECODE_BYTES;
 
+/// The header every peer call carries: the sender's bucket width in ms (see `raft.proto`).
+pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";
+
 /// Makes a [`PeerClient`] per target node, dialling the configured override if there is one.
 #[derive(Clone)]
 pub struct Network {
     pub config: std::sync::Arc<crate::config::NodeConfig>,
+    /// This node's state machine: its bucket width goes with every call.
+    pub store: crate::storage::Store,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -48,7 +53,40 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.config.dial_addr(target, &node.addr);
-        PeerClient::new(target, &addr, &self.config.tls)
+        PeerClient::new(target, &addr, &self.config.tls, self.store.clone())
+    }
+}
+
+/// A request to a peer, with this node's bucket width.
+fn peer_request<T>(msg: T, store: &crate::storage::Store) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(msg);
+    let width = tonic::metadata::MetadataValue::from(store.width_ms());
+    request.metadata_mut().insert(BUCKET_MS_HEADER, width);
+    request
+}
+
+/// Asks the node at `addr` whether it can join this cluster (its bucket width agrees, or it
+/// takes this one): before it is added, so a node that cannot is refused with the reason.
+pub async fn hello(
+    tls: &crate::tls::Tls,
+    addr: &str,
+    store: &crate::storage::Store,
+) -> crate::Result<()> {
+    let unreachable = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
+    let channel = tls
+        .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut request = peer_request(RaftMessage { data: Vec::new() }, store);
+    request.set_timeout(Duration::from_secs(5));
+    match RaftClient::new(channel).hello(request).await {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+            Err(crate::Error::FailedPrecondition(format!(
+                "node at {addr} cannot join: {}",
+                s.message()
+            )))
+        }
+        Err(s) => Err(unreachable(s.message().to_string())),
     }
 }
 
@@ -75,6 +113,7 @@ pub struct PeerClient {
     target: NodeId,
     client: Option<RaftClient<Channel>>,
     addr: String,
+    store: crate::storage::Store,
 }
 
 enum Rpc {
@@ -84,7 +123,12 @@ enum Rpc {
 }
 
 impl PeerClient {
-    fn new(target: NodeId, addr: &str, tls: &crate::tls::Tls) -> Self {
+    fn new(
+        target: NodeId,
+        addr: &str,
+        tls: &crate::tls::Tls,
+        store: crate::storage::Store,
+    ) -> Self {
         let client = tls
             .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .ok()
@@ -97,6 +141,7 @@ impl PeerClient {
             target,
             client,
             addr: addr.to_string(),
+            store,
         }
     }
 
@@ -118,14 +163,20 @@ impl PeerClient {
                 "bad peer address {addr}"
             ))))
         })?;
-        let mut request = tonic::Request::new(RaftMessage { data: encode(req) });
+        let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store);
         request.set_timeout(ttl);
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         }
-        .map_err(Transport::from_status)?;
+        .map_err(|s| {
+            if s.code() == tonic::Code::FailedPrecondition {
+                // It will not take part until someone fixes it: say why, loudly.
+                tracing::error!(target = self.target, addr = %self.addr, "peer refuses: {}", s.message());
+            }
+            Transport::from_status(s)
+        })?;
         decode(&reply.into_inner().data).map_err(|e| {
             Transport::Network(NetworkError::new(&std::io::Error::other(e.to_string())))
         })

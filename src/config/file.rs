@@ -49,7 +49,8 @@ pub struct Settings {
     #[arg(long, env = "TIMERDB_JOIN", num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub join: Option<bool>,
-    /// Wheel bucket width in ms (fixed for the life of a data dir; all nodes must agree).
+    /// Wheel bucket width in ms of a new cluster (default 1). The cluster's width is fixed when
+    /// it is created; a node joining with an empty data dir takes it without this flag.
     #[arg(long, env = "TIMERDB_BUCKET_MS")]
     pub bucket_ms: Option<u64>,
     /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9101); off if unset.
@@ -241,7 +242,9 @@ impl Settings {
             peer_require_member: self.tls.peer_require_member.unwrap_or(false),
             peer_listen: self.tls.peer_listen.clone(),
         });
-        set(&mut c.bucket_ms, self.bucket_ms);
+        if self.bucket_ms.is_some() {
+            c.bucket_ms = self.bucket_ms;
+        }
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(
             &mut c.raft.election_timeout_min_ms,

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::cluster::NodeId;
-use crate::wheel::DEFAULT_BUCKET_MS;
 use crate::{Error, Result};
 
 pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};
@@ -96,8 +95,10 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Every voter's id and address (this node's included), as peers reach them.
     pub peers: BTreeMap<NodeId, String>,
-    /// Wheel bucket width; fixed for the life of the data dir.
-    pub bucket_ms: u64,
+    /// The wheel's bucket width in ms, for a new cluster (default 1 ms). It is the cluster's,
+    /// fixed when it is created: a data dir keeps the width it was made with (a different one
+    /// given here is refused), a node joining with an empty data dir takes the cluster's.
+    pub bucket_ms: Option<u64>,
     pub limits: Limits,
     pub raft: RaftTiming,
     /// How long a call waits for a leader before failing UNAVAILABLE.
@@ -176,7 +177,7 @@ impl NodeConfig {
             id,
             data_dir,
             peers,
-            bucket_ms: DEFAULT_BUCKET_MS,
+            bucket_ms: None,
             limits: Limits::default(),
             raft: RaftTiming::default(),
             leader_wait: Duration::from_secs(5),
@@ -234,7 +235,7 @@ impl NodeConfig {
                 self.id
             )));
         }
-        if self.bucket_ms == 0 {
+        if self.bucket_ms == Some(0) {
             return Err(Error::InvalidArgument(
                 "bucket width must be at least 1 ms".into(),
             ));

@@ -101,22 +101,25 @@ fn family_index(name: &str) -> u8 {
 }
 
 /// Restores the backup at `backup` into `data_dir`, which must be missing or empty, as a node
-/// of a new cluster whose voters are `voters`. `bucket_ms` is the width the node will run with.
+/// of a new cluster whose voters are `voters`. The restored cluster keeps the backup's bucket
+/// width; `bucket_ms`, if given, must be it.
 pub fn restore(
     backup: &Path,
     data_dir: &Path,
     voters: BTreeMap<u64, BasicNode>,
-    bucket_ms: u64,
+    bucket_ms: Option<u64>,
 ) -> Result<BackupSummary> {
     check_empty(data_dir)?;
     // One read to check it whole and learn its bucket width before anything is written (a
     // second pass loads it): a damaged or mismatched backup is refused with no directory made.
     let summary = inspect(backup)?;
-    if let Some(width) = summary.bucket_ms.filter(|w| *w != bucket_ms) {
-        return Err(Error::InvalidArgument(format!(
-            "the backup's wheel has {width} ms buckets; restore and run the node with \
-             --bucket-ms {width}"
-        )));
+    if let (Some(width), Some(asked)) = (summary.bucket_ms, bucket_ms) {
+        if width != asked {
+            return Err(Error::InvalidArgument(format!(
+                "the backup's wheel has {width} ms buckets, not {asked}: restore without \
+                 --bucket-ms (the restored cluster keeps the backup's width)"
+            )));
+        }
     }
     if voters.is_empty() {
         return Err(Error::InvalidArgument(

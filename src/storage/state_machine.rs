@@ -7,8 +7,10 @@
 //!   applied twice and no timer fires twice across a crash.
 //! - Apply never reads a clock (see `apply`); the in-memory `SmMeta` mirrors what is on disk,
 //!   and the heads (`heads.rs`) are re-read from it after every entry that moved the cursor.
-//! - The bucket width is fixed when the database is created: a node refuses to reopen it with
-//!   a different one, because replicas with different widths would write different keys.
+//! - The bucket width is the cluster's, fixed when it is created and recorded in the state
+//!   machine: a node refuses to reopen its data with another, refuses a snapshot or (in the
+//!   peer service) a peer with another, and a node joining with an empty data dir takes the
+//!   cluster's, because replicas with different widths would write different keys.
 
 use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
@@ -93,6 +95,12 @@ impl StateMachine {
     }
 
     fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {
+        if self.store.width_ms() == 0 {
+            // A joining node learns the width from the first peer message, before any entry.
+            return Err(Error::Storage(
+                "no bucket width: this node has not learned the cluster's".into(),
+            ));
+        }
         let db = self.store.db().clone();
         let mut batch = WriteBatch::default();
         let mut progress = self.meta.progress;
@@ -189,22 +197,34 @@ struct AfterWrite {
     access: Option<crate::auth::AccessState>,
 }
 
-/// Records the bucket width on first open; refuses a different one later.
+/// The bucket width is the cluster's, recorded in the state machine (`meta/bucket_ms`, carried
+/// by snapshots). A new node records the width it was started with; a node started without one
+/// takes what its data dir records, or (empty, joining) what its first peer says
+/// (`Store::adopt_width`); one started with a width its data dir contradicts is refused.
 fn check_bucket_width(store: &Store) -> Result<()> {
     let db = store.db();
-    let width = store.wheel().width_ms();
-    match db.get_cf(cf(db, CF_META), meta::BUCKET_MS)? {
-        Some(v) => {
-            let stored: u64 = codec::decode(&v)?;
-            if stored != width {
-                return Err(Error::InvalidArgument(format!(
-                    "data dir was created with bucket width {stored} ms, not {width} ms"
-                )));
-            }
+    let width = store.width_ms();
+    match (recorded_width(store)?, width) {
+        (Some(stored), 0) => store.set_width(stored),
+        (Some(stored), w) if stored != w => {
+            return Err(Error::InvalidArgument(format!(
+                "data dir was created with bucket width {stored} ms, not {w} ms: a cluster's \
+                 width is fixed when it is created (start without --bucket-ms, or with \
+                 --bucket-ms {stored})"
+            )));
         }
-        None => db.put_cf(cf(db, CF_META), meta::BUCKET_MS, codec::encode(&width))?,
+        (Some(_), _) | (None, 0) => {}
+        (None, w) => db.put_cf(cf(db, CF_META), meta::BUCKET_MS, codec::encode(&w))?,
     }
     Ok(())
+}
+
+fn recorded_width(store: &Store) -> Result<Option<u64>> {
+    let db = store.db();
+    match db.get_cf(cf(db, CF_META), meta::BUCKET_MS)? {
+        Some(v) => Ok(Some(codec::decode(&v)?)),
+        None => Ok(None),
+    }
 }
 
 fn sm_err(e: Error) -> StorageError<u64> {
@@ -261,6 +281,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let path = snapshot.finish().await.map_err(|e| sm_err(e.into()))?;
         let snapshots = self.snapshots.clone();
         let rows = off_the_runtime(|| snapshots.install(meta, &path)).map_err(sm_err)?;
+        // The snapshot records the cluster's width; peers checked it, and so does this.
+        let theirs = recorded_width(&self.store).map_err(sm_err)?;
+        if let Some(theirs) = theirs {
+            let mine = self.store.width_ms();
+            if mine != 0 && mine != theirs {
+                let why = super::store::width_mismatch(mine, theirs, "an installed snapshot");
+                return Err(sm_err(Error::Storage(why)));
+            }
+            self.store.set_width(theirs);
+        }
         self.reload().map_err(sm_err)?;
         tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.

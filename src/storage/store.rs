@@ -81,7 +81,9 @@ pub struct StateCounts {
 #[derive(Clone)]
 pub struct Store {
     pub(super) db: Arc<DB>,
-    wheel: Wheel,
+    /// The cluster's bucket width in ms, recorded in the state machine (`meta/bucket_ms`);
+    /// 0 while a joining node has not learned it yet (`adopt_width`).
+    width: Arc<AtomicU64>,
     /// Keys the state machine has written through this store since it was opened.
     pub(super) keys_written: Arc<AtomicU64>,
     /// FIRED → ACKED transitions the state machine applied since it was opened.
@@ -184,11 +186,18 @@ impl Lookup for Snap<'_> {
 }
 
 impl Store {
-    /// The store of `db`, which was opened with `gc` (see [`super::open_db`]).
+    /// The store of `db`, which was opened with `gc` (see [`super::open_db`]), for a wheel of
+    /// `wheel`'s width.
     pub fn new(db: Arc<DB>, wheel: Wheel, gc: Arc<IndexGc>) -> Self {
+        Self::with_width(db, Some(wheel.width_ms()), gc)
+    }
+
+    /// The store of `db` whose bucket width is `width_ms`, or, with `None`, whatever its
+    /// database records or the cluster tells it (a node joining with an empty data dir).
+    pub fn with_width(db: Arc<DB>, width_ms: Option<u64>, gc: Arc<IndexGc>) -> Self {
         Store {
             db,
-            wheel,
+            width: Arc::new(AtomicU64::new(width_ms.unwrap_or(0))),
             keys_written: Arc::default(),
             fire_stats: Arc::default(),
             acked: Arc::default(),
@@ -215,8 +224,51 @@ impl Store {
         &self.db
     }
 
+    /// The wheel of the cluster's bucket width (of 1 ms while it is not known yet: nothing is
+    /// stored then, and apply refuses to run, see `StateMachine`).
     pub fn wheel(&self) -> Wheel {
-        self.wheel
+        Wheel::new(self.width_ms().max(1))
+    }
+
+    /// The cluster's bucket width in ms; 0 while this node has not learned it.
+    pub fn width_ms(&self) -> u64 {
+        self.width.load(Ordering::Acquire)
+    }
+
+    /// Sets the width this node runs with before anything is stored (at open).
+    pub(super) fn set_width(&self, width_ms: u64) {
+        self.width.store(width_ms, Ordering::Release);
+    }
+
+    /// A peer says the cluster's bucket width is `cluster_ms`: a node that does not know its
+    /// width yet (it joins with an empty data dir) takes it and records it; one with another
+    /// width refuses, since its replica would place and fire timers on other keys.
+    pub fn adopt_width(&self, cluster_ms: u64, from: &str) -> Result<()> {
+        if cluster_ms == 0 {
+            return Ok(());
+        }
+        match self
+            .width
+            .compare_exchange(0, cluster_ms, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.db.put_cf(
+                    super::cf(&self.db, super::CF_META),
+                    super::meta::BUCKET_MS,
+                    super::codec::encode(&cluster_ms),
+                )?;
+                tracing::info!(
+                    bucket_ms = cluster_ms,
+                    from,
+                    "took the cluster's bucket width"
+                );
+                Ok(())
+            }
+            Err(mine) if mine == cluster_ms => Ok(()),
+            Err(mine) => Err(Error::FailedPrecondition(width_mismatch(
+                mine, cluster_ms, from,
+            ))),
+        }
     }
 
     /// Reads every namespace's head again (the state machine opened or installed a snapshot).
@@ -401,7 +453,7 @@ impl Store {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .first()
-            .map(|slot| self.wheel.due_ms(slot.bucket));
+            .map(|slot| self.wheel().due_ms(slot.bucket));
         let reader = Reader::live(&self.db);
         let iter = reader.iter(CF_DEADLINES, Vec::new(), None);
         iter.status()?;
@@ -590,4 +642,13 @@ pub(super) fn floors_of<'a>(
         cache.insert(ns.to_string(), floor);
         Ok(floor)
     }
+}
+
+/// Why a node whose bucket width is `mine` refuses a peer whose width is `theirs`.
+pub fn width_mismatch(mine: u64, theirs: u64, peer: &str) -> String {
+    format!(
+        "bucket width mismatch: this node's wheel has {mine} ms buckets, {peer}'s {theirs} ms; \
+         a cluster has one width, fixed when it was created: start this node on an empty data \
+         dir without --bucket-ms (it takes the cluster's) or with --bucket-ms {theirs}"
+    )
 }

@@ -208,12 +208,18 @@ impl TestCluster {
     /// Starts node `id` on a fresh address with `--join`: it waits to be added (AddNode).
     /// Returns its address.
     pub async fn join(&mut self, id: u64) -> String {
+        self.join_with(id, |_| {}).await
+    }
+
+    /// [`TestCluster::join`], the node's configuration adjusted by `tune` first.
+    pub async fn join_with(&mut self, id: u64, tune: impl FnOnce(&mut NodeConfig)) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         self.peers.insert(id, addr.clone());
         let mut config = self.config(id);
         config.peers = BTreeMap::from([(id, addr.clone())]);
         config.join = true;
+        tune(&mut config);
         let node = server::start(config, listener).await.unwrap();
         self.nodes.insert(id, Some(node));
         addr

@@ -122,6 +122,59 @@ async fn learner_added_under_load_is_promoted_and_a_voter_is_removed() {
     c.shutdown().await;
 }
 
+/// Finding 4 of issue 33: the bucket width was node-local configuration, so a node joined with
+/// another `--bucket-ms` placed and fired timers on other keys, silently. It is the cluster's:
+/// fixed when the cluster is created, taken by a node joining with an empty data dir, and a node
+/// with another width is refused before it becomes a member, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_refused() {
+    let mut c = TestCluster::start_with(3, |n| n.bucket_ms = Some(2)).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let at = now_ms() + 300;
+    let timers = (0..20)
+        .map(|i| schedule_req(&format!("w{i}"), at + i))
+        .collect();
+    client
+        .schedule_batch(pb::ScheduleBatchRequest { timers })
+        .await
+        .unwrap();
+    let mut admin = c.cluster(leader).await;
+
+    let addr = c.join_with(4, |n| n.bucket_ms = Some(5)).await;
+    let add = pb::AddNodeRequest {
+        node_id: 4,
+        addr,
+        learner: false,
+    };
+    let e = admin.add_node(add).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("bucket width") && e.message().contains("--bucket-ms 2"),
+        "the reason, and the fix: {e:?}"
+    );
+    let status = admin.status(pb::StatusRequest {}).await.unwrap();
+    assert!(
+        !ids(&status.into_inner().members).iter().any(|m| m.0 == 4),
+        "never a member"
+    );
+    c.stop(4).await;
+
+    // Started without a width on an empty data dir, a node takes the cluster's.
+    let addr = c.join_with(5, |n| n.bucket_ms = None).await;
+    let add = pb::AddNodeRequest {
+        node_id: 5,
+        addr,
+        learner: false,
+    };
+    admin.add_node(add).await.unwrap();
+    assert_eq!(c.node(5).node.store.width_ms(), 2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.converged().await;
+    assert!(c.local_timer(5, "w19").is_some());
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leadership_transfers_to_the_named_voter_and_writes_go_on() {
     let c = TestCluster::start(3).await;

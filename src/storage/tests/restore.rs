@@ -63,7 +63,10 @@ async fn a_restored_node_holds_the_backup_under_a_new_membership() {
     let dst = TempDir::new().unwrap();
     let data_dir = dst.path().join("node1");
     let width = src.store.wheel().width_ms();
-    assert_eq!(restore(&file, &data_dir, voters(), width).unwrap(), summary);
+    assert_eq!(
+        restore(&file, &data_dir, voters(), Some(width)).unwrap(),
+        summary
+    );
 
     let (mut log, mut sm) = open_at(&data_dir);
     assert_eq!(content(sm.store.db()), content(src.store.db()));
@@ -106,7 +109,7 @@ async fn a_restore_refuses_a_used_data_dir_a_damaged_file_and_another_bucket_wid
     let used = dst.path().join("used");
     std::fs::create_dir_all(&used).unwrap();
     std::fs::write(used.join("keep"), b"x").unwrap();
-    let e = restore(&file, &used, voters(), width).unwrap_err();
+    let e = restore(&file, &used, voters(), Some(width)).unwrap_err();
     assert!(matches!(e, Error::FailedPrecondition(_)), "{e}");
     assert_eq!(std::fs::read_dir(&used).unwrap().count(), 1);
 
@@ -117,17 +120,17 @@ async fn a_restore_refuses_a_used_data_dir_a_damaged_file_and_another_bucket_wid
     let damaged = dst.path().join("damaged.tdb");
     std::fs::write(&damaged, &bytes).unwrap();
     let fresh = dst.path().join("fresh");
-    let e = restore(&damaged, &fresh, voters(), width).unwrap_err();
+    let e = restore(&damaged, &fresh, voters(), Some(width)).unwrap_err();
     assert!(e.to_string().contains("checksum"), "{e}");
     assert!(!fresh.exists());
     assert!(!dst.path().join(".fresh.restoring").exists());
 
-    let e = restore(&file, &fresh, voters(), width * 2).unwrap_err();
+    let e = restore(&file, &fresh, voters(), Some(width * 2)).unwrap_err();
     assert!(e.to_string().contains("--bucket-ms"), "{e}");
     assert!(!fresh.exists());
 
     // And the good file into an empty directory that exists: fine.
     std::fs::create_dir_all(&fresh).unwrap();
-    restore(&file, &fresh, voters(), width).unwrap();
+    restore(&file, &fresh, voters(), None).unwrap();
     assert!(fresh.join("snapshot").exists());
 }

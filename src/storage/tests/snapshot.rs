@@ -149,3 +149,24 @@ async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
     let st = log.get_log_state().await.unwrap();
     assert_eq!(st.last_purged_log_id, Some(log_id(6)));
 }
+
+/// Finding 4 of issue 33: a snapshot install overwrote the recorded bucket width without
+/// comparing it with the wheel the node runs; such a node then placed timers on other keys. It
+/// is refused now, with the reason.
+#[tokio::test]
+async fn a_snapshot_of_another_bucket_width_is_refused() {
+    let src_dir = TempDir::new().unwrap();
+    let (mut src, _) = with_workload(&src_dir).await;
+    let snap = build_snapshot(&mut src).await;
+    assert_eq!(src.store.width_ms(), 1);
+    let dir = TempDir::new().unwrap();
+    let gc = IndexGc::new();
+    let db = open_db(dir.path(), &gc).unwrap();
+    let store = Store::new(db, Wheel::new(5), gc);
+    let mut sm = StateMachine::open(store, dir.path(), Arc::new(FireSignal::default())).unwrap();
+    let e = sm
+        .install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .expect_err("a snapshot of 1 ms buckets on a 5 ms wheel");
+    assert!(e.to_string().contains("bucket width"), "{e}");
+}
