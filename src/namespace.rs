@@ -602,4 +602,40 @@ mod tests {
             assert!(e.to_string().contains(field), "{e} lacks {field}");
         }
     }
+
+    /// Finding 13 of issue 33: docs/push.md said "0 means unlimited" for the rates and the
+    /// concurrency, which the server refuses. The docs say what validation does.
+    #[test]
+    fn the_push_docs_say_what_a_limit_of_zero_does() {
+        let doc = include_str!("../docs/push.md");
+        type Set = fn(&mut Policy);
+        let zero: [(Set, &str); 3] = [
+            (
+                |p| p.max_dispatches_per_second = Some(0),
+                "max_dispatches_per_second",
+            ),
+            (
+                |p| p.max_schedules_per_second = Some(0),
+                "max_schedules_per_second",
+            ),
+            (
+                |p| p.max_concurrent_dispatches = Some(0),
+                "max_concurrent_dispatches",
+            ),
+        ];
+        for (set, field) in zero {
+            let mut p = Policy::default();
+            set(&mut p);
+            let e = p.validate(64 * 1024).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("leave it unset"), "{e}");
+        }
+        assert!(
+            !doc.contains("0 means unlimited"),
+            "docs/push.md contradicts validation"
+        );
+        assert!(
+            doc.contains("Unset means unlimited") && doc.contains("0 is refused"),
+            "docs/push.md says what a limit of 0 does"
+        );
+    }
 }
