@@ -89,8 +89,20 @@ impl hyper::body::Body for Revocable {
         polled
     }
 
+    /// The inner body's answer too: an error answer is one closing HEADERS frame ("trailers
+    /// only") only if the server knows the body is empty before it sends the headers. Said
+    /// only of itself, it went out as headers and then an empty DATA frame with END_STREAM,
+    /// which grpc-core clients (Python, Go, Java) read as UNKNOWN "Stream removed" (issue 33
+    /// finding 11).
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.done {
+            true => hyper::body::SizeHint::with_exact(0),
+            false => self.inner.size_hint(),
+        }
     }
 }
 
@@ -107,4 +119,39 @@ pub fn wrap(response: http::Response<Body>, store: &Store, key: &Key) -> http::R
     let (parts, body) = response.into_parts();
     let body = Revocable::new(body, store.clone(), key);
     http::Response::from_parts(parts, Body::new(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::body::Body as _;
+
+    /// An answer that is only a status (tonic's trailers-only error) is an ended body, so it
+    /// goes out as one HEADERS frame with END_STREAM.
+    #[test]
+    fn an_empty_answer_is_ended_when_wrapped() {
+        let gc = crate::storage::IndexGc::new();
+        let dir = tempfile::TempDir::new().unwrap();
+        let db = crate::storage::open_db(dir.path(), &gc).unwrap();
+        let store = Store::new(db, crate::wheel::Wheel::default(), gc);
+        let key = Key {
+            id: "k".into(),
+            name: "n".into(),
+            secret_sha256: None,
+            cert_name: None,
+            roles: Vec::new(),
+            created_ms: 0,
+        };
+        let wrapped = Revocable::new(Body::empty(), store.clone(), &key);
+        assert!(
+            wrapped.is_end_stream(),
+            "a trailers-only answer must stay one"
+        );
+        let full = Revocable::new(
+            Body::new(http_body_util::Full::new(Bytes::from("x"))),
+            store,
+            &key,
+        );
+        assert!(!full.is_end_stream());
+    }
 }

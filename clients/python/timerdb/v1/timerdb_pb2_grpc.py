@@ -1110,7 +1110,9 @@ class ClusterServicer:
         """(timerdb additions) Membership and leadership, from any node (run on the leader).
         AddNode: the node (started with --join) joins as a learner, catches up from the log or a
         snapshot, then becomes a voter. Safe to retry; ALREADY_EXISTS if the id is a member at
-        another address.
+        another address; FAILED_PRECONDITION if the node cannot be one (it runs with another bucket
+        width: a cluster's is fixed when it is created, and a node started without --bucket-ms on an
+        empty data dir takes it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
