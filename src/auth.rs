@@ -281,6 +281,11 @@ impl AccessState {
             }
             AccessChange::RevokeKey(id) => {
                 let Some(key) = self.keys.get(id) else {
+                    // Revoked already: a repeat (a retry after a lost answer) changes nothing
+                    // and is not refused, for the revocation did happen (DESIGN 9).
+                    if self.revoked.contains(id) {
+                        return Ok(());
+                    }
                     return Err(Error::NotFound(format!("no key {id:?}")));
                 };
                 let admins = self.keys.values().filter(|k| k.is_admin()).count();

@@ -40,8 +40,15 @@ pub enum Error {
     Unavailable(String),
     /// This node leads but has heard from no quorum for a while (it is probably cut off): retry
     /// through another node. Unlike `Unavailable`, waiting here for a new leader is pointless.
+    /// Nothing was proposed.
     #[error("{0}")]
     NoQuorum(String),
+    /// The write was proposed and its outcome is unknown (it was not committed in time, the
+    /// leader lost its quorum or stopped meanwhile): it may yet apply, or never. Only a call
+    /// that is the same applied twice may be sent again (DESIGN 9); the caller of another
+    /// finds out with a read.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     /// Local storage failed.
     #[error("storage error: {0}")]
     Storage(String),
@@ -55,7 +62,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_)
+            Error::NotLeader
+                | Error::Unavailable(_)
+                | Error::NoQuorum(_)
+                | Error::OutcomeUnknown(_)
         )
     }
 }

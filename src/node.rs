@@ -79,6 +79,8 @@ pub struct Node {
     pub snapshots: Arc<crate::storage::Snapshots>,
     /// Schedule-rate buckets per namespace (used while this node leads).
     pub schedule_tokens: crate::cluster::limits::ScheduleLimits,
+    /// Client writes this node committed (the `lose-reply` fault counts them).
+    pub writes: std::sync::atomic::AtomicU64,
 }
 
 /// How long a leader may go without an answer from a quorum before it refuses writes and
@@ -94,9 +96,8 @@ struct QuorumLost(u64);
 impl QuorumLost {
     /// For a write that may already be in the log: its outcome is unknown.
     fn unknown_outcome(self) -> Error {
-        Error::NoQuorum(format!(
-            "this leader has heard from no quorum for {} ms; the write's outcome is unknown, \
-             retrying it is safe",
+        Error::OutcomeUnknown(format!(
+            "this leader has heard from no quorum for {} ms; the write's outcome is unknown",
             self.0
         ))
     }
@@ -148,14 +149,18 @@ impl Node {
         let proposal = self.proposer.propose(cmd);
         let reply = tokio::select! {
             r = tokio::time::timeout(self.config.write_timeout, proposal) => r.map_err(|_| {
-                Error::Unavailable(
-                    "the write was not committed in time (no quorum?); its outcome is unknown, \
-                     retrying it is safe"
+                Error::OutcomeUnknown(
+                    "the write was not committed in time (no quorum?); its outcome is unknown"
                         .into(),
                 )
             })??,
             e = self.quorum_lost() => return Err(e.unknown_outcome()),
         };
+        if faults::lose_reply(self) {
+            return Err(Error::OutcomeUnknown(
+                "fault lose-reply: the write committed and its answer was lost".into(),
+            ));
+        }
         match reply {
             Response::Rejected(r) => Err(r.into_error()),
             other => Ok(other),
@@ -544,6 +549,16 @@ mod faults {
         (Timer::pending(spec, now_ms), true)
     }
 
+    /// Whether the answer to the write just committed is to be lost (every n-th).
+    pub fn lose_reply(node: &Node) -> bool {
+        let every = node.config.faults.lose_reply_every;
+        let n = node
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        every > 0 && n.is_multiple_of(every)
+    }
+
     /// Answers a Cancel with the timer marked CANCELLED, without proposing anything.
     pub fn ignore_cancel(store: &Store, key: TimerKey) -> Result<Timer> {
         let mut timer = store
@@ -578,7 +593,7 @@ pub fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::Basic
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             Error::Internal(e.to_string())
         }
-        RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),
+        RaftError::Fatal(f) => Error::OutcomeUnknown(format!("raft stopped: {f}")),
     }
 }
 

@@ -113,6 +113,7 @@ pub async fn start_with(
         committed,
         snapshots,
         schedule_tokens: Default::default(),
+        writes: Default::default(),
     });
 
     let bootstrap_token = node.config.auth_bootstrap_token()?;

@@ -38,17 +38,31 @@ impl From<Error> for Status {
                 return status;
             }
             // Leadership moved (or is moving): the forwarding layer may take the call to the
-            // next leader. A leader cut off from its quorum is told apart (no marker): the
-            // caller hears it at once and tries another node.
-            Error::NotLeader | Error::Unavailable(_) => {
+            // next leader — any call if it was not proposed (NotLeader), a safe one otherwise
+            // (`timerdb_client::idempotent`). A leader cut off from its quorum is told apart
+            // (no retry marker): the caller hears it at once and tries another node. An
+            // unknown outcome is said as such.
+            Error::NotLeader
+            | Error::Unavailable(_)
+            | Error::NoQuorum(_)
+            | Error::OutcomeUnknown(_) => {
+                use super::forward::{NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER};
                 let mut status = Status::new(Code::Unavailable, e.to_string());
-                status.metadata_mut().insert(
-                    super::forward::RETRY_HEADER,
-                    tonic::metadata::MetadataValue::from_static("1"),
-                );
+                let mark = |status: &mut Status, header: &'static str| {
+                    let one = tonic::metadata::MetadataValue::from_static("1");
+                    status.metadata_mut().insert(header, one);
+                };
+                match e {
+                    Error::NotLeader => {
+                        mark(&mut status, RETRY_HEADER);
+                        mark(&mut status, NOT_APPLIED_HEADER);
+                    }
+                    Error::Unavailable(_) => mark(&mut status, RETRY_HEADER),
+                    Error::NoQuorum(_) => mark(&mut status, NOT_APPLIED_HEADER),
+                    _ => mark(&mut status, OUTCOME_UNKNOWN_HEADER),
+                }
                 return status;
             }
-            Error::NoQuorum(_) => Code::Unavailable,
             Error::Storage(_) | Error::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -9,12 +9,18 @@
 //! and the follower retries with the leader it learns next. While no leader is known the call
 //! waits, up to the node's `leader_wait`, then fails UNAVAILABLE.
 //!
-//! Retrying is safe because every command is idempotent (DESIGN "unknown outcomes"): a Schedule
-//! that committed before its reply was lost is found again and answered `created = false`. So
-//! the request's message is kept (it is one message: no `Leader` RPC streams its requests) and
-//! sent again when the outcome is unknown: the leader could not be reached, went away
-//! mid-call, or answered UNAVAILABLE; or, on the leader itself, the handler found leadership
-//! gone (its status carries [`RETRY_HEADER`]). A stream's answer is not retried once it began.
+//! Only what is the same applied twice is ever sent twice (DESIGN invariant 9). The request's
+//! message is kept (it is one message: no `Leader` RPC streams its requests) and sent again to
+//! the next leader when it certainly did nothing — the connection to the leader could not be
+//! made, or the answer says it was not proposed ([`NOT_APPLIED_HEADER`]: not the leader, no
+//! quorum) — and, when its outcome is unknown (the leader went away mid-call, answered
+//! UNAVAILABLE, or, on the leader itself, the handler found leadership gone: [`RETRY_HEADER`]),
+//! only if `timerdb_client::idempotent::retry_safe` says the call is safe to repeat (a
+//! create-only Schedule is found again and answered `created = false`). Any other call with an
+//! unknown outcome is answered UNAVAILABLE saying so ([`OUTCOME_UNKNOWN_HEADER`]), never sent
+//! again: a conditional cancel repeated after it applied would be refused for a change that
+//! happened, a relative shift would apply twice. A stream's answer is not retried once it
+//! began.
 //!
 //! The handlers hold only their own logic: they run where this layer sends them.
 
@@ -38,8 +44,13 @@ use crate::node::{Leader, Node};
 /// Marks a request forwarded by a follower.
 pub const FORWARDED_HEADER: &str = "x-timerdb-forwarded";
 /// On an UNAVAILABLE answer: the handler found this node not (or no longer) the leader, so the
-/// same request may go to the next leader (set by the `Error` → `Status` conversion).
+/// request may go to the next leader — if it did nothing, or is safe to repeat (set by the
+/// `Error` → `Status` conversion).
 pub const RETRY_HEADER: &str = "x-timerdb-retry";
+/// On an UNAVAILABLE answer: the call did nothing (it was not proposed), so it may be sent again.
+pub const NOT_APPLIED_HEADER: &str = "x-timerdb-not-applied";
+/// On an UNAVAILABLE answer: the call may or may not have happened.
+pub const OUTCOME_UNKNOWN_HEADER: &str = "x-timerdb-outcome-unknown";
 
 /// Pause between attempts while the leader is unknown or changing.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
@@ -127,12 +138,14 @@ async fn on_leader<S: Inner>(
 ) -> http::Response<Body> {
     let node = &router.node;
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
-    let limit = methods::message_limit(req.uri().path());
+    let path = req.uri().path().to_string();
+    let limit = methods::message_limit(&path);
     let (parts, body) = req.into_parts();
     let message = match read_message(body, limit).await {
         Ok(m) => m,
         Err(status) => return status.into_http(),
     };
+    let safe = retry_safe(&path, &message);
     let timeout = timeout.unwrap_or(node.config.write_timeout + Duration::from_secs(1));
     let deadline = Instant::now() + node.config.leader_wait;
     let mut last = String::from("no leader is known");
@@ -141,15 +154,18 @@ async fn on_leader<S: Inner>(
             Leader::Me => {
                 let req = rebuild(&parts, message.clone(), false, timeout);
                 let resp = super::layer::call(inner.clone(), req).await;
-                // Leadership moved under the call: the next leader may take it.
+                // Leadership moved under the call: the next leader may take it, if it did
+                // nothing here or may be repeated.
                 match retry_status(&resp) {
-                    Some(s) if !forwarded => last = s.message().to_string(),
+                    Some(s) if !forwarded && (safe || not_applied(&resp)) => {
+                        last = s.message().to_string()
+                    }
                     _ => return resp,
                 }
             }
             Leader::Other { id, .. } if forwarded => {
                 let msg = format!("node {} is not the leader (node {id} is)", node.id);
-                return Status::unavailable(msg).into_http();
+                return not_applied_status(msg).into_http();
             }
             Leader::Other { id, addr } => {
                 let channel = match router.channel(&addr) {
@@ -159,26 +175,37 @@ async fn on_leader<S: Inner>(
                 let req = rebuild(&parts, message.clone(), true, timeout);
                 let mut channel = channel;
                 // A channel is a buffer in front of the connection: it takes a call only once
-                // ready.
+                // ready. Not ready (no connection): nothing was sent.
                 let ready = std::future::poll_fn(|cx| {
                     tower::Service::<http::Request<Body>>::poll_ready(&mut channel, cx)
                 });
-                let sent = match ready.await {
-                    Ok(()) => tower::Service::call(&mut channel, req).await,
-                    Err(e) => Err(e),
-                };
-                match sent {
-                    Ok(resp) => match unknown_outcome(&resp) {
-                        Some(s) => last = format!("leader {id} at {addr}: {}", s.message()),
-                        None => return resp,
-                    },
-                    // The connection failed or broke under the call: the outcome is unknown.
+                match ready.await {
                     Err(e) => last = format!("leader {id} at {addr}: {}", crate::error::chain(&e)),
+                    Ok(()) => match tower::Service::call(&mut channel, req).await {
+                        Ok(resp) => match unknown_outcome(&resp) {
+                            Some(s) if safe || not_applied(&resp) => {
+                                last = format!("leader {id} at {addr}: {}", s.message())
+                            }
+                            Some(s) => {
+                                let why = format!("leader {id} at {addr}: {}", s.message());
+                                return outcome_unknown(&why).into_http();
+                            }
+                            None => return resp,
+                        },
+                        // The connection broke under the call: the outcome is unknown.
+                        Err(e) => {
+                            let why = format!("leader {id} at {addr}: {}", crate::error::chain(&e));
+                            if !safe {
+                                return outcome_unknown(&why).into_http();
+                            }
+                            last = why;
+                        }
+                    },
                 }
             }
             Leader::Unknown if forwarded => {
                 let msg = format!("node {} knows no leader", node.id);
-                return Status::unavailable(msg).into_http();
+                return not_applied_status(msg).into_http();
             }
             Leader::Unknown => {}
         }
@@ -191,6 +218,45 @@ async fn on_leader<S: Inner>(
         }
         tokio::time::sleep(RETRY_PAUSE).await;
     }
+}
+
+/// Whether the call in `message` (one gRPC frame) may be sent twice (DESIGN 9). A compressed
+/// or malformed frame is not looked into: not safe.
+fn retry_safe(path: &str, message: &[u8]) -> bool {
+    match message.split_first() {
+        Some((0, rest)) if rest.len() >= super::first::FRAME_HEADER_BYTES - 1 => {
+            timerdb_client::idempotent::retry_safe(
+                path,
+                &rest[super::first::FRAME_HEADER_BYTES - 1..],
+            )
+        }
+        _ => false,
+    }
+}
+
+/// Whether an answer says the call did nothing.
+fn not_applied(resp: &http::Response<Body>) -> bool {
+    resp.headers().contains_key(NOT_APPLIED_HEADER)
+}
+
+/// UNAVAILABLE for a call this node refused without doing anything.
+fn not_applied_status(msg: String) -> Status {
+    let mut s = Status::unavailable(msg);
+    let one = tonic::metadata::MetadataValue::from_static("1");
+    s.metadata_mut().insert(NOT_APPLIED_HEADER, one);
+    s
+}
+
+/// UNAVAILABLE for a forwarded call whose outcome is unknown and that is not sent again.
+fn outcome_unknown(why: &str) -> Status {
+    let mut s = Status::unavailable(format!(
+        "the call's outcome is unknown ({why}); it was not sent again, because applying it twice \
+         is not the same as once (a condition, a relative shift, a key creation, a one-timer \
+         redrive): read the timer to see whether it happened"
+    ));
+    let one = tonic::metadata::MetadataValue::from_static("1");
+    s.metadata_mut().insert(OUTCOME_UNKNOWN_HEADER, one);
+    s
 }
 
 /// The request's bytes (one gRPC message of at most `max` bytes).

@@ -57,7 +57,11 @@ impl Proposer {
         let (tx, rx) = oneshot::channel();
         let stopped = || crate::Error::Unavailable("the node is shutting down".into());
         self.tx.send((cmd, tx)).map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        // Taken by the proposer, then dropped: it may have been proposed.
+        let dropped = || {
+            crate::Error::OutcomeUnknown("the node stopped; the write's outcome is unknown".into())
+        };
+        rx.await.map_err(|_| dropped())?
     }
 }
 

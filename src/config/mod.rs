@@ -141,6 +141,11 @@ pub struct Faults {
     pub ack_before_commit: bool,
     /// Stamp Fire entries this many ms ahead of the clock: timers fire early.
     pub fire_early_ms: i64,
+    /// Answer every n-th committed client write UNAVAILABLE, outcome unknown, instead of its
+    /// result, as a leader that lost its connection or leadership just after the commit would
+    /// (0: never). Not a bug of timerdb's but of the world: it makes the unknown outcomes a
+    /// forwarder or client must not resolve by sending a call again frequent.
+    pub lose_reply_every: u64,
 }
 
 impl Faults {
@@ -152,10 +157,12 @@ impl Faults {
                 "ignore-cancel" => f.ignore_cancel = true,
                 "ack-before-commit" => f.ack_before_commit = true,
                 "fire-early" => f.fire_early_ms = 500,
+                "lose-reply" => f.lose_reply_every = 2,
                 other => {
                     return Err(Error::InvalidArgument(format!(
-                    "unknown fault {other:?} (known: ignore-cancel, ack-before-commit, fire-early)"
-                )))
+                        "unknown fault {other:?} (known: ignore-cancel, ack-before-commit, \
+                         fire-early, lose-reply)"
+                    )))
                 }
             }
         }

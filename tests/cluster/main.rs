@@ -25,5 +25,6 @@ mod push_http;
 mod receiver;
 mod recur;
 mod rejoin;
+mod retries;
 mod secure_process;
 mod tls;

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Optional, Sequence, TypeVar
 
 import grpc
 
+from timerdb import idempotent
 from timerdb.v1 import timerdb_pb2 as pb
 from timerdb.v1 import timerdb_pb2_grpc as rpc
 
@@ -227,9 +228,9 @@ class Client:
             req.payload = payload.encode() if isinstance(payload, str) else payload
         if recurrence is not None:
             req.recurrence.CopyFrom(recurrence)
-        creates = mode in (pb.CREATE_MODE_UNSPECIFIED, pb.CREATE_MODE_CREATE_ONLY, pb.CREATE_MODE_UPSERT)
-        idempotent = creates or fire_at_ms is not None
-        return self.call(idempotent, lambda n, t, m: n.timers.Schedule(req, timeout=t, metadata=m))
+        return self.call(
+            idempotent.schedule(req), lambda n, t, m: n.timers.Schedule(req, timeout=t, metadata=m)
+        )
 
     def schedule_batch(self, requests: Iterable[pb.ScheduleRequest]) -> pb.ScheduleBatchResponse:
         """Creates many timers in one write, all or none (retried)."""
@@ -239,21 +240,19 @@ class Client:
     def cancel(self, namespace: str, id: str, *, if_revision: int = 0) -> pb.Timer:
         """Cancels a timer; definitive (retried unless conditional)."""
         req = pb.CancelRequest(namespace=namespace, id=id, if_revision=if_revision)
-        r = self.call(if_revision == 0, lambda n, t, m: n.timers.Cancel(req, timeout=t, metadata=m))
+        r = self.call(idempotent.cancel(req), lambda n, t, m: n.timers.Cancel(req, timeout=t, metadata=m))
         return r.timer
 
     def reschedule(
         self, namespace: str, id: str, *, delay_ms: Optional[int] = None, fire_at_ms: Optional[int] = None
     ) -> pb.Timer:
-        """Moves a timer (retried only to an absolute time)."""
+        """Moves a timer (sent once: a repeat could shift it twice, or be refused after a fire)."""
         req = pb.RescheduleRequest(namespace=namespace, id=id)
         if delay_ms is not None:
             req.delay_ms = delay_ms
         if fire_at_ms is not None:
             req.fire_at_ms = fire_at_ms
-        r = self.call(
-            fire_at_ms is not None, lambda n, t, m: n.timers.Reschedule(req, timeout=t, metadata=m)
-        )
+        r = self.call(False, lambda n, t, m: n.timers.Reschedule(req, timeout=t, metadata=m))
         return r.timer
 
     def get(self, namespace: str, id: str) -> pb.Timer:
@@ -290,7 +289,7 @@ class Client:
 
     def redrive(self, namespace: str, id: str = "", *, all: bool = False) -> pb.RedriveResponse:
         req = pb.RedriveRequest(namespace=namespace, id=id, all=all)
-        return self.call(True, lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
+        return self.call(idempotent.redrive(req), lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
 
     # --- Namespaces and Cluster -----------------------------------------------------------
 

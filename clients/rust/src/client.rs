@@ -223,42 +223,22 @@ fn never<T>(_: &T) -> bool {
     false
 }
 
-/// A Schedule whose repetition is harmless: creating (the server answers an identical retry
-/// with the timer and `created = false`) or a mode that sets an absolute time.
-fn schedule_idempotent(r: &pb::ScheduleRequest) -> bool {
-    use pb::CreateMode as M;
-    let conditional = r.if_state != 0 || r.if_revision != 0;
-    let absolute = matches!(r.when, Some(pb::schedule_request::When::FireAtMs(_)));
-    let creates = matches!(
-        M::try_from(r.mode),
-        Ok(M::Unspecified | M::CreateOnly | M::Upsert)
-    );
-    !conditional && (creates || absolute)
-}
-
-fn reschedule_idempotent(r: &pb::RescheduleRequest) -> bool {
-    let absolute = matches!(r.when, Some(pb::reschedule_request::When::FireAtMs(_)));
-    absolute && r.if_state == 0 && r.if_revision == 0
-}
-
-fn cancel_idempotent(r: &pb::CancelRequest) -> bool {
-    r.if_state == 0 && r.if_revision == 0
-}
+use crate::idempotent;
 
 impl Client {
     unary!(
         /// Creates a timer (retried: idempotent on namespace and id).
-        schedule, TimersClient, pb::ScheduleRequest, pb::ScheduleResponse, schedule_idempotent);
+        schedule, TimersClient, pb::ScheduleRequest, pb::ScheduleResponse, idempotent::schedule);
     unary!(
         /// Creates many timers in one write, all or none (retried: idempotent).
         schedule_batch, TimersClient, pb::ScheduleBatchRequest, pb::ScheduleBatchResponse, always);
     unary!(
         /// Cancels a timer; definitive (retried unless conditional).
-        cancel, TimersClient, pb::CancelRequest, pb::CancelResponse, cancel_idempotent);
+        cancel, TimersClient, pb::CancelRequest, pb::CancelResponse, idempotent::cancel);
     unary!(
-        /// Moves a timer (retried only to an absolute time without conditions).
+        /// Moves a timer (sent once: a repeat could shift it twice, or be refused after a fire).
         reschedule, TimersClient, pb::RescheduleRequest, pb::RescheduleResponse,
-        reschedule_idempotent);
+        idempotent::reschedule);
     unary!(get, TimersClient, pb::GetRequest, pb::GetResponse, always);
     unary!(
         list,
@@ -281,12 +261,9 @@ impl Client {
         /// Gives up on one delivery (sent once: a retry could meet the next attempt).
         nack, TimersClient, pb::NackRequest, pb::NackResponse, never);
     unary!(
-        redrive,
-        TimersClient,
-        pb::RedriveRequest,
-        pb::RedriveResponse,
-        always
-    );
+        /// Returns DEAD timers to PENDING (retried only for a whole namespace: a repeat of a
+        /// one-timer redrive is refused as "not DEAD" once it happened).
+        redrive, TimersClient, pb::RedriveRequest, pb::RedriveResponse, idempotent::redrive);
     unary!(
         pause,
         TimersClient,

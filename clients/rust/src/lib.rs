@@ -8,19 +8,22 @@
 //!   cluster, learns which one leads and sends calls there (a follower would forward them: one
 //!   hop saved), and retries idempotent calls on UNAVAILABLE and the other "did it happen?"
 //!   failures with exponential backoff and jitter, moving to another node, within a deadline.
-//!   Calls that are not idempotent (a relative Reschedule, Nack) are sent once: their failure
-//!   is returned as it is, an unknown outcome the caller must judge.
+//!   Calls that are not idempotent (conditions, a Reschedule, Nack, a one-timer Redrive: the
+//!   rule is [`idempotent`], the one the server's forwarder follows too) are sent once: their
+//!   failure is returned as it is, an unknown outcome the caller must judge.
 //! - [`Subscription`] ([`consumer`]): a consumer of a namespace's fired timers that
 //!   resubscribes by itself (through another node when one fails) and acks in batches
 //!   (`AckBatch`, retried: acks are idempotent), with a way to wait until every ack is applied.
 //!
-//! Retrying is safe because timerdb makes it so: Schedule and ScheduleBatch are idempotent on
-//! (namespace, id) for the same request (`created = false` on the retry), Cancel answers a
-//! cancelled timer as cancelled, acks of an acked timer succeed again.
+//! Retrying what is retried is safe because timerdb makes it so: create-only Schedule and
+//! ScheduleBatch are idempotent on (namespace, id) for the same request (`created = false` on
+//! the retry), an unconditional Cancel answers a cancelled timer as cancelled, acks of an acked
+//! timer succeed again ([`idempotent`] has the whole rule).
 
 pub mod client;
 pub mod connect;
 pub mod consumer;
+pub mod idempotent;
 pub mod retry;
 
 pub use client::Client;

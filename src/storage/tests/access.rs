@@ -69,6 +69,17 @@ async fn access_changes_apply_in_order_and_a_refused_one_writes_nothing() {
         }
     );
     assert!(!s.store.access().keys.contains_key("aa"));
+    // A repeat (a retry after a lost answer) is not refused: the revocation happened.
+    let again = s
+        .apply(Command::Access(AccessChange::RevokeKey("aa".into())))
+        .await;
+    assert_eq!(
+        again,
+        Response::Access {
+            enabled: true,
+            key: None
+        }
+    );
 
     // Another replica from a snapshot, and this one after a restart, hold the same state.
     let (other, _) = replica_from_snapshot(&mut s.sm).await;
