@@ -76,6 +76,9 @@ impl raft_server::Raft for PeerService {
 
     async fn hello(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
+        if !req.get_ref().data.is_empty() {
+            return Err(Status::invalid_argument("a Hello carries no body"));
+        }
         Ok(Response::new(RaftMessage { data: Vec::new() }))
     }
 
