@@ -271,3 +271,8 @@ pub fn auth_denied(method: &str, reason: &'static str) {
     counter!("timerdb_auth_denied_total", "method" => method.to_string(), "reason" => reason)
         .increment(1);
 }
+
+/// An ack or nack a delivery stream dropped: of a delivery it never sent, past its budget.
+pub fn acks_dropped() {
+    counter!("timerdb_stream_acks_dropped_total").increment(1);
+}

@@ -332,14 +332,14 @@ impl Node {
             key: key.clone(),
             attempt,
         };
-        self.settle(cmd, &key).await
+        self.settle(cmd, &key, attempt).await
     }
 
     /// Acks many deliveries in one command, each judged and answered alone. A failure of the
     /// write (leadership lost) fails the whole call, so that the caller retries it where a
     /// leader is: acks are idempotent.
     pub async fn ack_batch(&self, acks: Vec<(TimerKey, u32)>) -> Result<Vec<Result<Timer>>> {
-        let keys: Vec<TimerKey> = acks.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<(TimerKey, u32)> = acks.clone();
         let cmd = Command::Acks {
             now_ms: self.now_ms(),
             leases: Vec::new(),
@@ -349,10 +349,10 @@ impl Node {
             return Err(Error::Internal("unexpected Acks response".into()));
         };
         let mut out = Vec::with_capacity(answers.len());
-        for (key, answer) in keys.iter().zip(answers) {
+        for ((key, attempt), answer) in keys.iter().zip(answers) {
             out.push(match answer {
                 Response::Timer { timer, .. } => {
-                    self.dispatcher.settled(key);
+                    self.dispatcher.settled(key, *attempt);
                     Ok(timer)
                 }
                 Response::Rejected(r) => Err(r.into_error()),
@@ -370,13 +370,14 @@ impl Node {
             key: key.clone(),
             attempt,
         };
-        self.settle(cmd, &key).await
+        self.settle(cmd, &key, attempt).await
     }
 
-    /// Applies an Ack or Nack of `key`, then frees its room in the subscription that holds it.
-    async fn settle(&self, cmd: Command, key: &TimerKey) -> Result<Timer> {
+    /// Applies an Ack or Nack of `key`'s delivery `attempt`, then frees its room in the
+    /// subscription that holds that delivery.
+    async fn settle(&self, cmd: Command, key: &TimerKey, attempt: u32) -> Result<Timer> {
         let timer = self.write_timer(cmd).await?;
-        self.dispatcher.settled(key);
+        self.dispatcher.settled(key, attempt);
         Ok(timer)
     }
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::auth::Credential;
@@ -71,8 +71,12 @@ pub struct StreamAck {
     pub nack: bool,
 }
 
-/// What a Consume stream's reader passes on: acks, or the reason the stream must end.
-pub type Inbound = mpsc::UnboundedReceiver<Result<Vec<StreamAck>, Status>>;
+/// What a Consume stream's reader passes on: acks, or the reason the stream must end. Bounded
+/// ([`INBOUND`] messages): while the stream cannot take more, the reader does not read, and
+/// HTTP/2 flow control holds the client back.
+pub type Inbound = mpsc::Receiver<Result<Vec<StreamAck>, Status>>;
+/// Messages of acks waiting between a Consume stream's reader and its task.
+pub const INBOUND: usize = 8;
 
 /// Validates a Subscribe and fills in the defaults.
 pub fn validate(
@@ -99,8 +103,15 @@ pub fn validate(
     Ok(req)
 }
 
-/// Validates the acks of one Consume message.
+/// Validates the acks of one Consume message (at most `max_batch` of them).
 pub fn validate_acks(acks: Vec<pb::DeliveryAck>, limits: &Limits) -> Result<Vec<StreamAck>, Error> {
+    if acks.len() > limits.max_batch {
+        return Err(Error::InvalidArgument(format!(
+            "{} acks in one Consume message; the limit is {}",
+            acks.len(),
+            limits.max_batch
+        )));
+    }
     acks.into_iter()
         .map(|a| {
             check_name("id", &a.id, limits.max_id_bytes)?;
@@ -148,6 +159,7 @@ pub fn start(
         tx,
         acks,
         carried: Vec::new(),
+        delivered: Delivered::new(4 * MAX_MAX_IN_FLIGHT as usize),
         half_closed: false,
     };
     tokio::spawn(stream.run());
@@ -189,6 +201,9 @@ struct Pump {
     acks: Option<Inbound>,
     /// Acks received but not yet taken by a leader, for the next leg.
     carried: Vec<StreamAck>,
+    /// What this stream handed its client, across legs (when the client talks to this node:
+    /// its acks are judged against it, see [`Delivered`]).
+    delivered: Delivered,
     /// The client ended its side of a Consume stream: finish once its acks are applied.
     half_closed: bool,
 }
@@ -257,8 +272,10 @@ impl Pump {
         let mut metrics = node.raft.metrics();
         let mut tracker = StreamAcks::new(&self.req.namespace);
         let carried = std::mem::take(&mut self.carried);
+        let mut budget = Budget::new(max, carried.len());
         let ns = self.req.namespace.clone();
-        take_acks(node, &ns, &mut tracker, carried);
+        let mut edge = Edge::of(self.forwarded, &mut budget);
+        take_acks(node, &sub, (&ns, &mut tracker, &mut edge), carried).await;
         let mut flush = tokio::time::interval(HOLD / 2);
         let tx = self.tx.clone();
         // The namespace's dispatch rate, read again now and then (a policy may change).
@@ -269,6 +286,7 @@ impl Pump {
                 delivery = sub.recv() => match delivery {
                     Some(d) => {
                         tracker.sent(&d);
+                        self.delivered.record(&d.timer.key.id, d.attempt);
                         // Paced as they go out, whatever clumps the grants came in.
                         if let Some(limit) = rate {
                             node.dispatcher.paced(&ns, limit, &node.config.clock).await;
@@ -280,7 +298,10 @@ impl Pump {
                     None => break End::Moved,
                 },
                 acks = self.next_acks() => match acks {
-                    Some(Ok(acks)) => take_acks(node, &ns, &mut tracker, acks),
+                    Some(Ok(acks)) => {
+                        let acks = self.delivered.admit(acks, self.forwarded);
+                        take_acks(node, &sub, (&ns, &mut tracker, &mut edge), acks).await
+                    }
                     Some(Err(status)) => {
                         let _ = tx.send(Err(status)).await;
                         break End::Done;
@@ -290,7 +311,7 @@ impl Pump {
                 _ = flush.tick() => {
                     let now_ms = node.config.clock.now_ms();
                     for item in tracker.flush_due(Instant::now(), now_ms) {
-                        node.acker.ack(item);
+                        node.acker.ack(item).await;
                     }
                     if rate_read.elapsed() >= RATE_REREAD {
                         (rate, rate_read) = (dispatch_rate(node, &ns), Instant::now());
@@ -312,7 +333,7 @@ impl Pump {
         };
         drop(sub); // no more deliveries for this stream
         for (key, attempt) in tracker.drain() {
-            node.acker.ack(AckItem::One(key, attempt));
+            node.acker.ack(AckItem::One(key, attempt)).await;
         }
         if self.half_closed && !node.acker.applied().await {
             let msg = "leadership moved while the acks of this stream were being applied; \
@@ -329,17 +350,17 @@ impl Pump {
             return End::Moved;
         };
         let mut client = forward::timers(channel);
-        let (mut up, up_rx) = mpsc::unbounded_channel();
+        let (mut up, up_rx) = mpsc::channel(INBOUND);
         let opened = if self.acks.is_some() {
             let first = pb::ConsumeRequest {
                 subscribe: Some(self.req.clone()),
                 acks: to_pb_acks(std::mem::take(&mut self.carried)),
             };
-            let _ = up.send(first);
+            let _ = up.try_send(first);
             if self.half_closed {
-                drop(std::mem::replace(&mut up, mpsc::unbounded_channel().0));
+                drop(std::mem::replace(&mut up, mpsc::channel(1).0));
             }
-            let outbound = UnboundedReceiverStream::new(up_rx);
+            let outbound = ReceiverStream::new(up_rx);
             let req = forward::stream_request(outbound, self.credential.clone());
             client.consume(req).await
         } else {
@@ -363,6 +384,9 @@ impl Pump {
             tokio::select! {
                 msg = upstream.message() => match msg {
                     Ok(Some(d)) => {
+                        if let Some(t) = &d.timer {
+                            self.delivered.record(&t.id, d.attempt);
+                        }
                         if tx.send(Ok(d)).await.is_err() {
                             return End::Done;
                         }
@@ -372,8 +396,10 @@ impl Pump {
                 },
                 acks = self.next_acks(), if !self.half_closed => match acks {
                     Some(Ok(acks)) => {
+                        // Judged here, where the client is: only what it was handed goes up.
+                        let acks = self.delivered.admit(acks, self.forwarded);
                         let msg = pb::ConsumeRequest { subscribe: None, acks: to_pb_acks(acks.clone()) };
-                        if up.send(msg).is_err() {
+                        if up.send(msg).await.is_err() {
                             self.carry(acks);
                             return End::Moved;
                         }
@@ -384,7 +410,7 @@ impl Pump {
                     }
                     // Half-closed: pass it on; the leader ends its stream once the acks are
                     // applied, and then this one ends.
-                    None => drop(std::mem::replace(&mut up, mpsc::unbounded_channel().0)),
+                    None => drop(std::mem::replace(&mut up, mpsc::channel(1).0)),
                 },
                 _ = tx.closed() => return End::Done,
                 _ = stopping(shutdown) => return End::Done,
@@ -393,27 +419,164 @@ impl Pump {
     }
 }
 
-/// Hands a client's acks to this (leading) node: each frees its subscription's room at once,
-/// nacks are proposed alone, acks go to the coalescer (held by lease where they can be one).
-fn take_acks(node: &Arc<Node>, ns: &str, tracker: &mut StreamAcks, acks: Vec<StreamAck>) {
+/// Hands a client's acks to this (leading) node. An ack of a delivery this stream's
+/// subscription holds frees its room at once (only that subscription's, only that attempt:
+/// issue 33 finding 8); nacks and acks go to the coalescer (acks held by lease where they can
+/// be one). Acks of deliveries this leg of the stream never sent (carried from an earlier leg,
+/// or made up) pass within a budget ([`Budget`]) and are dropped beyond it: made-up acks would
+/// otherwise all become log entries every replica applies (issue 33 findings 5 and 12).
+async fn take_acks(
+    node: &Arc<Node>,
+    sub: &Subscription,
+    (ns, tracker, edge): (&str, &mut StreamAcks, &mut Edge<'_>),
+    acks: Vec<StreamAck>,
+) {
     let now = Instant::now();
     for a in acks {
         let key = TimerKey::new(ns, a.id.clone());
-        node.dispatcher.settled(&key);
+        let held = tracker.holds(&a.id, a.attempt);
+        if !held && !edge.admits_unsent() {
+            continue;
+        }
+        if held {
+            sub.settled(&key, a.attempt);
+        }
         let items = if a.nack {
-            let (node, attempt) = (node.clone(), a.attempt);
-            tokio::spawn(async move {
-                if let Err(e) = node.nack(key, attempt).await {
-                    tracing::debug!(error = %e, "stream nack refused");
-                }
-            });
-            tracker.nacked(&a.id, a.attempt)
+            let mut items = tracker.nacked(&a.id, a.attempt);
+            items.push(AckItem::Nack(key, a.attempt));
+            items
         } else {
             tracker.acked(&a.id, a.attempt, now)
         };
         for item in items {
-            node.acker.ack(item);
+            node.acker.ack(item).await;
         }
+    }
+}
+
+/// How a stream leg judges acks of deliveries it did not send itself.
+enum Edge<'a> {
+    /// The client talks to this node: [`Delivered`] already let through only what it was
+    /// handed (in any leg), so every ack that reaches here is one.
+    Client,
+    /// A relayed stream (another node is the client's edge, or says it is): within a budget.
+    Relayed(&'a mut Budget),
+}
+
+impl<'a> Edge<'a> {
+    fn of(forwarded: bool, budget: &'a mut Budget) -> Self {
+        match forwarded {
+            true => Edge::Relayed(budget),
+            false => Edge::Client,
+        }
+    }
+
+    fn admits_unsent(&mut self) -> bool {
+        match self {
+            Edge::Client => true,
+            Edge::Relayed(b) => b.take(),
+        }
+    }
+}
+
+/// What a stream handed its client (timer id → attempt), the latest `cap` deliveries: at the
+/// node the client talks to, an ack or nack of anything else is dropped, since it could only
+/// be a mistake or made up, and would become a log entry every replica applies (issue 33
+/// findings 5 and 12). The cap bounds memory for a client that never acks; a delivery pushed
+/// out by it is delivered again after its deadline, at worst.
+struct Delivered {
+    by_id: std::collections::HashMap<String, u32>,
+    order: std::collections::VecDeque<(String, u32)>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl Delivered {
+    fn new(cap: usize) -> Self {
+        Delivered {
+            by_id: Default::default(),
+            order: Default::default(),
+            cap,
+            dropped: 0,
+        }
+    }
+
+    fn record(&mut self, id: &str, attempt: u32) {
+        self.by_id.insert(id.to_string(), attempt);
+        self.order.push_back((id.to_string(), attempt));
+        while self.order.len() > self.cap {
+            let (old, a) = self.order.pop_front().expect("non-empty");
+            if self.by_id.get(&old) == Some(&a) {
+                self.by_id.remove(&old);
+            }
+        }
+    }
+
+    /// The acks of deliveries the client was handed (each once); all of them on a relayed
+    /// stream (`forwarded`: not the client's edge, see [`Edge`]).
+    fn admit(&mut self, acks: Vec<StreamAck>, forwarded: bool) -> Vec<StreamAck> {
+        if forwarded {
+            return acks;
+        }
+        let before = acks.len();
+        let kept: Vec<StreamAck> = acks
+            .into_iter()
+            .filter(|a| {
+                let handed = self.by_id.get(&a.id) == Some(&a.attempt);
+                if handed {
+                    self.by_id.remove(&a.id);
+                }
+                handed
+            })
+            .collect();
+        let dropped = (before - kept.len()) as u64;
+        if dropped > 0 {
+            let was = self.dropped;
+            self.dropped += dropped;
+            if was == 0 || (self.dropped.ilog2() > was.max(1).ilog2()) {
+                tracing::warn!(
+                    dropped = self.dropped,
+                    "acks of deliveries this stream never handed its client: dropped"
+                );
+            }
+            for _ in 0..dropped {
+                crate::metrics::acks_dropped();
+            }
+        }
+        kept
+    }
+}
+
+/// How many acks of deliveries a stream leg did not send it passes on: those it carries from
+/// an earlier leg (at most what one subscription holds at once, plus the carried acks it
+/// started with) — anything beyond is not an ack of a delivery it could have had.
+pub struct Budget {
+    left: usize,
+    dropped: u64,
+}
+
+impl Budget {
+    pub fn new(max_in_flight: usize, carried: usize) -> Budget {
+        Budget {
+            left: 2 * max_in_flight + carried,
+            dropped: 0,
+        }
+    }
+
+    fn take(&mut self) -> bool {
+        if self.left == 0 {
+            self.dropped += 1;
+            if self.dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped = self.dropped,
+                    "acks of deliveries this stream never had: dropped"
+                );
+            }
+            crate::metrics::acks_dropped();
+            return false;
+        }
+        self.left -= 1;
+        true
     }
 }
 

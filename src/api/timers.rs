@@ -192,9 +192,9 @@ impl timers_server::Timers for TimersService {
         let first_acks = subscribe::validate_acks(first.acks, self.limits())?;
         // A task reads the client's messages; the stream's task takes their acks (or the
         // reason to end) from it.
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = tokio::sync::mpsc::channel(subscribe::INBOUND);
         if !first_acks.is_empty() {
-            let _ = tx.send(Ok(first_acks));
+            let _ = tx.try_send(Ok(first_acks));
         }
         let limits = self.limits().clone();
         tokio::spawn(async move {
@@ -211,7 +211,9 @@ impl timers_server::Timers for TimersService {
                     subscribe::validate_acks(msg.acks, &limits).map_err(Status::from)
                 };
                 let bad = acks.is_err();
-                if tx.send(acks).is_err() || bad {
+                // Waits while the stream's task is behind: the client is held back by HTTP/2
+                // flow control meanwhile.
+                if tx.send(acks).await.is_err() || bad {
                     return;
                 }
             }

@@ -13,6 +13,12 @@
 //! timer in flight, and it is delivered again after its deadline. A stream that finishes
 //! cleanly waits for [`Acker::applied`], a barrier behind everything queued before it; a
 //! consumer that needs to know one ack took effect uses `Ack` or `AckBatch`, which answer.
+//!
+//! Stream nacks come here too (one `Nack` command each, proposed together: the proposer packs
+//! them into one entry), not a task per nack. The queue is bounded ([`QUEUE`]): a stream whose
+//! acks come faster than they commit waits to hand in more, stops reading its client's
+//! messages, and HTTP/2 flow control stops the client — memory stays bounded however fast a
+//! client sends (issue 33 findings 5 and 12).
 
 use std::sync::Arc;
 
@@ -24,6 +30,8 @@ use crate::timer::{Command, LeaseRef, Response, TimerKey};
 
 /// Most acks in one command (a lease counts as one).
 const MAX_ACKS: usize = 10_000;
+/// Items the coalescer's queue holds; a stream hands in more only as they are taken.
+pub const QUEUE: usize = 4 * MAX_ACKS;
 /// Ack commands outstanding at once.
 const IN_FLIGHT: usize = 2;
 
@@ -37,6 +45,8 @@ pub enum AckItem {
         lease: LeaseRef,
         deliveries: Vec<(TimerKey, u32)>,
     },
+    /// A nack of one delivery: (timer, attempt).
+    Nack(TimerKey, u32),
     /// Answered once every item queued before it was proposed and answered.
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
@@ -45,6 +55,7 @@ impl PartialEq for AckItem {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (AckItem::One(k, a), AckItem::One(l, b)) => k == l && a == b,
+            (AckItem::Nack(k, a), AckItem::Nack(l, b)) => k == l && a == b,
             (
                 AckItem::Lease { lease, deliveries },
                 AckItem::Lease {
@@ -60,21 +71,22 @@ impl PartialEq for AckItem {
 /// The queue into the coalescer task.
 #[derive(Clone)]
 pub struct Acker {
-    tx: mpsc::UnboundedSender<AckItem>,
+    tx: mpsc::Sender<AckItem>,
     /// Ack proposals that failed, ever.
     failed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Acker {
     pub fn start(proposer: Proposer, clock: Clock) -> Acker {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(QUEUE);
         let failed = Arc::<std::sync::atomic::AtomicU64>::default();
         tokio::spawn(run(proposer, clock, rx, failed.clone()));
         Acker { tx, failed }
     }
 
-    pub fn ack(&self, item: AckItem) {
-        let _ = self.tx.send(item);
+    /// Hands in `item`, waiting while the queue is full.
+    pub async fn ack(&self, item: AckItem) {
+        let _ = self.tx.send(item).await;
     }
 
     /// Resolves once every ack queued before the call was proposed and answered: true if
@@ -84,7 +96,7 @@ impl Acker {
         use std::sync::atomic::Ordering;
         let failed = self.failed.load(Ordering::Acquire);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.tx.send(AckItem::Barrier(tx)).is_err() || rx.await.is_err() {
+        if self.tx.send(AckItem::Barrier(tx)).await.is_err() || rx.await.is_err() {
             return false;
         }
         self.failed.load(Ordering::Acquire) == failed
@@ -94,7 +106,7 @@ impl Acker {
 async fn run(
     proposer: Proposer,
     clock: Clock,
-    mut rx: mpsc::UnboundedReceiver<AckItem>,
+    mut rx: mpsc::Receiver<AckItem>,
     failed: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
@@ -143,6 +155,7 @@ async fn run(
 /// failed.
 async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> bool {
     let (mut leases, mut fallbacks, mut acks) = (Vec::new(), Vec::new(), Vec::new());
+    let mut nacks = Vec::new();
     for item in items {
         match item {
             AckItem::One(key, attempt) => acks.push((key, attempt)),
@@ -150,8 +163,31 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
                 leases.push(lease);
                 fallbacks.push(deliveries);
             }
+            AckItem::Nack(key, attempt) => nacks.push((key, attempt)),
             AckItem::Barrier(_) => unreachable!("barriers are not proposed"),
         }
+    }
+    // Each nack is judged alone (a refused one, stale or of a DEAD timer, changes nothing);
+    // proposed together, the proposer packs them into one entry.
+    let now_ms = clock.now_ms();
+    let nacked = nacks.into_iter().map(|(key, attempt)| {
+        proposer.propose(Command::Nack {
+            now_ms,
+            key,
+            attempt,
+        })
+    });
+    let nacked = futures::future::join_all(nacked).await;
+    let mut ok = true;
+    for r in nacked {
+        match r {
+            Ok(_) => {}
+            Err(e) if e.is_retryable() => ok = false,
+            Err(e) => tracing::debug!(error = %e, "stream nack refused"),
+        }
+    }
+    if leases.is_empty() && acks.is_empty() {
+        return ok;
     }
     let cmd = Command::Acks {
         now_ms: clock.now_ms(),
@@ -187,7 +223,7 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
             return false;
         }
     }
-    true
+    ok
 }
 
 /// How long a stream holds the acks of a lease it has not heard every ack of, before it sends
@@ -201,8 +237,9 @@ pub struct StreamAcks {
     namespace: String,
     /// How long acks of an incomplete lease are held ([`HOLD`] for a stream).
     hold: std::time::Duration,
-    /// Id → (attempt, lease) of each delivery sent and not yet acked.
-    sent: std::collections::HashMap<String, (u32, Option<super::LeaseTag>)>,
+    /// Id → (attempt, lease, deadline) of each delivery sent and not yet acked; forgotten
+    /// once its deadline passed (it is delivered again then, with another attempt).
+    sent: std::collections::HashMap<String, (u32, Option<super::LeaseTag>, i64)>,
     held: std::collections::HashMap<LeaseRef, Held>,
 }
 
@@ -244,18 +281,25 @@ impl StreamAcks {
                 broken: false,
             });
         }
-        self.sent
-            .insert(d.timer.key.id.clone(), (d.attempt, d.lease.clone()));
+        self.sent.insert(
+            d.timer.key.id.clone(),
+            (d.attempt, d.lease.clone(), d.deadline_ms),
+        );
+    }
+
+    /// Whether this stream sent delivery `attempt` of `id` and has not heard of it since.
+    pub fn holds(&self, id: &str, attempt: u32) -> bool {
+        self.sent.get(id).is_some_and(|(a, ..)| *a == attempt)
     }
 
     /// The consumer acked `(id, attempt)`: what to submit now.
     pub fn acked(&mut self, id: &str, attempt: u32, now: std::time::Instant) -> Vec<AckItem> {
         let key = TimerKey::new(self.namespace.clone(), id);
         let lease = match self.sent.get(id) {
-            Some((a, Some(tag))) if *a == attempt => Some(tag.lease.clone()),
+            Some((a, Some(tag), _)) if *a == attempt => Some(tag.lease.clone()),
             _ => None,
         };
-        if self.sent.get(id).is_some_and(|(a, _)| *a == attempt) {
+        if self.holds(id, attempt) {
             self.sent.remove(id);
         }
         let Some(held) = lease.as_ref().and_then(|l| self.held.get_mut(l)) else {
@@ -282,7 +326,7 @@ impl StreamAcks {
     /// is held of it goes one by one. (The caller proposes the nack itself.)
     pub fn nacked(&mut self, id: &str, attempt: u32) -> Vec<AckItem> {
         let lease = match self.sent.remove(id) {
-            Some((a, Some(tag))) if a == attempt => tag.lease,
+            Some((a, Some(tag), _)) if a == attempt => tag.lease,
             _ => return Vec::new(),
         };
         match self.held.get_mut(&lease) {
@@ -304,6 +348,7 @@ impl StreamAcks {
             // A lease past its deadline will never be acked whole: forget it.
             now_ms <= held.deadline_ms
         });
+        self.sent.retain(|_, (_, _, deadline)| now_ms <= *deadline);
         out
     }
 

@@ -75,6 +75,16 @@ pub struct LeaseTag {
     pub deadline_ms: i64,
 }
 
+impl Sub {
+    /// Frees the room of delivery `attempt` of `key` if this subscription holds it.
+    fn settle(&mut self, key: &TimerKey, attempt: u32) -> bool {
+        match self.in_flight.get(key) {
+            Some((a, _)) if *a == attempt => self.in_flight.remove(key).is_some(),
+            _ => false,
+        }
+    }
+}
+
 struct Sub {
     namespace: String,
     consumer: String,
@@ -83,8 +93,8 @@ struct Sub {
     max_in_flight: usize,
     /// The most `max_in_flight` may become (the channel's size).
     capacity: usize,
-    /// Unsettled deliveries and their ack deadlines.
-    in_flight: HashMap<TimerKey, i64>,
+    /// Unsettled deliveries: the attempt each timer was delivered as, and its ack deadline.
+    in_flight: HashMap<TimerKey, (u32, i64)>,
     /// Room promised to grants not yet applied.
     reserved: usize,
     tx: mpsc::Sender<Delivery>,
@@ -157,6 +167,23 @@ impl Subscription {
     /// A delivery already handed to this subscription, if any, without waiting.
     pub fn try_recv(&mut self) -> Option<Delivery> {
         self.rx.try_recv().ok()
+    }
+
+    /// The consumer of this subscription acked or nacked delivery `attempt` of `key` on its
+    /// stream: its room is free again (judged before the state machine does, so that a
+    /// consumer reading on is not held up by the commit) — only if this subscription holds
+    /// that very delivery. An ack of another stream's delivery, or of an older attempt, frees
+    /// nothing here.
+    pub fn settled(&self, key: &TimerKey, attempt: u32) {
+        let mut reg = self.dispatcher.lock();
+        let freed = reg
+            .subs
+            .get_mut(&self.id)
+            .is_some_and(|s| s.settle(key, attempt));
+        drop(reg);
+        if freed {
+            self.dispatcher.wake.notify_one();
+        }
     }
 
     /// Changes how many unsettled deliveries it may hold (at most what it was made with).
@@ -265,13 +292,14 @@ impl Dispatcher {
         }
     }
 
-    /// An Ack or Nack of `key` reached this node: its subscription has room again.
-    pub fn settled(&self, key: &TimerKey) {
+    /// Delivery `attempt` of `key` was settled (an Ack or Nack the state machine accepted, a
+    /// push answered): the subscription holding that very delivery has room again. Only that
+    /// attempt: an ack of an older one (a stale ack, the delivery made again elsewhere since)
+    /// frees nothing, or a subscription's room would exceed its `max_in_flight` (issue 33
+    /// finding 8).
+    pub fn settled(&self, key: &TimerKey, attempt: u32) {
         let mut reg = self.lock();
-        let freed = reg
-            .subs
-            .values_mut()
-            .any(|s| s.in_flight.remove(key).is_some());
+        let freed = reg.subs.values_mut().any(|s| s.settle(key, attempt));
         drop(reg);
         if freed {
             self.wake.notify_one();
@@ -300,7 +328,7 @@ impl Dispatcher {
         let mut has_waiting: HashMap<String, bool> = HashMap::new();
         let mut limits: HashMap<String, NsLimits> = HashMap::new();
         for sub in reg.subs.values_mut() {
-            sub.in_flight.retain(|_, deadline| *deadline > now_ms);
+            sub.in_flight.retain(|_, (_, deadline)| *deadline > now_ms);
             let used = sub.in_flight.len() + sub.reserved;
             if let Some(l) = limits.get_mut(&sub.namespace) {
                 l.used += used;
@@ -460,8 +488,9 @@ impl Dispatcher {
                 deadline_ms: g.deadline_ms,
             });
             for timer in timers {
-                sub.in_flight.insert(timer.key.clone(), g.deadline_ms);
                 let attempt = timer.attempts;
+                sub.in_flight
+                    .insert(timer.key.clone(), (attempt, g.deadline_ms));
                 let lease = tag.clone();
                 if sub
                     .tx
@@ -553,5 +582,54 @@ impl DispatchLoop {
                 )))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dispatcher() -> (tempfile::TempDir, Arc<Dispatcher>) {
+        let dir = tempfile::TempDir::new().unwrap();
+        let gc = crate::storage::IndexGc::new();
+        let db = crate::storage::open_db(dir.path(), &gc).unwrap();
+        let store = Store::new(db, crate::wheel::Wheel::default(), gc);
+        (dir, Arc::new(Dispatcher::new(store)))
+    }
+
+    /// Finding 8 of issue 33: a settled ack freed the room of whichever subscription held the
+    /// timer, whatever the attempt. A consumer acking an old delivery (redelivered since to
+    /// another subscription) freed that one's room, and grants then exceeded its
+    /// `max_in_flight` (and the namespace's concurrency).
+    #[test]
+    fn a_stale_ack_frees_no_other_subscriptions_room() {
+        let (_dir, d) = dispatcher();
+        let (a, b) = (
+            d.subscribe("ns", "a", 1, false),
+            d.subscribe("ns", "b", 1, false),
+        );
+        let key = TimerKey::new("ns", "t");
+        // Attempt 1 went to A and timed out (A no longer holds it); attempt 2 is at B.
+        d.lock()
+            .subs
+            .get_mut(&b.id)
+            .unwrap()
+            .in_flight
+            .insert(key.clone(), (2, i64::MAX));
+        // How many subscriptions get a grant (the room is given back at once).
+        let granted = |d: &Dispatcher| {
+            let plan = d.plan(0, 1, None);
+            let n = plan.grants.len();
+            d.release(plan);
+            n
+        };
+        assert_eq!(granted(&d), 1, "only A has room");
+        // A's consumer acks attempt 1 late, on its stream; then by a unary Ack.
+        a.settled(&key, 1);
+        d.settled(&key, 1);
+        assert_eq!(granted(&d), 1, "B is still full: its delivery is attempt 2");
+        // B's own stream acking attempt 2 frees B.
+        b.settled(&key, 2);
+        assert_eq!(granted(&d), 2);
     }
 }

@@ -166,8 +166,9 @@ impl Pusher {
             tokio::select! {
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    for item in lock(&shared.tracker).flush_due(now, clock.now_ms()) {
-                        self.node.acker.ack(item);
+                    let due = lock(&shared.tracker).flush_due(now, clock.now_ms());
+                    for item in due {
+                        self.node.acker.ack(item).await;
                     }
                     answered.push_back((now, shared.answered.load(Ordering::Acquire)));
                     while answered.front().is_some_and(|(t, _)| now - *t > QUEUE_WINDOW) {
@@ -215,10 +216,11 @@ impl Pusher {
             // Its lease ends before an answer could come: sent now, it could reach the
             // receiver after it was delivered again. Left to the deadline instead.
             tracing::debug!(timer = %key, attempt, "push not sent: its lease ends too soon");
-            for item in lock(&shared.tracker).nacked(&key.id, attempt) {
-                self.node.acker.ack(item);
+            let items = lock(&shared.tracker).nacked(&key.id, attempt);
+            for item in items {
+                self.node.acker.ack(item).await;
             }
-            self.node.dispatcher.settled(&key);
+            self.node.dispatcher.settled(&key, attempt);
             return;
         }
         let now_s = clock.now_ms().div_euclid(1000);
@@ -238,10 +240,11 @@ impl Pusher {
         // commits (tens of ms that would cap a namespace at ~MAX_PUSH_IN_FLIGHT / commit time).
         // The timer cannot be leased again meanwhile: its lease is open until the outcome
         // applies or the deadline passes.
-        self.node.dispatcher.settled(&key);
+        self.node.dispatcher.settled(&key, attempt);
         if ok {
-            for item in lock(&shared.tracker).acked(&key.id, attempt, Instant::now()) {
-                self.node.acker.ack(item);
+            let items = lock(&shared.tracker).acked(&key.id, attempt, Instant::now());
+            for item in items {
+                self.node.acker.ack(item).await;
             }
             return;
         }
@@ -259,8 +262,9 @@ impl Pusher {
         .bounded();
         tracing::debug!(timer = %key, attempt, outcome = ?record.outcome, "push failed");
         // What was held of its lease goes one by one; the failure goes with its record.
-        for item in lock(&shared.tracker).nacked(&key.id, attempt) {
-            self.node.acker.ack(item);
+        let items = lock(&shared.tracker).nacked(&key.id, attempt);
+        for item in items {
+            self.node.acker.ack(item).await;
         }
         let cmd = Command::Pushed {
             now_ms,
