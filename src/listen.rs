@@ -23,16 +23,61 @@ use std::time::Duration;
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::tls::{Port, Tls};
 
-/// Longest a TLS handshake may take.
+/// Longest a TLS handshake may take while few are in progress.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
-/// Most TLS handshakes in progress at once on one listener.
+/// Longest one may take once half the places are taken: a connection that says nothing for
+/// this long is not a client in a hurry.
+const HANDSHAKE_LIMIT_BUSY: Duration = Duration::from_secs(1);
+/// Most TLS handshakes in progress at once on one listener. When all are taken, a new
+/// connection takes the place of the oldest handshake: silent connections (256 of them held
+/// every place for 10 s each and locked every new client out: issue 33 finding 12) cannot keep
+/// a client that completes its handshake in milliseconds from being served.
 const MAX_HANDSHAKES: usize = 256;
+
+/// The handshakes in progress on one listener, oldest first: each can be told to give up.
+#[derive(Default)]
+struct Handshakes {
+    next: u64,
+    pending: std::collections::BTreeMap<u64, tokio::sync::oneshot::Sender<()>>,
+    evicted: u64,
+}
+
+impl Handshakes {
+    /// A place for a new handshake: its number and what tells it to give up, and how long it
+    /// may take. Takes the oldest one's place when all are taken.
+    fn start(&mut self) -> (u64, tokio::sync::oneshot::Receiver<()>, Duration) {
+        if self.pending.len() >= MAX_HANDSHAKES {
+            if let Some((_, give_up)) = self.pending.pop_first() {
+                let _ = give_up.send(());
+                self.evicted += 1;
+                if self.evicted.is_power_of_two() {
+                    tracing::warn!(
+                        evicted = self.evicted,
+                        "TLS handshakes in progress at the limit: the oldest made way"
+                    );
+                }
+            }
+        }
+        let limit = match self.pending.len() >= MAX_HANDSHAKES / 2 {
+            true => HANDSHAKE_LIMIT_BUSY,
+            false => HANDSHAKE_LIMIT,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.next += 1;
+        self.pending.insert(self.next, tx);
+        (self.next, rx, limit)
+    }
+
+    fn finished(&mut self, id: u64) {
+        self.pending.remove(&id);
+    }
+}
 
 /// One accepted connection, plain or TLS.
 pub enum Conn {
@@ -187,7 +232,7 @@ pub fn incoming(
     mut shutdown: watch::Receiver<bool>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -212,25 +257,32 @@ pub fn incoming(
                 }
                 continue;
             };
-            let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                tracing::warn!("too many TLS handshakes in progress; connection dropped");
-                continue;
-            };
-            let tx = tx.clone();
+            let (id, give_up, limit) = lock(&handshakes).start();
+            let (tx, handshakes) = (tx.clone(), handshakes.clone());
             tokio::spawn(async move {
                 let remote = tcp.peer_addr().ok();
-                match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => {
-                        let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(?remote, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(?remote, "TLS handshake timed out"),
+                let handshake = tokio::time::timeout(limit, acceptor.accept(tcp));
+                tokio::select! {
+                    done = handshake => match done {
+                        Ok(Ok(s)) => {
+                            lock(&handshakes).finished(id);
+                            let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
+                            return;
+                        }
+                        Ok(Err(e)) => tracing::debug!(?remote, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(?remote, "TLS handshake timed out"),
+                    },
+                    _ = give_up => tracing::debug!(?remote, "TLS handshake made way for a newer one"),
                 }
-                drop(permit);
+                lock(&handshakes).finished(id);
             });
         }
     });
     ReceiverStream::new(rx)
+}
+
+fn lock(h: &std::sync::Mutex<Handshakes>) -> std::sync::MutexGuard<'_, Handshakes> {
+    h.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -44,6 +44,12 @@ pub const AUTHORIZATION: &str = "authorization";
 
 /// Longest a follower waits to learn of a key it does not know (see `after_catching_up`).
 const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(1000);
+/// Calls that may wait for a key this follower does not know at once; beyond, an unknown key
+/// is refused at once. Made-up keys (a flood of them) would otherwise each hold one of the
+/// node's request slots for [`CATCH_UP`] and lock legitimate callers out (issue 33 finding 12).
+const MAX_CATCHING_UP: usize = 64;
+/// Key ids remembered as unknown (after a whole wait) while the access state stays the same.
+const MAX_UNKNOWN_IDS: usize = 10_000;
 
 /// Carries a certificate user's name on a call a follower forwards (believed only from a
 /// connection that presented a peer certificate).
@@ -56,6 +62,11 @@ pub struct Gate {
     /// SHA-256 of `--auth-bootstrap-token-file`'s token: an admin on this node only.
     bootstrap: Option<[u8; 32]>,
     port: Port,
+    /// Places for calls waiting to learn of a key ([`MAX_CATCHING_UP`]).
+    catching_up: Arc<tokio::sync::Semaphore>,
+    /// Key ids a whole wait did not find, and the access state they were not in: while it is
+    /// the one applied, a call with one of them is refused at once.
+    unknown: std::sync::Mutex<(Option<Arc<AccessState>>, std::collections::HashSet<String>)>,
 }
 
 impl Gate {
@@ -64,7 +75,44 @@ impl Gate {
             node,
             bootstrap: bootstrap_token.map(|t| auth::sha256(t.as_bytes())),
             port,
+            catching_up: Arc::new(tokio::sync::Semaphore::new(MAX_CATCHING_UP)),
+            unknown: Default::default(),
         }
+    }
+
+    /// The id of the key `headers`' bearer token names, if it is one.
+    fn token_id(headers: &http::HeaderMap) -> Option<String> {
+        let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+        auth::split_token(bearer(value)?).map(|(id, _)| id.to_string())
+    }
+
+    /// Whether a wait may find the key of `headers`: not one a whole wait missed under the
+    /// access state `state` (the one applied now).
+    fn worth_waiting(&self, headers: &http::HeaderMap, state: &Arc<AccessState>) -> bool {
+        let Some(id) = Self::token_id(headers) else {
+            return true; // a certificate's user: waited for as before
+        };
+        if state.keys.contains_key(&id) {
+            return false; // a known key with another secret: no wait will change that
+        }
+        let unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        match &unknown.0 {
+            Some(seen) if Arc::ptr_eq(seen, state) => !unknown.1.contains(&id),
+            _ => true,
+        }
+    }
+
+    /// A whole wait under `state` did not find the key of `headers`.
+    fn remember_unknown(&self, headers: &http::HeaderMap, state: Arc<AccessState>) {
+        let Some(id) = Self::token_id(headers) else {
+            return;
+        };
+        let mut unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        let same = unknown.0.as_ref().is_some_and(|s| Arc::ptr_eq(s, &state));
+        if !same || unknown.1.len() >= MAX_UNKNOWN_IDS {
+            *unknown = (Some(state), Default::default());
+        }
+        unknown.1.insert(id);
     }
 
     fn store(&self) -> &Store {
@@ -123,11 +171,22 @@ impl Gate {
     /// at most. So wait for the access state to change, up to [`CATCH_UP`], and look again.
     /// (A caller with a made-up key is held that long at most, within the node's bound on
     /// requests in progress.)
+    ///
+    /// At most [`MAX_CATCHING_UP`] calls wait at once, and a key id a whole wait did not find
+    /// is not waited for again while the access state is the same: a flood of made-up keys is
+    /// refused at once.
     async fn after_catching_up(
         &self,
         headers: &http::HeaderMap,
         conn: Option<&ConnInfo>,
     ) -> Result<Principal, Unauthenticated> {
+        let first = self.store().access();
+        if !self.worth_waiting(headers, &first) {
+            return Err(Unauthenticated::Unknown);
+        }
+        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
+            return Err(Unauthenticated::Unknown);
+        };
         let changes = self.store().access_changes();
         let deadline = tokio::time::Instant::now() + CATCH_UP;
         loop {
@@ -140,6 +199,7 @@ impl Gate {
                 found => return found,
             }
             if tokio::time::timeout_at(deadline, next).await.is_err() {
+                self.remember_unknown(headers, state);
                 return Err(Unauthenticated::Unknown);
             }
         }

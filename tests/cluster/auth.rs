@@ -562,3 +562,59 @@ async fn the_switch_cannot_lock_operators_out_and_the_bootstrap_token_is_an_admi
     assert_eq!(e.code(), Code::NotFound);
     c.shutdown().await;
 }
+
+/// Finding 12 of issue 33: a follower held every call with a made-up key for up to a second
+/// (in case the key had just been created), each in one of the node's request slots, so a
+/// flood of them (~10,000 calls a second) locked legitimate callers out. Now few wait at once
+/// and a key id a whole wait missed is refused at once while the access state is the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_made_up_keys_is_refused_at_once_and_locks_nobody_out() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let follower = c.follower().await;
+    let admin = enable(&c, leader).await;
+    settle(&c).await;
+    let made_up = |i: usize| format!("tdbk_{i:016x}_{}", "ab".repeat(32));
+    let channel = c.channel(follower).await;
+    let call = |token: String| {
+        let channel = channel.clone();
+        async move {
+            let started = Instant::now();
+            let mut t = TimersClient::new(InterceptedService::new(channel, Bearer(Some(token))));
+            let r = t
+                .get(pb::GetRequest {
+                    namespace: "x".into(),
+                    id: "y".into(),
+                    ..Default::default()
+                })
+                .await;
+            (r.map(|_| ()), started.elapsed())
+        }
+    };
+    // 400 at once, each with its own made-up key: most are refused without a wait.
+    let flood: Vec<_> = (0..400).map(|i| call(made_up(i))).collect();
+    let legit = call(admin.clone());
+    let (answers, (legit, _)) = tokio::join!(futures::future::join_all(flood), legit);
+    let fast = answers
+        .iter()
+        .filter(|(r, took)| {
+            let refused = matches!(r, Err(s) if s.code() == Code::Unauthenticated);
+            assert!(refused, "{r:?}");
+            *took < Duration::from_millis(300)
+        })
+        .count();
+    assert!(
+        fast >= 300,
+        "only {fast} of 400 made-up keys were refused at once"
+    );
+    let code = legit.map_err(|s| s.code());
+    assert!(
+        matches!(code, Ok(()) | Err(Code::NotFound)),
+        "an admin's call during the flood: {code:?}"
+    );
+    // A made-up id a whole wait missed is refused at once the next time.
+    let (r, took) = call(made_up(0)).await;
+    assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
+    assert!(took < Duration::from_millis(300), "waited {took:?} again");
+    c.shutdown().await;
+}

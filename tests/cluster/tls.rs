@@ -526,3 +526,72 @@ async fn served_cert(addr: &str, ca: &str) -> rustls_pki_types::CertificateDer<'
         .clone()
         .into_owned()
 }
+
+/// Finding 12 of issue 33: 256 TCP connections that never send a ClientHello held every
+/// handshake place for 10 s each, and a new client could not connect for as long as they were
+/// held. Now a new connection takes the oldest handshake's place: clients are served through
+/// 300 silent connections, renewed as fast as they are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_connections_do_not_lock_tls_clients_out() {
+    let pki = Arc::new(Pki::new());
+    let p = pki.clone();
+    let c = TestCluster::start_with(3, move |cfg| cfg.tls = Tls::new(p.files(false))).await;
+    let node = c.follower().await;
+    let addr = c.peers[&node].clone();
+    let ca = pki.cluster.pem();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // 300 silent connections, each opened again as soon as the node drops it.
+    let mut holders = Vec::new();
+    for _ in 0..300 {
+        let (addr, stop, connected) = (addr.clone(), stop.clone(), connected.clone());
+        holders.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut buf = [0u8; 64];
+                // Says nothing; waits until the node closes it.
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    tokio::io::AsyncReadExt::read(&mut s, &mut buf),
+                )
+                .await;
+            }
+        }));
+    }
+    // Until all 300 are connected (the node then holds or has dropped every one).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while connected.load(std::sync::atomic::Ordering::Relaxed) < 300 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the silent connections were not made"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for round in 0..5 {
+        let started = std::time::Instant::now();
+        let served = tokio::time::timeout(Duration::from_secs(5), async {
+            let ch = tls_channel(&addr, &ca, None).await?;
+            answers(ch).await.map_err(|s| status_text(&s))
+        })
+        .await;
+        assert!(
+            matches!(served, Ok(Ok(()))),
+            "round {round}: a TLS client was not served beside 300 silent connections: {served:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "round {round}: {:?}",
+            started.elapsed()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in holders {
+        h.abort();
+    }
+    c.shutdown().await;
+}
