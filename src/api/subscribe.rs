@@ -278,15 +278,20 @@ impl Pump {
         take_acks(node, &sub, (&ns, &mut tracker, &mut edge), carried).await;
         let mut flush = tokio::time::interval(HOLD / 2);
         let tx = self.tx.clone();
-        // The namespace's dispatch rate, read again now and then (a policy may change).
+        // The namespace's dispatch rate, read again when an applied entry changed a
+        // namespace (a policy may change).
+        let mut rate_read = node.store.namespaces_version();
         let mut rate = dispatch_rate(node, &ns);
-        let mut rate_read = Instant::now();
         let end = loop {
             tokio::select! {
                 delivery = sub.recv() => match delivery {
                     Some(d) => {
                         tracker.sent(&d);
                         self.delivered.record(&d.timer.key.id, d.attempt);
+                        if node.store.namespaces_version() != rate_read {
+                            rate_read = node.store.namespaces_version();
+                            rate = dispatch_rate(node, &ns);
+                        }
                         // Paced as they go out, whatever clumps the grants came in.
                         if let Some(limit) = rate {
                             node.dispatcher.paced(&ns, limit, &node.config.clock).await;
@@ -312,9 +317,6 @@ impl Pump {
                     let now_ms = node.config.clock.now_ms();
                     for item in tracker.flush_due(Instant::now(), now_ms) {
                         node.acker.ack(item).await;
-                    }
-                    if rate_read.elapsed() >= RATE_REREAD {
-                        (rate, rate_read) = (dispatch_rate(node, &ns), Instant::now());
                     }
                 }
                 _ = lost_leadership(&mut metrics) => {
@@ -621,9 +623,6 @@ async fn lost_leadership(
 pub(super) async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
-
-/// How often a stream reads its namespace's dispatch rate again.
-const RATE_REREAD: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `namespace`'s dispatch rate and burst, if it has one (none if its policy cannot be read:
 /// the grants are limited anyway).

@@ -95,7 +95,10 @@ pub struct Pusher {
 
 /// What a namespace task shares with its lanes.
 pub struct Shared {
+    namespace: String,
     pub target: RwLock<Arc<Target>>,
+    /// `Store::namespaces_version` when `target` was read.
+    read_at: AtomicU64,
     queue: Mutex<VecDeque<Delivery>>,
     wake: Notify,
     /// Lanes waiting for a delivery.
@@ -109,9 +112,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(ns: &str, target: Target) -> Shared {
+    /// A namespace's shared state, its `target` read from the state at `read_at`.
+    pub fn new(ns: &str, target: Target, read_at: u64) -> Shared {
         Shared {
+            namespace: ns.to_string(),
             target: RwLock::new(Arc::new(target)),
+            read_at: AtomicU64::new(read_at),
             queue: Mutex::default(),
             wake: Notify::new(),
             idle: AtomicUsize::new(0),
@@ -124,6 +130,29 @@ impl Shared {
 
     pub fn set_target(&self, target: Target) {
         *self.target.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(target);
+    }
+
+    /// The target as the applied state has it now: read again from the store if an entry
+    /// changed a namespace since it was read. A request that starts after a PutNamespace was
+    /// acknowledged (applied on this leader first) uses what it set — both secrets during a
+    /// rotation, the new URL, timeout and rate (issue 33 finding 10: up to 500 ms of requests
+    /// went out with the old ones).
+    fn current_target(&self, store: &crate::storage::Store) -> Arc<Target> {
+        let now = store.namespaces_version();
+        if self.read_at.load(Ordering::Acquire) != now {
+            match store.namespace(&self.namespace) {
+                Ok(ns) => {
+                    let p = ns.policy;
+                    let rate = p.max_dispatches_per_second.map(|r| (r, p.max_burst));
+                    if let Some(t) = ns.push.as_ref().and_then(|t| Target::from(t, rate)) {
+                        self.set_target(t);
+                    }
+                    self.read_at.store(now, Ordering::Release);
+                }
+                Err(e) => tracing::warn!(error = %e, "pusher: cannot read the namespace"),
+            }
+        }
+        self.target()
     }
 
     fn target(&self) -> Arc<Target> {
@@ -181,7 +210,7 @@ impl Pusher {
                 d = sub.recv() => {
                     let Some(d) = d else { return };
                     lock(&shared.tracker).sent(&d);
-                    if let Some(limit) = shared.target().rate {
+                    if let Some(limit) = shared.current_target(&self.node.store).rate {
                         self.node.dispatcher.paced(&d.timer.key.namespace, limit, &clock).await;
                     }
                     lock(&shared.queue).push_back(d);
@@ -209,7 +238,7 @@ impl Pusher {
     /// One request, and its outcome committed (an ack through the tracker, or a `Pushed` nack).
     async fn push(&self, shared: &Shared, conn: &mut http::Lane, d: Delivery) {
         let clock = self.node.config.clock;
-        let target = shared.target();
+        let target = shared.current_target(&self.node.store);
         let key = d.timer.key.clone();
         let attempt = d.attempt;
         if clock.now_ms() + target.timeout.as_millis() as i64 >= d.deadline_ms {

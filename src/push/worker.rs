@@ -1,10 +1,12 @@
 //! The leader's pusher: one task per namespace with a push target (`namespace`).
 //!
-//! While this node leads, [`PushLoop`] looks at the namespaces every [`REFRESH`]: it starts a
+//! While this node leads, [`PushLoop`] looks at the namespaces each time an applied entry
+//! changed one (`Store::namespace_changes`, and every [`REFRESH`] besides): it starts a
 //! namespace task for each new push target, hands changed URLs, secrets, timeouts and rates to
-//! the running one, and stops the task of a target that was removed. When leadership is lost
-//! every task is dropped (requests in flight are abandoned: their leases expire on the new
-//! leader, which pushes them again).
+//! the running one, and stops the task of a target that was removed. A request also checks,
+//! as it starts, that the target it uses is the applied one (`Shared::current_target`). When
+//! leadership is lost every task is dropped (requests in flight are abandoned: their leases
+//! expire on the new leader, which pushes them again).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,8 +19,9 @@ use super::MAX_PUSH_IN_FLIGHT;
 use crate::cluster::driver::while_leader;
 use crate::namespace::PushTarget;
 
-/// How often the namespaces are read for push targets.
-const REFRESH: Duration = Duration::from_millis(500);
+/// How often the namespaces are read for push targets without a change (a safety net: changes
+/// wake the loop as they are applied).
+const REFRESH: Duration = Duration::from_secs(5);
 /// Namespaces read per page when looking for push targets.
 const PAGE: usize = 1000;
 
@@ -52,12 +55,17 @@ impl PushLoop {
 
     async fn lead(&self) {
         let mut active: HashMap<String, Active> = HashMap::new();
+        let mut changes = self.pusher.node.store.namespace_changes();
         loop {
+            let read_at = *changes.borrow_and_update();
             match self.targets() {
-                Ok(targets) => self.update(&mut active, targets),
+                Ok(targets) => self.update(&mut active, targets, read_at),
                 Err(e) => tracing::warn!(error = %e, "pusher: cannot read the namespaces"),
             }
-            tokio::time::sleep(REFRESH).await;
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(REFRESH) => {}
+            }
         }
     }
 
@@ -82,7 +90,12 @@ impl PushLoop {
         }
     }
 
-    fn update(&self, active: &mut HashMap<String, Active>, targets: HashMap<String, PushConfig>) {
+    fn update(
+        &self,
+        active: &mut HashMap<String, Active>,
+        targets: HashMap<String, PushConfig>,
+        read_at: u64,
+    ) {
         active.retain(|ns, a| {
             let keep = targets.contains_key(ns);
             if !keep {
@@ -107,7 +120,7 @@ impl PushLoop {
                 }
                 None => {
                     tracing::info!(namespace = ns, url = config.0.url, "pushing");
-                    let shared = Arc::new(Shared::new(&ns, target));
+                    let shared = Arc::new(Shared::new(&ns, target, read_at));
                     // Made with room for the queue; the task sizes it to the receiver's pace.
                     let room = MAX_PUSH_IN_FLIGHT + MAX_QUEUE;
                     let sub = (self.pusher.node.dispatcher).subscribe(&ns, "pusher", room, true);

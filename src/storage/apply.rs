@@ -87,6 +87,9 @@ pub(super) struct Applier<'a> {
     pub(super) access_staged: Option<crate::auth::AccessState>,
     /// Whether this entry changed the access state (published once the batch is written).
     pub access_changed: bool,
+    /// Whether this entry changed a namespace's configuration (told its readers once the batch
+    /// is written: `Store::namespaces_version`).
+    pub namespaces_changed: bool,
     /// Series rows written by this entry, by key (`series.rs`).
     pub(super) series_staged: HashMap<Vec<u8>, Option<crate::series::Series>>,
     /// Namespaces where this entry rewrote a row its Fire had just passed (a series
@@ -132,6 +135,7 @@ impl<'a> Applier<'a> {
             leases: HashMap::default(),
             access_staged: None,
             access_changed: false,
+            namespaces_changed: false,
             series_staged: HashMap::default(),
             rewrote_fired: Vec::new(),
             late: Vec::new(),
@@ -546,6 +550,7 @@ impl<'a> Applier<'a> {
     // --- client commands ---
 
     fn put_namespace(&mut self, name: String, config: Config) -> Response {
+        self.namespaces_changed = true;
         self.policies.insert(name.clone(), config.policy);
         self.pushes.insert(name.clone(), config.push.clone());
         let key = name.as_bytes().to_vec();

@@ -81,7 +81,9 @@ impl StateMachine {
         self.meta = SmMeta::load(self.store.db())?;
         self.store.gc.load(self.store.db())?;
         self.store.reload_heads(self.meta.cursor)?;
-        self.store.reload_access()
+        self.store.reload_access()?;
+        self.store.namespaces_changed();
+        Ok(())
     }
 
     /// The read side of this state machine.
@@ -135,6 +137,7 @@ impl StateMachine {
                         .access_changed
                         .then(|| applier.access_staged.take())
                         .flatten(),
+                    namespaces_changed: applier.namespaces_changed,
                 };
                 response
             }
@@ -158,6 +161,9 @@ impl StateMachine {
         after.events.record();
         if let Some(state) = after.access {
             self.store.set_access(state);
+        }
+        if after.namespaces_changed {
+            self.store.namespaces_changed();
         }
         for (ns, floor) in &after.purged {
             self.store.gc.advance(ns, *floor);
@@ -195,6 +201,7 @@ struct AfterWrite {
     purged: Vec<(String, Slot)>,
     events: crate::metrics::Events,
     access: Option<crate::auth::AccessState>,
+    namespaces_changed: bool,
 }
 
 /// The bucket width is the cluster's, recorded in the state machine (`meta/bucket_ms`, carried

@@ -98,6 +98,12 @@ pub struct Store {
     pub(super) access: Arc<std::sync::RwLock<Arc<crate::auth::AccessState>>>,
     /// Woken each time the access state changes.
     pub(super) access_changed: Arc<tokio::sync::Notify>,
+    /// Counts the applied entries that changed a namespace's configuration (policy, push
+    /// target, pause): its readers (the pusher, the streams' pacing) compare it with the one
+    /// they read at, and read again when it moved — so an acknowledged change reaches every
+    /// request that starts after the acknowledgement (DESIGN: replicated state reaches its
+    /// readers when it is applied, not on a poll; issue 33 finding 10).
+    pub(super) namespaces_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
@@ -205,6 +211,7 @@ impl Store {
             gc,
             access: Arc::default(),
             access_changed: Arc::default(),
+            namespaces_changed: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -228,6 +235,21 @@ impl Store {
     /// stored then, and apply refuses to run, see `StateMachine`).
     pub fn wheel(&self) -> Wheel {
         Wheel::new(self.width_ms().max(1))
+    }
+
+    /// How many applied entries changed a namespace's configuration so far (see the field).
+    pub fn namespaces_version(&self) -> u64 {
+        *self.namespaces_changed.borrow()
+    }
+
+    /// Wakes a watcher each time an applied entry changes a namespace's configuration.
+    pub fn namespace_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.namespaces_changed.subscribe()
+    }
+
+    /// An applied entry (or a snapshot install) changed namespaces' configuration.
+    pub(super) fn namespaces_changed(&self) {
+        self.namespaces_changed.send_modify(|v| *v += 1);
     }
 
     /// The cluster's bucket width in ms; 0 while this node has not learned it.

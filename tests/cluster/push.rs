@@ -630,3 +630,73 @@ async fn bad_push_policies_are_refused_and_push_namespaces_refuse_subscribers() 
     assert!(e.message().contains("delivered by push"), "{}", e.message());
     c.shutdown().await;
 }
+
+/// Finding 10 of issue 33: the pusher read the namespaces every 500 ms, so right after an
+/// acknowledged rotation that set [A, B] (then [B]) most pushes still carried A's signature
+/// alone, and a receiver that had switched to B refused them. Every request that starts after
+/// the change is acknowledged now uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_secret_rotation_reaches_every_push_sent_after_it_is_acknowledged() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let r = receiver::http().await;
+    let mut policy = push_policy(&r.url(), 20);
+    put(&c, follower, "rotate", policy.clone()).await;
+    // Pushing with A, so the pusher is at work when the rotation comes.
+    schedule_many(&c, follower, "rotate", &ids("a", 20), now_ms(), 1).await;
+    wait_count(
+        &c,
+        follower,
+        "rotate",
+        pb::TimerState::Acked,
+        20,
+        Duration::from_secs(20),
+    )
+    .await;
+    let a = Secret::parse(SECRET_A).unwrap();
+    let b = Secret::parse(SECRET_B).unwrap();
+    let verifies = |g: &Got, s: &Secret| {
+        let ts: i64 = g.header("webhook-timestamp").parse().unwrap();
+        s.verify(
+            g.header("webhook-signature"),
+            g.header("webhook-id"),
+            ts,
+            &g.body,
+        )
+    };
+    for (round, secrets) in [("both", vec![SECRET_A, SECRET_B]), ("b", vec![SECRET_B])] {
+        policy.push.as_mut().unwrap().secrets = secrets.iter().map(|s| s.to_string()).collect();
+        put(&c, follower, "rotate", policy.clone()).await;
+        let acknowledged = now_ms();
+        let prefix = format!("{round}-");
+        schedule_many(&c, follower, "rotate", &ids(&prefix, 12), acknowledged, 1).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let got = loop {
+            let got: Vec<Got> = r
+                .got()
+                .into_iter()
+                .filter(|g| g.id().starts_with(&prefix))
+                .collect();
+            if got.len() >= 12 || std::time::Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(got.len() >= 12, "{round}: {} of 12 pushed", got.len());
+        for g in &got {
+            assert!(
+                verifies(g, &b),
+                "{round}: {} pushed without B's signature",
+                g.id()
+            );
+            let with_a = verifies(g, &a);
+            assert_eq!(
+                with_a,
+                round == "both",
+                "{round}: {} and A's signature",
+                g.id()
+            );
+        }
+    }
+    c.shutdown().await;
+}
