@@ -1,6 +1,7 @@
 //! The purger: the leader's worker that deletes finished timers once their retention passed.
 //!
-//! When it runs: while this node leads, once a second. What it does: asks the store, per
+//! When it runs: while this node leads, once a second. What it does: lets delivery cursors
+//! pass finished rows no Fire entry will pass (`Store::passable`), asks the store, per
 //! namespace, how far the leases from the purge floor have all settled a retention ago, and
 //! proposes `Purge { namespace, through }` for each such range (at most [`MAX_ROWS`] timers per
 //! entry, so one apply stays short). Apply checks the rule again; the purger only reads, so an
@@ -17,6 +18,37 @@ use super::{Hold, NodeId, Raft};
 use crate::clock::Clock;
 use crate::storage::Store;
 use crate::timer::{Command, Response};
+
+impl Purger {
+    /// Lets the delivery cursors pass finished rows that no Fire entry passes (their namespace
+    /// fires nothing more): one Deliver of room-0 grants, applied like a Fire's pass leases.
+    /// Without it such rows (a retry acked late, a timer expired by its misfire policy) would
+    /// wait for the namespace's next fire to be purged, and their ids to be free again.
+    async fn pass(&self) -> crate::Result<()> {
+        let passable = self.store.passable()?;
+        if passable.is_empty() {
+            return Ok(());
+        }
+        let grants = passable
+            .into_iter()
+            .map(|namespace| crate::timer::Grant {
+                namespace,
+                room: 0,
+                push: false,
+            })
+            .collect();
+        self.hold.pass().await;
+        let cmd = Command::Deliver {
+            now_ms: self.clock.now_ms(),
+            grants,
+        };
+        self.raft
+            .client_write(cmd.into())
+            .await
+            .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
+        Ok(())
+    }
+}
 
 /// How often the purger looks.
 const PERIOD: Duration = Duration::from_secs(1);
@@ -47,6 +79,7 @@ impl Purger {
     }
 
     async fn round(&self) -> crate::Result<()> {
+        self.pass().await?;
         loop {
             let now_ms = self.clock.now_ms();
             let due = self.store.purgeable(now_ms, MAX_ROWS)?;

@@ -521,6 +521,39 @@ impl Store {
         Ok(out)
     }
 
+    /// The namespaces whose delivery cursor could pass finished rows: the first row after it
+    /// (behind the fire cursor) is finished (acked late, cancelled, dead, expired). A Fire
+    /// entry passes such rows for the namespaces whose rows it fires; the purger asks for the
+    /// rest (a grant of room 0), or they would never be purged. Read from one snapshot.
+    pub fn passable(&self) -> Result<Vec<String>> {
+        let snap = Snap::new(&self.db)?;
+        let cursor = snap.cursor;
+        let mut out = Vec::new();
+        let mut names = snap.reader.iter(CF_NSMETA, Vec::new(), None);
+        let mut metas = Vec::new();
+        while let (Some(k), Some(v)) = (names.key(), names.value()) {
+            metas.push((k.to_vec(), decode::<NsMeta>(v)?));
+            names.next();
+        }
+        names.status()?;
+        drop(names);
+        for (k, m) in metas {
+            if m.delivered_to >= cursor {
+                continue;
+            }
+            let ns = String::from_utf8(k)
+                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            let iter = snap.reader.rows_between(&ns, m.delivered_to, cursor);
+            if let Some(v) = iter.value() {
+                if !super::row::header(v)?.0.deliverable() {
+                    out.push(ns);
+                }
+            }
+            iter.status()?;
+        }
+        Ok(out)
+    }
+
     /// A namespace's policy: its own if configured, the default otherwise.
     pub fn namespace(&self, name: &str) -> Result<Namespace> {
         let raw = self

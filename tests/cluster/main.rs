@@ -25,6 +25,7 @@ mod push_http;
 mod receiver;
 mod recur;
 mod rejoin;
+mod replicas;
 mod retries;
 mod secure_process;
 mod tls;
