@@ -33,7 +33,8 @@ key=$(
     echo "$version"
     echo "$SETTINGS"
     grep '^rocksdb = ' Cargo.toml
-    grep -E '^\[target|^rustflags' .cargo/config.toml || true
+    # The CPU flags reach the C++; `--cfg tokio_unstable` (Rust only) does not.
+    grep -E '^\[target|^rustflags' .cargo/config.toml | sed 's/, *"--cfg", *"tokio_unstable"//' || true
     "${CXX:-c++}" --version | head -1
     echo "${CXXFLAGS:-}" "${RUSTFLAGS:-}"
   } | sha256sum | cut -c1-12

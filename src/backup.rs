@@ -11,7 +11,8 @@
 //! (which unlinks the old file) cannot cut a backup short. Restoring is offline:
 //! `storage::restore`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use openraft::Snapshot;
 

@@ -3,7 +3,8 @@
 //! The leader reads it to stamp Fire entries and to resolve relative delays; nothing else does.
 //! The state machine never calls it: time enters replicated state only through log entries
 //! (DESIGN invariant 1). A `Clock` may carry a fixed offset so that tests and the chaos harness
-//! can skew one node's clock without touching the system clock.
+//! can skew one node's clock without touching the system clock. In a simulation (`crate::sim`)
+//! it reads the simulated clock instead of the system's.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,8 +25,12 @@ impl Clock {
         Clock { offset_ms }
     }
 
-    /// Milliseconds since the Unix epoch, as this node sees them.
+    /// Milliseconds since the Unix epoch, as this node sees them (in a simulation, the
+    /// simulated clock: `crate::sim`).
     pub fn now_ms(&self) -> i64 {
+        if let Some(ms) = crate::sim::now_ms() {
+            return ms + self.offset_ms;
+        }
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);

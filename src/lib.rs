@@ -6,6 +6,8 @@
 //! its fire driver commits `Fire { now_ms }` entries and every replica applies them alike.
 //!
 //! Modules, from the bottom up:
+//! - [`sim`]: the deterministic simulator's seams (a virtual clock, an in-memory network),
+//!   inactive outside a simulation.
 //! - [`clock`]: the only reader of the wall clock.
 //! - [`timer`]: domain types and the replicated command vocabulary.
 //! - [`namespace`]: namespaces and their replicated policy.
@@ -40,6 +42,7 @@ pub mod recur;
 pub mod sample;
 pub mod series;
 pub mod server;
+pub mod sim;
 pub mod storage;
 pub mod timer;
 pub mod tls;

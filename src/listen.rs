@@ -79,10 +79,32 @@ impl Handshakes {
     }
 }
 
-/// One accepted connection, plain or TLS.
+/// Where a node accepts connections: a TCP listener, or the simulated network (`crate::sim`).
+pub enum Listener {
+    Tcp(TcpListener),
+    Sim(crate::sim::Listener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+impl Listener {
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Sim(l) => Ok(l.local_addr()),
+        }
+    }
+}
+
+/// One accepted connection, plain or TLS (or simulated, plain).
 pub enum Conn {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+    Sim(crate::sim::SimStream),
 }
 
 /// How long a connection's peer-CA verdict is believed before it is checked again.
@@ -108,7 +130,7 @@ struct Memo {
 #[derive(Debug)]
 struct Verdict {
     verifier: usize,
-    at: std::time::Instant,
+    at: tokio::time::Instant,
     result: Result<(), String>,
 }
 
@@ -137,7 +159,7 @@ impl ConnInfo {
         let result = verify();
         *memo = Some(Verdict {
             verifier,
-            at: std::time::Instant::now(),
+            at: tokio::time::Instant::now(),
             result: result.clone(),
         });
         result
@@ -161,6 +183,10 @@ impl tonic::transport::server::Connected for Conn {
                     ..ConnInfo::default()
                 }
             }
+            Conn::Sim(s) => ConnInfo {
+                remote: Some(s.peer_addr()),
+                ..ConnInfo::default()
+            },
         }
     }
 }
@@ -174,6 +200,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Conn::Sim(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -187,6 +214,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Conn::Sim(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -194,6 +222,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::Sim(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -201,6 +230,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::Sim(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 
@@ -212,6 +242,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Conn::Sim(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -219,6 +250,7 @@ impl AsyncWrite for Conn {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
+            Conn::Sim(_) => false,
         }
     }
 }
@@ -226,12 +258,31 @@ impl AsyncWrite for Conn {
 /// The connections accepted on `listener`, TLS if `tls` has a configuration for `port`, until
 /// `shutdown`.
 pub fn incoming(
-    listener: TcpListener,
+    listener: Listener,
     tls: Tls,
     port: Port,
     mut shutdown: watch::Receiver<bool>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = mpsc::channel(64);
+    let listener = match listener {
+        Listener::Tcp(l) => l,
+        Listener::Sim(mut l) => {
+            // Simulated connections are plain (the simulation leaves TLS out).
+            tokio::spawn(async move {
+                loop {
+                    let accepted = tokio::select! {
+                        a = l.accept() => a,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    };
+                    let Some(stream) = accepted else { return };
+                    if tx.send(Ok(Conn::Sim(stream))).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            return ReceiverStream::new(rx);
+        }
+    };
     let handshakes = Arc::new(std::sync::Mutex::new(Handshakes::default()));
     tokio::spawn(async move {
         loop {

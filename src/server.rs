@@ -40,6 +40,7 @@ use crate::cluster::{
     Acker, DispatchLoop, Dispatcher, FireDriver, FireSignal, Hold, Network, Proposer, Raft,
 };
 use crate::config::NodeConfig;
+use crate::listen::Listener;
 use crate::node::Node;
 use crate::storage::{self, LogStore, StateMachine, Store};
 use crate::tls::Port;
@@ -57,16 +58,18 @@ pub struct RunningNode {
 }
 
 /// Opens storage, starts Raft, serves gRPC on `listener` and starts the fire driver.
-pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<RunningNode> {
+pub async fn start(config: NodeConfig, listener: impl Into<Listener>) -> Result<RunningNode> {
     start_with(config, listener, None).await
 }
 
 /// [`start`], with the peers' own listener when `--peer-listen` is set (required then).
 pub async fn start_with(
     config: NodeConfig,
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     peer_listener: Option<TcpListener>,
 ) -> Result<RunningNode> {
+    let listener = listener.into();
+    let peer_listener = peer_listener.map(Listener::from);
     config.validate()?;
     config.tls.load()?;
     if config.tls.files.peer_listen.is_some() != peer_listener.is_some() {

@@ -375,6 +375,14 @@ impl Tls {
             .map_err(|e| Error::InvalidArgument(format!("bad node address {addr}: {e}")))?
             .tcp_nodelay(true);
         let endpoint = tune(endpoint);
+        if crate::sim::active() {
+            // The simulated network (no TLS there).
+            let connector = tower::service_fn(|uri: http::Uri| async move {
+                let address = uri.authority().map_or(String::new(), |a| a.to_string());
+                crate::sim::connect(&address).map(hyper_util::rt::TokioIo::new)
+            });
+            return Ok(endpoint.connect_with_connector_lazy(connector));
+        }
         if !self.peer_tls() {
             return Ok(endpoint.connect_lazy());
         }

@@ -26,7 +26,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -145,7 +146,7 @@ async fn on_leader<S: Inner>(
         Ok(m) => m,
         Err(status) => return status.into_http(),
     };
-    let safe = retry_safe(&path, &message);
+    let safe = retry_safe(&path, &message) || crate::sim::planted("retry-unsafe");
     let timeout = timeout.unwrap_or(node.config.write_timeout + Duration::from_secs(1));
     let deadline = Instant::now() + node.config.leader_wait;
     let mut last = String::from("no leader is known");

@@ -248,7 +248,7 @@ struct Held {
     remaining: u32,
     acked: Vec<(TimerKey, u32)>,
     /// When the first ack was held; `None` while none is.
-    since: Option<std::time::Instant>,
+    since: Option<tokio::time::Instant>,
     /// A delivery of it was nacked, or its acks were sent one by one: no lease ack any more.
     broken: bool,
 }
@@ -293,7 +293,7 @@ impl StreamAcks {
     }
 
     /// The consumer acked `(id, attempt)`: what to submit now.
-    pub fn acked(&mut self, id: &str, attempt: u32, now: std::time::Instant) -> Vec<AckItem> {
+    pub fn acked(&mut self, id: &str, attempt: u32, now: tokio::time::Instant) -> Vec<AckItem> {
         let key = TimerKey::new(self.namespace.clone(), id);
         let lease = match self.sent.get(id) {
             Some((a, Some(tag), _)) if *a == attempt => Some(tag.lease.clone()),
@@ -336,7 +336,7 @@ impl StreamAcks {
     }
 
     /// Held acks that waited the hold (or whose lease's deadline is near): one by one now.
-    pub fn flush_due(&mut self, now: std::time::Instant, now_ms: i64) -> Vec<AckItem> {
+    pub fn flush_due(&mut self, now: tokio::time::Instant, now_ms: i64) -> Vec<AckItem> {
         let mut out = Vec::new();
         let hold = self.hold;
         self.held.retain(|_, held| {
@@ -376,7 +376,8 @@ mod tests {
     use crate::cluster::{Delivery, LeaseTag};
     use crate::timer::{Timer, TimerSpec, When};
     use crate::wheel::Slot;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+    use tokio::time::Instant;
 
     fn delivery(id: &str, attempt: u32, lease: Option<&LeaseTag>) -> Delivery {
         let spec = TimerSpec {

@@ -49,7 +49,11 @@ impl Applier<'_> {
         // cursor pass finished rows, so that they can be purged though nobody consumes the
         // namespace. Only those whose rows it passed: which namespaces the heads cache named
         // is node-local (a head may be early), and must not decide a write (DESIGN 8).
-        for ns in std::mem::take(&mut self.passed) {
+        let passed = match crate::sim::planted("heads-pass") {
+            true => self.visited.clone(),
+            false => std::mem::take(&mut self.passed),
+        };
+        for ns in passed {
             if !grants.iter().any(|g| g.namespace == ns) && !rewrote.contains(&ns) {
                 self.grant(now_ms, &ns, 0, false)?;
             }
@@ -262,9 +266,16 @@ impl Applier<'_> {
             let wait = policy
                 .backoff_ms(made, t.fire_index)
                 .max(retry_after_ms.min(crate::timer::MAX_RETRY_AFTER_MS));
+            let now_ms = match crate::sim::planted("apply-reads-clock") {
+                true => crate::clock::Clock::system().now_ms(),
+                false => now_ms,
+            };
             let at = now_ms.saturating_add(wait as i64);
             let mut row = materialize(&t, Kind::Retry);
             row.body.wake_at_ms = at;
+            if crate::sim::planted("retry-refires") {
+                row.body.fire_index = 0;
+            }
             self.move_row(namespace, slot, row, at)?;
         }
         Ok(())

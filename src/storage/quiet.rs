@@ -88,7 +88,7 @@ async fn watch_quiet(db: Arc<DB>, quiet: Duration, mut shutdown: watch::Receiver
         let bytes = memtable_bytes(&db);
         let flushing = db.clone();
         // Awaited here, so shutdown never finds a flush still holding the database.
-        match tokio::task::spawn_blocking(move || flush_all(&flushing)).await {
+        match crate::sim::blocking(move || flush_all(&flushing)).await {
             Ok(Ok(())) => tracing::info!(bytes, "quiet: memtables flushed"),
             Ok(Err(e)) => tracing::warn!(error = %e, "quiet: flush failed"),
             Err(e) => tracing::warn!(error = %e, "quiet: flush task failed"),

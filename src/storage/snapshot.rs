@@ -305,7 +305,7 @@ impl SnapshotBuilder {
 
     async fn build(&self) -> Result<Snapshot<TypeConfig>> {
         let snaps = self.snapshots.clone();
-        let meta = tokio::task::spawn_blocking(move || snaps.build())
+        let meta = crate::sim::blocking(move || snaps.build())
             .await
             .map_err(|e| Error::Storage(format!("snapshot build task: {e}")))??;
         // Usually the one just built; a newer one if an install overtook it.

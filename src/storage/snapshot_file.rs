@@ -43,29 +43,52 @@ const TRAILER: u8 = 0xff;
 /// The snapshot data openraft moves around: an open file that remembers its path, so install
 /// can keep the very file it received instead of copying it.
 pub struct SnapshotFile {
-    file: tokio::fs::File,
+    file: Handle,
     path: PathBuf,
+}
+
+/// The file: tokio's (its work on the blocking pool), or, in a simulation (`crate::sim`),
+/// a std file read and written inline, so no work finishes at a wall-clock moment.
+enum Handle {
+    Tokio(tokio::fs::File),
+    Inline(std::fs::File, Option<io::Result<u64>>),
+}
+
+impl Handle {
+    fn of(file: std::fs::File) -> Handle {
+        match crate::sim::inline() {
+            true => Handle::Inline(file, None),
+            false => Handle::Tokio(tokio::fs::File::from_std(file)),
+        }
+    }
 }
 
 impl SnapshotFile {
     /// Wraps a file already opened (for reading) at `path`.
     pub fn from_std(file: std::fs::File, path: PathBuf) -> SnapshotFile {
         SnapshotFile {
-            file: tokio::fs::File::from_std(file),
+            file: Handle::of(file),
             path,
         }
     }
 
     /// Creates (or truncates) a file to receive a snapshot into.
     pub async fn create(path: PathBuf) -> io::Result<SnapshotFile> {
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .await?;
-        Ok(SnapshotFile { file, path })
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(true);
+        let file = match crate::sim::inline() {
+            true => options.open(&path)?,
+            false => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || options.open(path))
+                    .await
+                    .map_err(io::Error::other)??
+            }
+        };
+        Ok(SnapshotFile {
+            file: Handle::of(file),
+            path,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -74,26 +97,44 @@ impl SnapshotFile {
 
     /// The file's size, from the open handle: still right after a newer snapshot unlinked it.
     pub async fn size(&self) -> io::Result<u64> {
-        Ok(self.file.metadata().await?.len())
+        match &self.file {
+            Handle::Tokio(f) => Ok(f.metadata().await?.len()),
+            Handle::Inline(f, _) => Ok(f.metadata()?.len()),
+        }
     }
 
     /// Flushes and fsyncs what was written, then gives up the handle.
     pub async fn finish(mut self) -> io::Result<PathBuf> {
         use tokio::io::AsyncWriteExt;
-        self.file.flush().await?;
-        self.file.sync_all().await?;
+        match &mut self.file {
+            Handle::Tokio(f) => {
+                f.flush().await?;
+                f.sync_all().await?;
+            }
+            Handle::Inline(f, _) => {
+                std::io::Write::flush(f)?;
+                f.sync_all()?;
+            }
+        }
         Ok(self.path)
     }
 }
 
-// Plain delegation to the tokio file (which is Unpin).
+// Delegation to the tokio file (which is Unpin), or the std file's own calls, done at once.
 impl AsyncRead for SnapshotFile {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_read(cx, buf)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).poll_read(cx, buf),
+            Handle::Inline(f, _) => {
+                let n = std::io::Read::read(f, buf.initialize_unfilled())?;
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+        }
     }
 }
 
@@ -103,25 +144,46 @@ impl AsyncWrite for SnapshotFile {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.file).poll_write(cx, buf)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).poll_write(cx, buf),
+            Handle::Inline(f, _) => Poll::Ready(std::io::Write::write(f, buf)),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_flush(cx)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).poll_flush(cx),
+            Handle::Inline(f, _) => Poll::Ready(std::io::Write::flush(f)),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_shutdown(cx)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).poll_shutdown(cx),
+            Handle::Inline(f, _) => Poll::Ready(std::io::Write::flush(f)),
+        }
     }
 }
 
 impl AsyncSeek for SnapshotFile {
     fn start_seek(mut self: Pin<&mut Self>, position: io::SeekFrom) -> io::Result<()> {
-        Pin::new(&mut self.file).start_seek(position)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).start_seek(position),
+            Handle::Inline(f, done) => {
+                *done = Some(std::io::Seek::seek(f, position));
+                Ok(())
+            }
+        }
     }
 
     fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        Pin::new(&mut self.file).poll_complete(cx)
+        match &mut self.file {
+            Handle::Tokio(f) => Pin::new(f).poll_complete(cx),
+            Handle::Inline(f, done) => Poll::Ready(match done.take() {
+                Some(r) => r,
+                None => std::io::Seek::stream_position(f),
+            }),
+        }
     }
 }
 

@@ -262,6 +262,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     tracing::error!(%log_id, error = %e, "apply failed; the node must stop");
                     StorageError::from(StorageIOError::apply(log_id, &e))
                 })?;
+                self.store.trail(log_id.index).map_err(sm_err)?;
                 responses.push(response);
             }
             Ok(responses)
@@ -298,7 +299,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             self.store.set_width(theirs);
         }
-        self.reload().map_err(sm_err)?;
+        if crate::sim::planted("install-keeps-caches") {
+            self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
+        } else {
+            self.reload().map_err(sm_err)?;
+        }
         tracing::info!(last = ?meta.last_log_id, rows, "installed snapshot");
         // The wheel may hold earlier timers now: let a sleeping driver look again.
         self.signal.scheduled(i64::MIN);

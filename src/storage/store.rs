@@ -293,6 +293,18 @@ impl Store {
         }
     }
 
+    /// Makes every cached head as early as the cache's contract allows (`Heads::all_early`):
+    /// what a long-running node's cache may be. For the simulator and the fuzzer only: apply
+    /// must write the same with it.
+    pub fn stale_heads(&self) -> Result<()> {
+        let cursor = meta::SmMeta::load(&self.db)?.cursor;
+        self.heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .all_early(cursor);
+        Ok(())
+    }
+
     /// Reads every namespace's head again (the state machine opened or installed a snapshot).
     pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
         let heads = Heads::load(&self.db, cursor)?;
@@ -677,6 +689,21 @@ impl Store {
             None => 0,
         };
         Ok((applied, h.finish()))
+    }
+}
+
+impl Store {
+    /// In a simulation, records this replica's digest after entry `index` when
+    /// [`crate::sim::TRAIL_EVERY`] divides it: the simulator compares the replicas at every
+    /// such index, so a divergence that a later entry heals is still seen.
+    pub(super) fn trail(&self, index: u64) -> Result<()> {
+        if !index.is_multiple_of(crate::sim::TRAIL_EVERY) || !crate::sim::active() {
+            return Ok(());
+        }
+        let (applied, digest) = self.digest()?;
+        debug_assert_eq!(applied, index);
+        crate::sim::trail(&self.db.path().to_string_lossy(), index, digest);
+        Ok(())
     }
 }
 
