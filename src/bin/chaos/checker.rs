@@ -74,7 +74,81 @@ pub fn check(
     }
     fires(&mut f, timers, h, skews);
     acks(&mut f, timers, h);
+    refusals_did_nothing(&mut f, timers, h);
+    shifts(&mut f, timers, h);
     f
+}
+
+/// A refusal means the call did nothing (guarantee 5): a timer whose every cancel was refused
+/// is not CANCELLED (a conditional cancel applied, then repeated and refused, was both).
+fn refusals_did_nothing(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
+    let mut cancels: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for op in &h.ops {
+        if matches!(op.kind, Kind::Cancel | Kind::CancelIf) {
+            cancels.entry(op.ids[0].as_str()).or_default().push(op);
+        }
+    }
+    for (id, ops) in cancels {
+        let refused = |o: &&Op| matches!(o.outcome, Outcome::Failed(..));
+        let cancelled = timers
+            .get(id)
+            .is_some_and(|t| state(t) == pb::TimerState::Cancelled);
+        if cancelled && ops.iter().all(refused) {
+            f.violate(
+                "refused cancel took effect",
+                format!("{id} is CANCELLED, yet every cancel of it was refused: {ops:?}"),
+            );
+        }
+    }
+}
+
+/// Every shift of a shift-only timer applied once if acknowledged, never if refused, at most
+/// once if its outcome is unknown: its final fire time is its scheduled one plus the
+/// acknowledged shifts plus some of the unknown ones.
+fn shifts(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
+    let mut scheduled: HashMap<&str, i64> = HashMap::new();
+    let mut by_id: HashMap<&str, (i64, Vec<i64>)> = HashMap::new();
+    for op in &h.ops {
+        let id = op.ids.first().map(String::as_str).unwrap_or("");
+        if !id.starts_with(crate::workload::SHIFTED) {
+            continue;
+        }
+        match (op.kind, &op.outcome) {
+            (Kind::Schedule, _) => {
+                scheduled.insert(id, op.fire_at[0]);
+            }
+            (Kind::Extend, Outcome::Ok(_)) => by_id.entry(id).or_default().0 += op.fire_at[0],
+            (Kind::Extend, Outcome::Unknown(..)) => {
+                by_id.entry(id).or_default().1.push(op.fire_at[0])
+            }
+            _ => {}
+        }
+    }
+    for (id, (sure, unknown)) in by_id {
+        let (Some(base), Some(t)) = (scheduled.get(id), timers.get(id)) else {
+            continue;
+        };
+        if state(t) == pb::TimerState::Cancelled {
+            continue;
+        }
+        // Every sum some of the unknown shifts make (few: at most a handful per timer).
+        let mut sums = std::collections::BTreeSet::from([0i64]);
+        for u in unknown.iter().take(16) {
+            let more: Vec<i64> = sums.iter().map(|s| s + u).collect();
+            sums.extend(more);
+        }
+        let got = t.fire_at_ms - base - sure;
+        if !sums.contains(&got) {
+            f.violate(
+                "shift not applied once",
+                format!(
+                    "{id}: scheduled at {base}, shifted by {sure} acknowledged and {unknown:?} \
+                     unknown, yet due at {} (off by {got})",
+                    t.fire_at_ms
+                ),
+            );
+        }
+    }
 }
 
 fn converged(f: &mut Findings, digests: &[(u64, u64, u64)]) {
@@ -139,9 +213,13 @@ fn no_phantoms(
             );
             continue;
         }
+        // A shift-only timer's fire time is its schedule's plus shifts: `shifts` checks it.
+        if ops.iter().any(|op| op.kind == Kind::Extend) {
+            continue;
+        }
         let times: HashSet<i64> = ops
             .iter()
-            .filter(|op| op.kind != Kind::Cancel && op.kind != Kind::Get)
+            .filter(|op| matches!(op.kind, Kind::Schedule | Kind::Batch | Kind::Reschedule))
             .flat_map(|op| {
                 let i = op.ids.iter().position(|x| x == id).unwrap_or(0);
                 match op.kind {
@@ -194,7 +272,7 @@ fn check_op(f: &mut Findings, op: &Op, timers: &BTreeMap<String, pb::Timer>, ske
                 f.unknown_resolved_done += 1;
             }
         }
-        (Kind::Cancel, Outcome::Ok(_)) => {
+        (Kind::Cancel | Kind::CancelIf, Outcome::Ok(_)) => {
             let id = &op.ids[0];
             if final_state(id) != Some(pb::TimerState::Cancelled) {
                 f.violate(

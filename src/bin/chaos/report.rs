@@ -74,6 +74,8 @@ impl Totals {
                 Kind::Cancel => "cancel",
                 Kind::Reschedule => "reschedule",
                 Kind::Get => "get",
+                Kind::CancelIf => "cancel-if-pending",
+                Kind::Extend => "extend",
             };
             *ops.entry(format!("{kind} {}", outcome_name(&op.outcome)))
                 .or_default() += 1;

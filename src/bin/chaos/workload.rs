@@ -30,7 +30,17 @@ pub enum Kind {
     Cancel,
     Reschedule,
     Get,
+    /// A Cancel only if the timer is still PENDING (`if_state`): not safe to send twice, so
+    /// a refusal must mean it did nothing.
+    CancelIf,
+    /// A Reschedule `extend_by_ms` (in `fire_at[0]`) of a shift-only timer: each applied
+    /// exactly once if acknowledged, never if refused.
+    Extend,
 }
+
+/// The id prefix of the timers only ever shifted (`Kind::Extend`): scheduled far ahead, never
+/// cancelled or moved otherwise, so the checker can add up their shifts.
+pub const SHIFTED: &str = "x";
 
 #[derive(Debug, Clone)]
 pub enum Outcome {
@@ -101,10 +111,11 @@ fn request<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
-/// A worker's memory of the timers it scheduled: (id, fire_at).
+/// A worker's memory of the timers it scheduled: (id, fire_at), and its shift-only ones.
 struct Mine {
     ids: Vec<(String, i64)>,
     next: u64,
+    shifted: Vec<String>,
 }
 
 /// Runs one worker until `stop`.
@@ -119,6 +130,7 @@ pub async fn worker(
     let mut mine = Mine {
         ids: Vec::new(),
         next: 0,
+        shifted: Vec::new(),
     };
     while !*stop.borrow() {
         let (node, mut client) = clients[rng.random_range(0..clients.len())].clone();
@@ -148,7 +160,43 @@ async fn one_op(
         mine.ids.get(i).map(|(id, _)| id.clone())
     };
     let (kind, ids, fire_at, outcome) = match roll {
-        0..45 => {
+        0..5 if mine.shifted.len() < 20 => {
+            // A shift-only timer, due a while later: only Extend touches it (a shift after it
+            // fired is refused, and counts for nothing).
+            mine.next += 1;
+            let id = format!("{SHIFTED}{w}-{}", mine.next);
+            let at = now_ms() + rng.random_range(5_000..15_000);
+            mine.shifted.push(id.clone());
+            let r = client.schedule(request(schedule_req(&id, at))).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Schedule, vec![id], vec![at], o)
+        }
+        0..5 => {
+            let id = mine.shifted[rng.random_range(0..mine.shifted.len())].clone();
+            let by = rng.random_range(1..50) * 7;
+            let req = pb::RescheduleRequest {
+                namespace: NAMESPACE.into(),
+                id: id.clone(),
+                when: Some(pb::reschedule_request::When::ExtendByMs(by)),
+                ..Default::default()
+            };
+            let r = client.reschedule(request(req)).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::Extend, vec![id], vec![by], o)
+        }
+        5..10 if !mine.ids.is_empty() => {
+            let id = pick(rng, mine).expect("non-empty");
+            let req = pb::CancelRequest {
+                namespace: NAMESPACE.into(),
+                id: id.clone(),
+                if_state: pb::TimerState::Pending as i32,
+                ..Default::default()
+            };
+            let r = client.cancel(request(req)).await;
+            let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
+            (Kind::CancelIf, vec![id], vec![], o)
+        }
+        5..45 => {
             let (id, at) = fresh(w, rng, mine);
             let r = client.schedule(request(schedule_req(&id, at))).await;
             let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
