@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: formatting, lints, unit tests, integration tests (real 3-node
-# clusters on loopback, real timerd processes) and the short chaos profile (release timerd
-# processes under faults, checked), and a short fuzzing run. Installs missing system packages
-# first.
+# clusters on loopback, real timerd processes), a short fuzzing run, the deterministic
+# simulator and the short chaos profile (release timerd processes under faults, checked).
+# Installs missing system packages first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -11,7 +11,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== building release timerd (the million-timer snapshot test runs it) and timerdb-fuzz"
-cargo build --release --bin timerd --bin timerdb-fuzz
+cargo build --release --bin timerd --bin timerdb-fuzz --bin timerdb-sim
 export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"
 echo "== cargo test"
 cargo test --workspace --all-targets -- --test-threads=2 --skip rejoin:: "$@"
@@ -30,5 +30,8 @@ bash scripts/fuzz.sh --seconds 40
 # apply gets more: on cde6148's apply it found issue 33's finding 1 (replicas diverging after
 # a restart) in 10 s with 6 seeds of 10, in 30 s with 9 of 10.
 bash scripts/fuzz.sh --seconds 45 --target apply
+echo "== the deterministic simulator: every planted bug caught, then 2 minutes of seeds"
+bash scripts/sim.sh --prove --seeds 80
+bash scripts/sim.sh --minutes 2
 echo "== chaos (short profile)"
 bash scripts/chaos.sh --short
