@@ -35,7 +35,7 @@ impl Target {
         secure: Option<Secure>,
     ) -> anyhow::Result<Target> {
         std::fs::create_dir_all(dir)?;
-        let procs = ProcCluster::start(dir, timerd, "", false, false, secure.clone()).await?;
+        let procs = ProcCluster::start(dir, timerd, "", false, false, secure.clone(), &[]).await?;
         let addrs = NODES
             .iter()
             .map(|id| (*id, procs.nodes[id].addr.clone()))

@@ -26,6 +26,8 @@ pub struct Node {
     child: Option<Child>,
     pub paused: bool,
     pub skew_ms: i64,
+    /// Started with `--join`: wiped and waiting to be added (`Cluster.AddNode`) again.
+    pub join: bool,
 }
 
 /// A running 3-node cluster of `timerd` processes.
@@ -41,6 +43,8 @@ pub struct ProcCluster {
     secure: Option<Secure>,
     /// What the workers' calls carry (a bearer token once auth is on).
     credential: Credential,
+    /// More `timerd` flags, for every node.
+    extra: Vec<String>,
 }
 
 /// The `timerd` binary to run: `given`, or the one built next to this executable.
@@ -64,6 +68,7 @@ impl ProcCluster {
     /// Starts the proxies (when `proxies`) and the three nodes; `fault` is passed to every node
     /// (proof runs). Without proxies the nodes dial each other directly (benchmarks). With
     /// `secure` the nodes run TLS, mTLS and peer mTLS (auth is turned on by `enable_auth`).
+    /// `extra` flags go to every node.
     pub async fn start(
         dir: &Path,
         timerd: &Path,
@@ -71,6 +76,7 @@ impl ProcCluster {
         tmpfs: bool,
         proxies: bool,
         secure: Option<Secure>,
+        extra: &[String],
     ) -> anyhow::Result<Self> {
         let mut nodes = BTreeMap::new();
         for id in NODES {
@@ -80,6 +86,7 @@ impl ProcCluster {
                 child: None,
                 paused: false,
                 skew_ms: 0,
+                join: false,
             };
             nodes.insert(id, node);
         }
@@ -98,6 +105,7 @@ impl ProcCluster {
             tmpfs: false,
             secure,
             credential: Credential::default(),
+            extra: extra.to_vec(),
         };
         if tmpfs {
             c.tmpfs = mount_tmpfs(&c.data_dir(DISK_NODE))?;
@@ -150,8 +158,10 @@ impl ProcCluster {
             .arg("--fault")
             .arg(&self.fault)
             .args(self.secure.iter().flat_map(|s| s.node_args(id)))
+            .args(node.join.then_some("--join"))
+            .args(&self.extra)
             .arg("--log")
-            .arg("info,openraft=warn")
+            .arg(std::env::var("TIMERDB_CHAOS_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .stdout(log.try_clone()?)
             .stderr(log)
             .stdin(Stdio::null())
@@ -218,11 +228,22 @@ impl ProcCluster {
             let _ = std::fs::remove_file(&filler);
             return Ok(());
         }
-        let mut f = std::fs::File::create(&filler)?;
+        let mut f = OpenOptions::new().create(true).append(true).open(&filler)?;
         let block = vec![0u8; 1 << 20];
         // Write until the file system says it is full.
         while f.write_all(&block).is_ok() {}
         let _ = f.sync_all();
+        Ok(())
+    }
+
+    /// Fills node `DISK_NODE`'s tmpfs but for `room` bytes, so that filling it the rest of the
+    /// way (`fill_disk`) later takes milliseconds.
+    pub fn fill_disk_but(&self, room: u64) -> anyhow::Result<()> {
+        self.fill_disk(true)?;
+        let filler = self.data_dir(DISK_NODE).join("FILLER");
+        let f = OpenOptions::new().write(true).open(&filler)?;
+        let len = f.metadata()?.len();
+        f.set_len(len.saturating_sub(room))?;
         Ok(())
     }
 
@@ -331,28 +352,10 @@ impl ProcCluster {
     /// unmounts the tmpfs.
     pub fn stop(&mut self) {
         for id in NODES {
-            if self.nodes[&id].paused {
-                self.signal_pause(id, false);
-            }
-            if let Some(child) = &self.nodes[&id].child {
-                let _ = Command::new("kill")
-                    .arg("-TERM")
-                    .arg(child.id().to_string())
-                    .status();
-            }
+            self.ask_to_stop(id);
         }
         for id in NODES {
-            let node = self.nodes.get_mut(&id).expect("known node");
-            if let Some(mut child) = node.child.take() {
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while child.try_wait().ok().flatten().is_none()
-                    && std::time::Instant::now() < deadline
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            self.reap(id);
         }
         if self.tmpfs {
             let _ = Command::new("umount")
@@ -360,6 +363,160 @@ impl ProcCluster {
                 .status();
             self.tmpfs = false;
         }
+    }
+
+    /// SIGCONT if paused, then SIGTERM.
+    fn ask_to_stop(&mut self, id: u64) {
+        if self.nodes[&id].paused {
+            self.signal_pause(id, false);
+        }
+        if let Some(child) = &self.nodes[&id].child {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// Waits up to 10 s for node `id` to exit, then SIGKILL.
+    fn reap(&mut self, id: u64) {
+        let node = self.nodes.get_mut(&id).expect("known node");
+        if let Some(mut child) = node.child.take() {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// An operator's restart: SIGTERM, the exit awaited, started again on its data dir.
+    pub fn restart_gracefully(&mut self, id: u64) -> anyhow::Result<()> {
+        self.ask_to_stop(id);
+        self.reap(id);
+        self.spawn(id)
+    }
+
+    /// A machine replaced: node `id` killed and its data dir emptied (a tmpfs stays mounted).
+    /// From now on it starts with `--join`: empty, it waits to be added again.
+    pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
+        self.kill(id);
+        for entry in std::fs::read_dir(self.data_dir(id))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        self.nodes.get_mut(&id).expect("known node").join = true;
+        Ok(())
+    }
+
+    /// Starts a wiped node (empty, `--join`).
+    pub fn start_empty(&mut self, id: u64) -> anyhow::Result<()> {
+        self.kill(id);
+        self.spawn(id)
+    }
+
+    /// `Cluster.RemoveNode` of `id` through the leader, until the leader no longer counts it a
+    /// member. RemoveNode is not safe to retry blindly (a second one answers NOT_FOUND), so
+    /// every attempt first looks at the membership; removing the leader hands leadership over
+    /// first and answers "not the leader", and the next attempt goes to the new one.
+    pub async fn remove_member(&self, id: u64, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut last = String::from("no leader");
+        loop {
+            if let Some(l) = self.leader().await {
+                match self.status(l).await {
+                    Some(s) if !s.members.iter().any(|m| m.node_id == id) => return Ok(()),
+                    Some(_) => {
+                        let mut c = ClusterClient::new(self.channel(l).await?);
+                        let mut req = tonic::Request::new(pb::RemoveNodeRequest { node_id: id });
+                        req.set_timeout(Duration::from_secs(10));
+                        if let Err(e) = c.remove_node(req).await {
+                            last = e.message().to_string();
+                        }
+                    }
+                    None => {}
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("node {id} is still a member after {within:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `Cluster.AddNode` of `id` at its address (safe to retry), until the leader counts it a
+    /// voter.
+    pub async fn add_member(&self, id: u64, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut last = String::from("no leader");
+        loop {
+            if let Some(l) = self.leader().await {
+                match self.status(l).await {
+                    Some(s) if s.members.iter().any(|m| m.node_id == id && m.voter) => {
+                        return Ok(())
+                    }
+                    Some(_) => {
+                        let mut c = ClusterClient::new(self.channel(l).await?);
+                        let mut req = tonic::Request::new(pb::AddNodeRequest {
+                            node_id: id,
+                            addr: self.nodes[&id].addr.clone(),
+                            learner: false,
+                        });
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        req.set_timeout(left.max(Duration::from_secs(1)));
+                        if let Err(e) = c.add_node(req).await {
+                            last = e.message().to_string();
+                        }
+                    }
+                    None => {}
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("node {id} is not a voter after {within:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until node `id` has applied every entry the leader had committed when the wait
+    /// began.
+    pub async fn wait_caught_up(&self, id: u64, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut target = None;
+        loop {
+            if target.is_none() {
+                if let Some(l) = self.leader().await {
+                    target = self.status(l).await.map(|s| s.commit_index);
+                }
+            }
+            if let (Some(t), Some(s)) = (target, self.status(id).await) {
+                if s.applied_index >= t {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("node {id} did not catch up within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Snapshot files node `id` is receiving now (`incoming-*.part`).
+    pub fn receiving_snapshot(&self, id: u64) -> bool {
+        let dir = self.data_dir(id).join("snapshot");
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("incoming-") && name.ends_with(".part")
+            })
+        })
     }
 }
 

@@ -33,6 +33,16 @@ pub enum Fault {
     Skew(Target, i64),
     /// Node 3's data dir filled; freed and node 3 restarted after the window.
     DiskFull,
+    /// A membership change under load: the node removed (`Cluster.RemoveNode`; the leader hands
+    /// over first) and wiped; after the window it starts empty with `--join` and is added
+    /// back (`Cluster.AddNode`), catching up through a snapshot. On the leader: a replacement.
+    Rejoin(Target),
+    /// Every node in turn, followers first, stopped with SIGTERM and started again, each one
+    /// caught up before the next goes: an operator's rolling upgrade.
+    RollingRestart,
+    /// Node 3 removed, wiped and added back, and its disk filled the moment it starts to
+    /// receive the snapshot it catches up through; freed, restarted and added again after.
+    InstallDiskFull,
 }
 
 impl Fault {
@@ -48,6 +58,10 @@ impl Fault {
             Fault::Drop(_) => "drop connections",
             Fault::Skew(..) => "clock skew",
             Fault::DiskFull => "disk full",
+            Fault::Rejoin(Target::Leader) => "replace leader",
+            Fault::Rejoin(Target::Follower) => "rejoin follower wiped",
+            Fault::RollingRestart => "rolling restart",
+            Fault::InstallDiskFull => "disk full in install",
         }
     }
 
@@ -59,6 +73,8 @@ impl Fault {
                 | Fault::Pause(Target::Leader)
                 | Fault::Partition(Target::Leader)
                 | Fault::Skew(Target::Leader, _)
+                | Fault::Rejoin(Target::Leader)
+                | Fault::RollingRestart
         )
     }
 }
@@ -102,9 +118,13 @@ fn kinds(rng: &mut StdRng, mix: Mix) -> Vec<Fault> {
                 Fault::Delay(rng.random_range(20..150)),
                 Fault::Drop(rng.random_range(5..50)),
                 Fault::Skew(Target::Leader, skew),
+                Fault::Rejoin(Target::Leader),
+                Fault::Rejoin(Target::Follower),
+                Fault::RollingRestart,
             ];
             if disk {
                 all.push(Fault::DiskFull);
+                all.push(Fault::InstallDiskFull);
             }
             all
         }
@@ -151,7 +171,7 @@ mod tests {
         let b = plan(7, Duration::from_secs(150), Mix::All { disk: true });
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let kinds: std::collections::BTreeSet<_> = a.iter().map(|s| s.fault.kind()).collect();
-        assert_eq!(kinds.len(), 9, "{kinds:?}");
+        assert_eq!(kinds.len(), 13, "{kinds:?}");
         assert_ne!(
             format!("{a:?}"),
             format!(

@@ -60,8 +60,19 @@ const QUIESCE_LIMIT: Duration = Duration::from_secs(120);
 pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     std::fs::create_dir_all(&cfg.dir)?;
     let secure = cfg.secure.clone();
-    let mut cluster =
-        ProcCluster::start(&cfg.dir, &cfg.timerd, &cfg.fault, cfg.tmpfs, true, secure).await?;
+    // Snapshots every 1,000 entries, 200 kept behind: a node wiped or left behind catches up
+    // through a snapshot install, not only from the log.
+    let extra = ["--snapshot-every-entries=1000", "--keep-log-entries=200"].map(String::from);
+    let mut cluster = ProcCluster::start(
+        &cfg.dir,
+        &cfg.timerd,
+        &cfg.fault,
+        cfg.tmpfs,
+        true,
+        secure,
+        &extra,
+    )
+    .await?;
     cluster.wait_leader(Duration::from_secs(30)).await?;
     cluster.enable_auth().await?;
     let mut clients = Vec::new();
@@ -95,7 +106,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     }
 
     let steps = plan::plan(cfg.seed, cfg.length, cfg.mix);
-    let windows = inject_all(&mut cluster, &steps, cfg.length).await?;
+    let (windows, trouble) = inject_all(&mut cluster, &steps, cfg.length).await?;
 
     let _ = stop_workers.send(true);
     for w in workers {
@@ -128,6 +139,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     let mut findings = checker::check(&history, &timers, &digests, &skews);
     push::check(&mut findings, &pushed.lock().unwrap(), &push_timers, &skews);
     recurring::check(&mut findings, &series, &timers, &series_views);
+    findings.violations.extend(trouble);
     if let Err(e) = quiet {
         findings.violations.push(checker::Violation {
             kind: "not quiescent",
@@ -173,13 +185,16 @@ async fn configure_namespace(cluster: &ProcCluster, push_url: &str) -> anyhow::R
     Ok(())
 }
 
+/// The faults as they happened, and the violations the faults themselves met (a node that
+/// could not be removed or did not come back).
 async fn inject_all(
     cluster: &mut ProcCluster,
     steps: &[Step],
     length: Duration,
-) -> anyhow::Result<Vec<Window>> {
+) -> anyhow::Result<(Vec<Window>, Vec<checker::Violation>)> {
     let t0 = tokio::time::Instant::now();
     let mut windows = Vec::new();
+    let mut trouble = Vec::new();
     for step in steps {
         tokio::time::sleep_until(t0 + step.at).await;
         let leader = cluster.leader().await;
@@ -188,18 +203,27 @@ async fn inject_all(
             Some(Target::Follower) => NODES.into_iter().find(|n| Some(*n) != leader).unwrap_or(1),
             None => DISK_NODE,
         };
-        if step.fault == Fault::DiskFull && !cluster.has_tmpfs() {
+        let disk = matches!(step.fault, Fault::DiskFull | Fault::InstallDiskFull);
+        if disk && !cluster.has_tmpfs() {
             continue;
         }
         let from_ms = now_ms();
-        inject(cluster, step.fault, node)?;
+        let injected = inject(cluster, step.fault, node, step.length).await;
         let failover = if step.fault.hits_leader() && leader == Some(node) {
             wait_new_leader(cluster, node, step.length).await
         } else {
             None
         };
         tokio::time::sleep_until(t0 + step.at + step.length).await;
-        heal(cluster, step.fault, node)?;
+        let healed = heal(cluster, step.fault, node).await;
+        for r in [injected, healed] {
+            if let Err(e) = r {
+                trouble.push(checker::Violation {
+                    kind: "membership or restart failed",
+                    detail: format!("{} on node {node}: {e:#}", step.fault.kind()),
+                });
+            }
+        }
         windows.push(Window {
             fault: step.fault,
             node,
@@ -209,17 +233,33 @@ async fn inject_all(
         });
     }
     tokio::time::sleep_until(t0 + length).await;
-    Ok(windows)
+    Ok((windows, trouble))
 }
 
 fn target_of(fault: Fault) -> Option<Target> {
     match fault {
-        Fault::Kill(t) | Fault::Pause(t) | Fault::Partition(t) | Fault::Skew(t, _) => Some(t),
-        Fault::Delay(_) | Fault::Drop(_) | Fault::DiskFull => None,
+        Fault::Kill(t)
+        | Fault::Pause(t)
+        | Fault::Partition(t)
+        | Fault::Skew(t, _)
+        | Fault::Rejoin(t) => Some(t),
+        Fault::Delay(_)
+        | Fault::Drop(_)
+        | Fault::DiskFull
+        | Fault::RollingRestart
+        | Fault::InstallDiskFull => None,
     }
 }
 
-fn inject(cluster: &mut ProcCluster, fault: Fault, node: u64) -> anyhow::Result<()> {
+/// How long a membership change or a node's catching up may take before it counts as failed.
+const MEMBERSHIP_LIMIT: Duration = Duration::from_secs(60);
+
+async fn inject(
+    cluster: &mut ProcCluster,
+    fault: Fault,
+    node: u64,
+    length: Duration,
+) -> anyhow::Result<()> {
     match fault {
         Fault::Kill(_) => cluster.kill(node),
         Fault::Pause(_) => cluster.signal_pause(node, true),
@@ -228,11 +268,64 @@ fn inject(cluster: &mut ProcCluster, fault: Fault, node: u64) -> anyhow::Result<
         Fault::Drop(p) => cluster.set_links(None, Mode::Flaky(p)),
         Fault::Skew(_, ms) => cluster.restart(node, ms)?,
         Fault::DiskFull => cluster.fill_disk(true)?,
+        Fault::Rejoin(_) => {
+            cluster.remove_member(node, MEMBERSHIP_LIMIT).await?;
+            cluster.wipe(node)?;
+        }
+        Fault::RollingRestart => {
+            let leader = cluster.leader().await;
+            let mut order: Vec<u64> = NODES.into_iter().filter(|n| Some(*n) != leader).collect();
+            order.extend(leader);
+            for n in order {
+                cluster.restart_gracefully(n)?;
+                cluster.wait_caught_up(n, MEMBERSHIP_LIMIT).await?;
+            }
+        }
+        Fault::InstallDiskFull => install_disk_full(cluster, node, length).await?,
     }
     Ok(())
 }
 
-fn heal(cluster: &mut ProcCluster, fault: Fault, node: u64) -> anyhow::Result<()> {
+/// Removes, wipes and restarts `node` empty, asks for it to be added back, and fills its disk
+/// the moment a snapshot starts to arrive (or when `length` ends without one).
+async fn install_disk_full(
+    cluster: &mut ProcCluster,
+    node: u64,
+    length: Duration,
+) -> anyhow::Result<()> {
+    cluster.remove_member(node, MEMBERSHIP_LIMIT).await?;
+    cluster.wipe(node)?;
+    cluster.start_empty(node)?;
+    // Room for the empty node's RocksDB, not for the snapshot: filling the rest is then fast
+    // enough to land while the snapshot arrives.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.fill_disk_but(48 << 20)?;
+    let cluster = &*cluster;
+    // The AddNode cannot finish while the disk is full: it gives up at the window's end.
+    let add = async {
+        let _ = tokio::time::timeout(length, cluster.add_member(node, length)).await;
+    };
+    let fill = async {
+        let started = tokio::time::Instant::now();
+        while !cluster.receiving_snapshot(node) && started.elapsed() < length {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let during = cluster.receiving_snapshot(node);
+        cluster.fill_disk(true).map(|()| during)
+    };
+    let ((), during) = tokio::join!(add, fill);
+    println!(
+        "  disk full in install: node {node}'s disk filled {}",
+        if during? {
+            "while it received a snapshot"
+        } else {
+            "with no snapshot arriving"
+        }
+    );
+    Ok(())
+}
+
+async fn heal(cluster: &mut ProcCluster, fault: Fault, node: u64) -> anyhow::Result<()> {
     match fault {
         Fault::Kill(_) | Fault::Skew(..) => cluster.restart(node, 0)?,
         Fault::Pause(_) => cluster.signal_pause(node, false),
@@ -243,6 +336,17 @@ fn heal(cluster: &mut ProcCluster, fault: Fault, node: u64) -> anyhow::Result<()
             cluster.fill_disk(false)?;
             // A node that hit ENOSPC stopped its Raft (a storage error is fatal): restart it.
             cluster.restart(DISK_NODE, 0)?;
+        }
+        Fault::Rejoin(_) => {
+            cluster.start_empty(node)?;
+            cluster.add_member(node, MEMBERSHIP_LIMIT).await?;
+        }
+        Fault::RollingRestart => {}
+        Fault::InstallDiskFull => {
+            cluster.fill_disk(false)?;
+            // Restarted on whatever the failed install left: it must start and catch up.
+            cluster.restart(node, 0)?;
+            cluster.add_member(node, MEMBERSHIP_LIMIT).await?;
         }
     }
     Ok(())

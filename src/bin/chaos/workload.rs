@@ -111,11 +111,12 @@ fn request<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
-/// A worker's memory of the timers it scheduled: (id, fire_at), and its shift-only ones.
+/// A worker's memory of the timers it scheduled: (id, fire_at), and its shift-only ones
+/// (id, when first due).
 struct Mine {
     ids: Vec<(String, i64)>,
     next: u64,
-    shifted: Vec<String>,
+    shifted: Vec<(String, i64)>,
 }
 
 /// Runs one worker until `stop`.
@@ -160,19 +161,28 @@ async fn one_op(
         mine.ids.get(i).map(|(id, _)| id.clone())
     };
     let (kind, ids, fire_at, outcome) = match roll {
-        0..5 if mine.shifted.len() < 20 => {
+        0..5 if {
+            // The shift-only timers still to fire (by their first fire time: shifts only
+            // move them later) are the ones to shift; a fresh one replaces those gone by.
+            let now = now_ms();
+            mine.shifted.retain(|(_, at)| *at > now);
+            mine.shifted.len() < 20
+        } =>
+        {
             // A shift-only timer, due a while later: only Extend touches it (a shift after it
             // fired is refused, and counts for nothing).
             mine.next += 1;
             let id = format!("{SHIFTED}{w}-{}", mine.next);
             let at = now_ms() + rng.random_range(5_000..15_000);
-            mine.shifted.push(id.clone());
+            mine.shifted.push((id.clone(), at));
             let r = client.schedule(request(schedule_req(&id, at))).await;
             let o = outcome(r, |r| r.into_inner().timer.into_iter().collect());
             (Kind::Schedule, vec![id], vec![at], o)
         }
         0..5 => {
-            let id = mine.shifted[rng.random_range(0..mine.shifted.len())].clone();
+            let id = mine.shifted[rng.random_range(0..mine.shifted.len())]
+                .0
+                .clone();
             let by = rng.random_range(1..50) * 7;
             let req = pb::RescheduleRequest {
                 namespace: NAMESPACE.into(),
