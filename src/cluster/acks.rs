@@ -34,6 +34,23 @@ const MAX_ACKS: usize = 10_000;
 pub const QUEUE: usize = 4 * MAX_ACKS;
 /// Ack commands outstanding at once.
 const IN_FLIGHT: usize = 2;
+/// How long one ack proposal may take before it counts as failed (its acks lost: their timers
+/// come again after their deadline). Without a bound, two proposals that are never answered
+/// would hold both slots, and no stream's or the pusher's ack would ever commit again.
+const PROPOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `cmd` proposed, within [`PROPOSE_TIMEOUT`].
+async fn bounded(proposer: &Proposer, cmd: Command) -> crate::Result<Response> {
+    match tokio::time::timeout(PROPOSE_TIMEOUT, proposer.propose(cmd)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(timeout = ?PROPOSE_TIMEOUT, "acks: a proposal was not answered in time");
+            Err(crate::Error::OutcomeUnknown(format!(
+                "an ack proposal was not answered within {PROPOSE_TIMEOUT:?}"
+            )))
+        }
+    }
+}
 
 /// What a stream acked.
 #[derive(Debug)]
@@ -171,11 +188,14 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
     // proposed together, the proposer packs them into one entry.
     let now_ms = clock.now_ms();
     let nacked = nacks.into_iter().map(|(key, attempt)| {
-        proposer.propose(Command::Nack {
-            now_ms,
-            key,
-            attempt,
-        })
+        bounded(
+            proposer,
+            Command::Nack {
+                now_ms,
+                key,
+                attempt,
+            },
+        )
     });
     let nacked = futures::future::join_all(nacked).await;
     let mut ok = true;
@@ -194,7 +214,7 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
         leases,
         acks,
     };
-    let one_by_one: Vec<(TimerKey, u32)> = match proposer.propose(cmd).await {
+    let one_by_one: Vec<(TimerKey, u32)> = match bounded(proposer, cmd).await {
         Ok(Response::Acked { leases, .. }) => leases
             .into_iter()
             .zip(fallbacks)
@@ -218,7 +238,7 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
             leases: Vec::new(),
             acks: one_by_one,
         };
-        if let Err(e) = proposer.propose(cmd).await {
+        if let Err(e) = bounded(proposer, cmd).await {
             tracing::debug!(error = %e, "acks: proposal failed");
             return false;
         }

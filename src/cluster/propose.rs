@@ -21,6 +21,12 @@ use crate::Result;
 
 /// Outstanding proposals; more would only make batches smaller.
 const MAX_IN_FLIGHT: usize = 2;
+/// How long a proposal may wait for openraft's answer before its slot is given back and its
+/// callers told the outcome is unknown. openraft 0.9 answers a write when its entry applies or
+/// is truncated, but not when a leader that stepped down installs a snapshot past the entry:
+/// that answer never comes, and two such proposals held both slots for good — no client write,
+/// stream ack or push outcome committed on that node again once it led (chaos, issue 33).
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Most commands in one entry (keeps each entry, and each apply, bounded). An AckBatch of
 /// 2,000 acks fits in one entry.
 const MAX_BATCH: usize = 2048;
@@ -203,6 +209,24 @@ pub fn cost_of(cmd: &Command) -> Cost {
     }
 }
 
+/// What openraft answered for `cmd`, or an unknown outcome after [`ANSWER_TIMEOUT`].
+async fn write(
+    raft: &Raft,
+    cmd: Command,
+    map_err: fn(RaftWriteError) -> crate::Error,
+) -> Result<Response> {
+    match tokio::time::timeout(ANSWER_TIMEOUT, raft.client_write(cmd.into())).await {
+        Ok(r) => r.map(|r| r.data).map_err(map_err),
+        Err(_) => {
+            tracing::warn!(timeout = ?ANSWER_TIMEOUT, "a proposal was never answered");
+            Err(crate::Error::OutcomeUnknown(format!(
+                "openraft did not answer within {ANSWER_TIMEOUT:?} (a leader change may have \
+                 passed the entry by); the write's outcome is unknown"
+            )))
+        }
+    }
+}
+
 async fn propose(
     raft: &Raft,
     mut batch: Vec<(Command, Waiter)>,
@@ -210,18 +234,13 @@ async fn propose(
 ) {
     if batch.len() == 1 {
         let (cmd, waiter) = batch.pop().expect("one");
-        let result = raft
-            .client_write(cmd.into())
-            .await
-            .map(|r| r.data)
-            .map_err(map_err);
-        let _ = waiter.send(result);
+        let _ = waiter.send(write(raft, cmd, map_err).await);
         return;
     }
     let (cmds, waiters): (Vec<Command>, Vec<Waiter>) = batch.into_iter().unzip();
     let count = cmds.len();
-    match raft.client_write(Command::Multi(cmds).into()).await {
-        Ok(reply) => match reply.data {
+    match write(raft, Command::Multi(cmds), map_err).await {
+        Ok(reply) => match reply {
             Response::Multi(responses) if responses.len() == count => {
                 for (waiter, response) in waiters.into_iter().zip(responses) {
                     let _ = waiter.send(Ok(response));
@@ -235,7 +254,6 @@ async fn propose(
             }
         },
         Err(e) => {
-            let e = map_err(e);
             waiters
                 .into_iter()
                 .for_each(|w| drop(w.send(Err(e.clone()))));
