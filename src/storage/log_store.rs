@@ -15,6 +15,11 @@
 //!   on the next append or purge; and at start the committed index is read as at most what
 //!   the log or the state machine holds, so a node that crashed in that window starts from
 //!   what it has and takes the snapshot again.
+//! - Nothing is appended behind a deferred purge: an append that comes while a snapshot is
+//!   being installed (a new leader's entries, or a resent snapshot's, which openraft appends
+//!   right after the snapshot's index) waits until the state machine has the snapshot, so the
+//!   log on disk never holds the entries after the snapshot without those before it. A crash
+//!   with such a hole left a node whose log openraft could not read back (issue 33 review).
 //!
 //! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
 //! decoded entries when it holds them; RocksDB answers the rest.
@@ -57,6 +62,9 @@ fn read_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
 fn write_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
     StorageIOError::write_logs(&e).into()
 }
+
+/// How long an append waits for a snapshot install to finish before it fails.
+const INSTALL_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The log store; cheap to clone (clones share the database and the syncer).
 #[derive(Clone)]
@@ -143,6 +151,27 @@ impl LogStore {
     fn first_readable(&self) -> u64 {
         let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         deferred.map_or(0, |d| d.index + 1)
+    }
+
+    /// Waits until no purge is deferred any more: the state machine has installed the snapshot
+    /// the purge was asked for, and the purge is done (see the invariants). Gives up with an
+    /// error after [`INSTALL_WAIT`] (an install that failed stops Raft, and this lets the core
+    /// see it).
+    pub(crate) async fn settle_before_append(&self) -> StResult<()> {
+        let started = tokio::time::Instant::now();
+        loop {
+            self.settle_deferred()?;
+            let Some(upto) = *self.deferred.lock().unwrap_or_else(|p| p.into_inner()) else {
+                return Ok(());
+            };
+            if started.elapsed() >= INSTALL_WAIT {
+                return Err(write_err(io::Error::other(format!(
+                    "an append waited {INSTALL_WAIT:?} for the install of the snapshot at \
+                     {upto}, which has not finished"
+                ))));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     /// Does a deferred purge once the state machine has reached it.
@@ -377,7 +406,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.settle_deferred()?;
+        self.settle_before_append().await?;
         let log = cf(&self.db, CF_LOG);
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();

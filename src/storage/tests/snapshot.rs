@@ -170,3 +170,33 @@ async fn a_snapshot_of_another_bucket_width_is_refused() {
         .expect_err("a snapshot of 1 ms buckets on a 5 ms wheel");
     assert!(e.to_string().contains("bucket width"), "{e}");
 }
+
+/// The review of issue 33's fix for finding 6: openraft appends the entries after a received
+/// snapshot (a new leader's, or after a resent snapshot) while the state machine is still
+/// installing it; written then, they left the log on disk with the entries after the snapshot
+/// and a hole before them, which a crash turned into a node openraft could not start. An append
+/// now first waits until the deferred purge is done, that is until the install is.
+#[tokio::test]
+async fn an_append_behind_a_pending_install_waits_for_it() {
+    let dir = TempDir::new().unwrap();
+    log_and_state(&dir, 5, 3).await;
+    let (mut log, mut sm) = open(&dir);
+    // openraft on receiving a snapshot of index 8: the purge is deferred (applied is 3).
+    log.purge(log_id(8)).await.unwrap();
+    let gate = log.clone();
+    let waiting = tokio::spawn(async move { gate.settle_before_append().await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "an append must not write while the install is pending"
+    );
+    // The install finishes (the state machine reaches the snapshot's index).
+    sm.apply((4..=8).map(nth)).await.unwrap();
+    waiting.await.unwrap().expect("the append goes on");
+    let st = log.get_log_state().await.unwrap();
+    assert_eq!(
+        st.last_purged_log_id,
+        Some(log_id(8)),
+        "and the purge is done first"
+    );
+}
