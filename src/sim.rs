@@ -49,6 +49,12 @@ pub struct Link {
     pub cut: bool,
     /// Extra delay of every chunk, in ms (on top of [`BASE_DELAY`]).
     pub delay_ms: u64,
+    /// Each chunk is late by up to this many ms more, drawn from the world's seeded generator:
+    /// one connection's chunks stay in order (TCP), two connections' overtake each other.
+    pub jitter_ms: u64,
+    /// Chunks (of 1,000) that break their connection, as a segment TCP gave up resending
+    /// does: both ends get a reset, the bytes in flight are lost.
+    pub loss_per_mille: u32,
 }
 
 /// Every chunk's delay on a healthy link: none (a link's own delay comes on top). With
@@ -73,6 +79,8 @@ pub struct World {
     /// Each entry index [`TRAIL_EVERY`] divides → (data directory, digest after applying it),
     /// for every time a replica applied it ([`trail`]).
     trails: BTreeMap<u64, Vec<(String, u64)>>,
+    /// The network's dice (jitter, loss), seeded by [`install`].
+    rng: u64,
 }
 
 /// Every replica records its digest after each entry whose index this divides: replicas must
@@ -85,9 +93,10 @@ thread_local! {
     static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Installs a world on this thread: its clock starts at `epoch_ms` now (the runtime's time).
-/// Call inside the runtime (its time must be paused for the run to be deterministic).
-pub fn install(epoch_ms: i64) {
+/// Installs a world on this thread: its clock starts at `epoch_ms` now (the runtime's time),
+/// its network's dice are seeded by `seed`. Call inside the runtime (its time must be paused
+/// for the run to be deterministic).
+pub fn install(epoch_ms: i64, seed: u64) {
     WORLD.with(|w| {
         *w.borrow_mut() = Some(World {
             epoch_ms,
@@ -98,6 +107,7 @@ pub fn install(epoch_ms: i64) {
             connections: 0,
             planted: Default::default(),
             trails: Default::default(),
+            rng: seed,
         })
     });
     INLINE.with(|i| i.set(true));
@@ -112,6 +122,15 @@ pub fn uninstall() {
 /// Runs `f` on this thread's world (never log from `f`: the log's clock reads the world too).
 fn with<T>(f: impl FnOnce(&mut World) -> T) -> Option<T> {
     WORLD.with(|w| w.borrow_mut().as_mut().map(f))
+}
+
+/// A number below `n` (> 0) from the world's seeded generator (splitmix64).
+fn roll(w: &mut World, n: u64) -> u64 {
+    w.rng = w.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = w.rng;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % n
 }
 
 /// Whether a simulation runs on this thread.
@@ -270,6 +289,8 @@ struct PipeInner {
     chunks: VecDeque<(Instant, Bytes)>,
     /// The writer is gone: after the chunks, end of stream.
     closed: bool,
+    /// The connection broke (a lost chunk): both ends get an error.
+    reset: bool,
     reader: Option<Waker>,
 }
 
@@ -310,6 +331,9 @@ impl AsyncRead for SimStream {
         let now = Instant::now();
         let wait_until = {
             let mut p = self.rx.lock();
+            if p.reset {
+                return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+            }
             match p.chunks.front() {
                 None if p.closed => return Poll::Ready(Ok(())),
                 None => {
@@ -357,8 +381,26 @@ impl AsyncWrite for SimStream {
             // Nothing to send; a chunk of nothing would read as the end of the stream.
             return Poll::Ready(Ok(0));
         }
-        let delay = BASE_DELAY + Duration::from_millis(link(self.link.0, self.link.1).delay_ms);
+        let l = link(self.link.0, self.link.1);
+        let (jitter, lost) = with(|w| {
+            let jitter = if l.jitter_ms > 0 {
+                roll(w, l.jitter_ms + 1)
+            } else {
+                0
+            };
+            let lost = l.loss_per_mille > 0 && roll(w, 1000) < u64::from(l.loss_per_mille);
+            (jitter, lost)
+        })
+        .unwrap_or((0, false));
+        if lost {
+            self.reset();
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        let delay = BASE_DELAY + Duration::from_millis(l.delay_ms + jitter);
         let mut p = self.tx.lock();
+        if p.reset {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
         if p.closed {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
@@ -382,6 +424,24 @@ impl AsyncWrite for SimStream {
 }
 
 impl SimStream {
+    /// Breaks the connection: both directions' bytes are dropped, both ends' next read or write
+    /// fails.
+    fn reset(&self) {
+        tracing::trace!(
+            from = self.link.0,
+            to = self.link.1,
+            "sim: connection reset"
+        );
+        for pipe in [&self.tx, &self.rx] {
+            let mut p = pipe.lock();
+            p.reset = true;
+            p.chunks.clear();
+            if let Some(w) = p.reader.take() {
+                w.wake();
+            }
+        }
+    }
+
     fn close(&self) {
         let mut p = self.tx.lock();
         p.closed = true;
@@ -418,16 +478,52 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test(start_paused = true)]
+    async fn a_lost_chunk_resets_both_ends_and_jitter_keeps_order() {
+        install(1_000_000, 7);
+        route("10.0.0.2:7100", 1, 2);
+        let mut listener = Listener::bind(2, "10.0.0.2:7100".parse().unwrap());
+        let jittery = Link {
+            delay_ms: 5,
+            jitter_ms: 40,
+            ..Link::default()
+        };
+        set_link(1, 2, jittery);
+        let mut client = connect("10.0.0.2:7100").unwrap();
+        let mut server = listener.accept().await.unwrap();
+        for i in 0..50u8 {
+            client.write_all(&[i]).await.unwrap();
+        }
+        let mut got = vec![0u8; 50];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(
+            got,
+            (0..50).collect::<Vec<u8>>(),
+            "one connection stays in order"
+        );
+        let lossy = Link {
+            loss_per_mille: 1000,
+            ..Link::default()
+        };
+        set_link(1, 2, lossy);
+        let err = client.write_all(b"gone").await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        let mut buf = [0u8; 4];
+        let err = server.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+        uninstall();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn bytes_arrive_in_order_after_the_delay_and_wait_out_a_cut() {
-        install(1_000_000);
+        install(1_000_000, 7);
         route("10.0.0.2:7100", 1, 2);
         let mut listener = Listener::bind(2, "10.0.0.2:7100".parse().unwrap());
         set_link(
             1,
             2,
             Link {
-                cut: false,
                 delay_ms: 50,
+                ..Link::default()
             },
         );
         let mut client = connect("10.0.0.2:7100").unwrap();
@@ -449,7 +545,7 @@ mod tests {
             2,
             Link {
                 cut: true,
-                delay_ms: 0,
+                ..Link::default()
             },
         );
         client.write_all(b"later").await.unwrap();
@@ -479,7 +575,7 @@ mod grpc_tests {
     /// none lost (a lost wake-up shows as a call that never ends).
     #[tokio::test(start_paused = true)]
     async fn tonic_calls_over_the_simulated_network_all_finish() {
-        install(1_000_000);
+        install(1_000_000, 7);
         route("10.0.0.1:7100", 0, 1);
         let listener = Listener::bind(1, "10.0.0.1:7100".parse().unwrap());
         let (_reporter, health) = tonic_health::server::health_reporter();

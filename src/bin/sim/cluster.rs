@@ -154,33 +154,23 @@ impl SimCluster {
     pub fn isolate(&self, n: Host, cut: bool) {
         for other in NODES.iter().chain([0].iter()) {
             if *other != n {
-                sim::set_link(n, *other, Link { cut, delay_ms: 0 });
-                sim::set_link(*other, n, Link { cut, delay_ms: 0 });
+                let link = Link {
+                    cut,
+                    ..Link::default()
+                };
+                sim::set_link(n, *other, link);
+                sim::set_link(*other, n, link);
             }
         }
     }
 
-    /// Every link (clients' too) delayed by `ms` each way (0: healthy).
-    pub fn delay_all(&self, ms: u64) {
+    /// Every link (clients' too), both ways, set to `link` (`Link::default()`: healthy).
+    pub fn set_all(&self, link: Link) {
         for from in [0, 1, 2, 3] {
             for to in NODES {
                 if from != to {
-                    sim::set_link(
-                        from,
-                        to,
-                        Link {
-                            cut: false,
-                            delay_ms: ms,
-                        },
-                    );
-                    sim::set_link(
-                        to,
-                        from,
-                        Link {
-                            cut: false,
-                            delay_ms: ms,
-                        },
-                    );
+                    sim::set_link(from, to, link);
+                    sim::set_link(to, from, link);
                 }
             }
         }

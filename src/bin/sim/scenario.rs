@@ -18,7 +18,7 @@ use timerdb::api::pb::{
     self, cluster_client::ClusterClient, namespaces_client::NamespacesClient,
     timers_client::TimersClient,
 };
-use timerdb::sim;
+use timerdb::sim::{self, Link};
 use timerdb_client::Conn;
 use tokio::sync::watch;
 
@@ -128,7 +128,7 @@ pub fn run_seed(seed: u64, base: &Path, setup: &Setup, verbose: bool) -> SeedOut
         .build()
         .expect("a runtime");
     let out = rt.block_on(async {
-        sim::install(EPOCH_MS + (seed % 1_000_000) as i64 * 1000);
+        sim::install(EPOCH_MS + (seed % 1_000_000) as i64 * 1000, seed);
         let started = tokio::time::Instant::now();
         let mut out = match scenario(seed, &dir, setup, verbose).await {
             Ok(out) => out,
@@ -153,7 +153,11 @@ enum Fault {
     CrashFollower,
     IsolateLeader,
     IsolateFollower,
+    /// Every link slower by this many ms, and as much again at random (chunks of different
+    /// connections overtake each other).
     SlowLinks(u64),
+    /// Every link breaks this many connections of 1,000 chunks (lost segments).
+    LossyLinks(u32),
     /// The leader restarted with its clock this far off.
     SkewLeader(i64),
 }
@@ -225,12 +229,13 @@ async fn scenario(
                 let _ = node.node.store.stale_heads();
             }
         }
-        let fault = match rng.random_range(0..6) {
+        let fault = match rng.random_range(0..7) {
             0 => Fault::CrashLeader,
             1 => Fault::CrashFollower,
             2 => Fault::IsolateLeader,
             3 => Fault::IsolateFollower,
             4 => Fault::SlowLinks(rng.random_range(20..150)),
+            5 => Fault::LossyLinks(rng.random_range(2..30)),
             _ => Fault::SkewLeader(rng.random_range(-2_000..2_000)),
         };
         let span = Duration::from_millis(rng.random_range(500..5_000));
@@ -319,9 +324,22 @@ async fn inject(c: &mut SimCluster, fault: Fault, span: Duration) -> anyhow::Res
             Ok(n)
         }
         Fault::SlowLinks(ms) => {
-            c.delay_all(ms);
+            c.set_all(Link {
+                delay_ms: ms,
+                jitter_ms: ms,
+                ..Link::default()
+            });
             tokio::time::sleep(span).await;
-            c.delay_all(0);
+            c.set_all(Link::default());
+            Ok(0)
+        }
+        Fault::LossyLinks(per_mille) => {
+            c.set_all(Link {
+                loss_per_mille: per_mille,
+                ..Link::default()
+            });
+            tokio::time::sleep(span).await;
+            c.set_all(Link::default());
             Ok(0)
         }
         Fault::SkewLeader(ms) => {
@@ -343,7 +361,7 @@ async fn inject(c: &mut SimCluster, fault: Fault, span: Duration) -> anyhow::Res
 
 /// Every node running, every link healthy, every clock right.
 async fn heal(c: &mut SimCluster) -> anyhow::Result<()> {
-    c.delay_all(0);
+    c.set_all(Link::default());
     for n in NODES {
         c.isolate(n, false);
         if c.skew_ms[&n] != 0 {
