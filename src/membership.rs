@@ -255,7 +255,11 @@ impl Node {
         };
         match tokio::time::timeout(within, caught_up).await {
             Ok(Ok(true)) => Ok(()),
-            Ok(_) => Err(Error::NotLeader),
+            // The learner was added already: not "nothing happened".
+            Ok(_) => Err(Error::OutcomeUnknown(format!(
+                "leadership moved while node {target} caught up; read the members \
+                 (Cluster.Status) before trying again"
+            ))),
             Err(_) => Err(Error::Unavailable(format!(
                 "node {target} is not caught up with the log after {within:?}"
             ))),
@@ -314,6 +318,16 @@ fn membership_error(e: WriteError) -> Error {
         RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => {
             Error::FailedPrecondition(format!("membership change refused: {c}"))
         }
-        other => crate::node::write_error(other),
+        // A change is two entries (joint, then uniform) and may have been waiting for a learner:
+        // "not the leader" may come after part of it committed, so it is not "nothing happened"
+        // (which would let a forwarder send it again).
+        other => match crate::node::write_error(other) {
+            Error::NotLeader => Error::OutcomeUnknown(
+                "leadership moved during the membership change, which may be done in part: \
+                 read the members (Cluster.Status) before trying again"
+                    .into(),
+            ),
+            e => e,
+        },
     }
 }

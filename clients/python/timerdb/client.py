@@ -6,8 +6,9 @@ leader (a follower would forward them; one hop saved). A call that fails with a 
 leaves its outcome open or says "not now" (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, UNKNOWN)
 is sent again, to the next node, after an exponential backoff with jitter, if the call is
 idempotent: Schedule creating a timer, ScheduleBatch, an unconditional Cancel, Ack, Get, List
-and the namespace calls. Other calls (a relative Reschedule, Nack, conditional calls) are sent
-once and their failure raised as it is: an unknown outcome the caller must judge.
+and the namespace reads (`timerdb.idempotent`). Other calls (Reschedule, Nack, Redrive,
+conditional calls, policy changes) are sent once and their failure raised as it is: an
+unknown outcome the caller must judge.
 """
 
 from __future__ import annotations
@@ -289,13 +290,16 @@ class Client:
 
     def redrive(self, namespace: str, id: str = "", *, all: bool = False) -> pb.RedriveResponse:
         req = pb.RedriveRequest(namespace=namespace, id=id, all=all)
-        return self.call(idempotent.redrive(req), lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
+        # Sent once: a repeat of a one-timer redrive is refused once it happened, one of a
+        # namespace would redrive timers that went DEAD since.
+        return self.call(False, lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
 
     # --- Namespaces and Cluster -----------------------------------------------------------
 
     def put_namespace(self, name: str, policy: pb.NamespacePolicy) -> pb.Namespace:
         req = pb.PutNamespaceRequest(name=name, policy=policy)
-        return self.call(True, lambda n, t, m: n.namespaces.PutNamespace(req, timeout=t, metadata=m)).namespace
+        # Sent once: a repeat could undo someone's later change of the policy.
+        return self.call(False, lambda n, t, m: n.namespaces.PutNamespace(req, timeout=t, metadata=m)).namespace
 
     def get_namespace(self, name: str) -> pb.Namespace:
         req = pb.GetNamespaceRequest(name=name)

@@ -261,29 +261,33 @@ impl Client {
         /// Gives up on one delivery (sent once: a retry could meet the next attempt).
         nack, TimersClient, pb::NackRequest, pb::NackResponse, never);
     unary!(
-        /// Returns DEAD timers to PENDING (retried only for a whole namespace: a repeat of a
-        /// one-timer redrive is refused as "not DEAD" once it happened).
-        redrive, TimersClient, pb::RedriveRequest, pb::RedriveResponse, idempotent::redrive);
+        /// Returns DEAD timers to PENDING (sent once: a repeat of a one-timer redrive is
+        /// refused as "not DEAD" once it happened, one of a namespace would redrive timers
+        /// that went DEAD since).
+        redrive, TimersClient, pb::RedriveRequest, pb::RedriveResponse, never);
     unary!(
+        /// Pauses a recurring timer (sent once: a repeat could undo someone's Resume).
         pause,
         TimersClient,
         pb::PauseRequest,
         pb::PauseResponse,
-        always
+        never
     );
     unary!(
+        /// Resumes a recurring timer (sent once: a repeat could undo someone's Pause).
         resume,
         TimersClient,
         pb::PauseRequest,
         pb::PauseResponse,
-        always
+        never
     );
     unary!(
+        /// Sets a namespace's policy (sent once: a repeat could undo someone's later change).
         put_namespace,
         NamespacesClient,
         pb::PutNamespaceRequest,
         pb::PutNamespaceResponse,
-        always
+        never
     );
     unary!(
         get_namespace,
@@ -300,18 +304,20 @@ impl Client {
         always
     );
     unary!(
+        /// Sent once: a repeat could undo someone's ResumeNamespace.
         pause_namespace,
         NamespacesClient,
         pb::PauseNamespaceRequest,
         pb::PauseNamespaceResponse,
-        always
+        never
     );
     unary!(
+        /// Sent once: a repeat could undo someone's PauseNamespace.
         resume_namespace,
         NamespacesClient,
         pb::PauseNamespaceRequest,
         pb::PauseNamespaceResponse,
-        always
+        never
     );
     unary!(
         /// The Status of the node the call reaches (the leader when known).

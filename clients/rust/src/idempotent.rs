@@ -4,22 +4,26 @@
 //! A call whose outcome is unknown (its connection broke, its leader went away, it timed out)
 //! may have happened. Sending it again is safe only if applying it twice is the same as
 //! applying it once — the same state *and* the same answer, since a refusal means "nothing
-//! happened" (docs/guarantees.md, guarantee 5):
+//! happened" (docs/guarantees.md, guarantee 5) — **and** no other client's call that lands in
+//! between can be undone by the repeat: a blind write that someone else may reverse (pause
+//! then resume, one policy then another) applied again after the reversal takes effect twice,
+//! before and after the other call, which no order of the calls explains.
 //!
 //! - safe: reads; create-only Schedule and ScheduleBatch (a repeat finds the timer it made,
-//!   `created = false`, relative ones too: the stored `delay_ms` is compared); an upsert of a
-//!   recurring timer (the same spec changes nothing); an unconditional Cancel (a cancelled
-//!   timer answers as cancelled); Ack and AckBatch; pausing and resuming; PutNamespace;
-//!   AddNode; SetAuth; RevokeKey (a revoked id answers OK); TransferLeader to a named node;
-//!   Redrive of a whole namespace (the count is the repeat's).
+//!   `created = false`, relative ones too: the stored `delay_ms` is compared; nobody else can
+//!   make that id anew while the first one's row is kept); an unconditional Cancel (a
+//!   cancelled timer answers as cancelled); Ack and AckBatch (judged by attempt); RevokeKey (a
+//!   revoked id answers OK; nothing un-revokes it).
 //! - not safe: anything with `if_state` / `if_revision` (the first application moved the
 //!   revision: the repeat is refused for a change that happened); a Reschedule (a relative
 //!   one shifts twice, an absolute one is refused once the timer fired meanwhile); a one-shot
 //!   Schedule in another mode (upsert, debounce, keep-*: the time moves again, or the repeat is
-//!   refused after a fire); Nack; a one-timer Redrive (refused as "not DEAD" after it
-//!   happened); CreateKey (a second key nobody has the secret of); RemoveNode; TransferLeader
-//!   to "any" node (leadership would move twice). Such a call is sent once; an unknown outcome
-//!   is answered as unknown, and the caller finds out with a read.
+//!   refused after a fire); an upsert of a recurring timer, pausing and resuming (a timer or a
+//!   namespace), PutNamespace, SetAuth, AddNode and TransferLeader (someone else's opposite
+//!   call may have landed in between); Nack; Redrive (one timer: refused as "not DEAD" after it
+//!   happened; a namespace: timers that went DEAD since would be redriven by nobody's call);
+//!   CreateKey (a second key nobody has the secret of); RemoveNode. Such a call is sent once;
+//!   an unknown outcome is answered as unknown, and the caller finds out with a read.
 //!
 //! An RPC this table does not know is not safe. `clients/idempotence.json` holds the cases both
 //! client libraries are tested against.
@@ -40,41 +44,32 @@ pub fn retry_safe(path: &str, message: &[u8]) -> bool {
     match method {
         "Timers/Schedule" => decoded(message, schedule),
         "Timers/Cancel" => decoded(message, cancel),
-        "Timers/Redrive" => decoded(message, redrive),
-        "Cluster/TransferLeader" => decoded(message, transfer_leader),
         "Timers/ScheduleBatch"
         | "Timers/Get"
         | "Timers/List"
         | "Timers/Ack"
         | "Timers/AckBatch"
-        | "Timers/Pause"
-        | "Timers/Resume"
-        | "Namespaces/PutNamespace"
         | "Namespaces/GetNamespace"
         | "Namespaces/ListNamespaces"
-        | "Namespaces/PauseNamespace"
-        | "Namespaces/ResumeNamespace"
         | "Cluster/Status"
         | "Cluster/Digest"
         | "Cluster/Overview"
         | "Cluster/Backup"
-        | "Cluster/AddNode"
         | "Access/RevokeKey"
         | "Access/ListKeys"
-        | "Access/SetAuth"
         | "Access/WhoAmI" => true,
-        // Reschedule, Nack, RemoveNode, CreateKey, and anything unknown.
+        // Reschedule, pausing, policies, Redrive, Nack, membership, CreateKey, SetAuth, and
+        // anything unknown.
         _ => false,
     }
 }
 
-/// A Schedule without conditions that creates (or repeats the spec of a recurring timer).
+/// A Schedule without conditions that only creates.
 pub fn schedule(r: &pb::ScheduleRequest) -> bool {
     use pb::CreateMode as M;
     let conditional = r.if_state != 0 || r.if_revision != 0;
     let creates = matches!(M::try_from(r.mode), Ok(M::Unspecified | M::CreateOnly));
-    let series_upsert = r.recurrence.is_some() && M::try_from(r.mode) == Ok(M::Upsert);
-    !conditional && (creates || series_upsert)
+    !conditional && creates
 }
 
 /// A Cancel without conditions.
@@ -85,16 +80,6 @@ pub fn cancel(r: &pb::CancelRequest) -> bool {
 /// A Reschedule: never (see the module).
 pub fn reschedule(_: &pb::RescheduleRequest) -> bool {
     false
-}
-
-/// A Redrive of every DEAD timer of a namespace (not of one timer).
-pub fn redrive(r: &pb::RedriveRequest) -> bool {
-    r.all
-}
-
-/// A transfer to a named node (not to "the most up-to-date one").
-pub fn transfer_leader(r: &pb::TransferLeaderRequest) -> bool {
-    r.node_id != 0
 }
 
 #[cfg(test)]
