@@ -55,6 +55,10 @@ pub enum Error {
     /// A bug or an unexpected condition.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Something the call needs first is not there yet (the node being added does not answer
+    /// yet, say). Nothing was done: the same call may succeed in a moment, safe to repeat or not.
+    #[error("{0}")]
+    NotYet(String),
 }
 
 impl Error {
@@ -66,6 +70,7 @@ impl Error {
                 | Error::Unavailable(_)
                 | Error::NoQuorum(_)
                 | Error::OutcomeUnknown(_)
+                | Error::NotYet(_)
         )
     }
 }

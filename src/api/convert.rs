@@ -45,6 +45,7 @@ impl From<Error> for Status {
             Error::NotLeader
             | Error::Unavailable(_)
             | Error::NoQuorum(_)
+            | Error::NotYet(_)
             | Error::OutcomeUnknown(_) => {
                 use super::forward::{NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER};
                 let mut status = Status::new(Code::Unavailable, e.to_string());
@@ -53,7 +54,7 @@ impl From<Error> for Status {
                     status.metadata_mut().insert(header, one);
                 };
                 match e {
-                    Error::NotLeader => {
+                    Error::NotLeader | Error::NotYet(_) => {
                         mark(&mut status, RETRY_HEADER);
                         mark(&mut status, NOT_APPLIED_HEADER);
                     }

@@ -72,7 +72,8 @@ pub async fn hello(
     addr: &str,
     store: &crate::storage::Store,
 ) -> crate::Result<()> {
-    let unreachable = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
+    // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
+    let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
     let channel = tls
         .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
@@ -93,7 +94,8 @@ pub async fn hello(
 /// Asks the node at `addr` to stand for election now, if it follows the leader of `term`
 /// (leadership transfer, see `membership`). Whether it did.
 pub async fn timeout_now(tls: &crate::tls::Tls, addr: &str, term: u64) -> crate::Result<bool> {
-    let unreachable = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
+    // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
+    let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
     let channel = tls
         .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
