@@ -74,6 +74,15 @@ impl Applier<'_> {
         };
         let end = Slot::end_of(bucket);
         if end <= old {
+            // Nothing to pass (the cursor is at or past this time: a leader whose clock ran
+            // ahead moved it). A head at or before the cursor is early (a head is the first row
+            // after it): read those again after this entry, or the fire driver sees them due
+            // and proposes empty Fire entries until its clock passes the cursor.
+            self.visited = self
+                .heads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .due(old);
             return Ok((0, false));
         }
         let namespaces = self

@@ -245,6 +245,30 @@ async fn fires_never_early_and_records_index() {
     );
 }
 
+/// A leader whose clock ran ahead moved the cursor past the next leader's now: that leader's
+/// Fire entries pass nothing, and must still read the early heads again, or the fire driver
+/// (which fires whenever a head is due) proposes empty Fire entries until its clock passes
+/// the cursor. Found by the simulator (a seed whose time stood still with the log growing).
+#[tokio::test]
+async fn a_fire_behind_the_cursor_reads_the_early_heads_again() {
+    let mut s = Sm::new();
+    s.apply(schedule("a", T0 + 10)).await;
+    s.apply(schedule("b", T0 + 5_000)).await;
+    s.apply(fire(T0 + 2_000, 100)).await;
+    assert_eq!(s.timer("a").state, TimerState::Fired);
+    // Every head as early as its contract allows (at the cursor), as after a reschedule to
+    // later; the driver would see a timer due at the cursor's time.
+    s.store.stale_heads().unwrap();
+    assert!(s.store.next_due().unwrap().unwrap() <= T0 + 2_000);
+    // The next leader's clock is behind the cursor.
+    assert_eq!(s.apply(fire(T0 + 1_000, 100)).await, fired(0, false));
+    assert_eq!(
+        s.store.next_due().unwrap(),
+        Some(T0 + 5_000),
+        "the heads are exact again after a Fire that passed nothing"
+    );
+}
+
 #[tokio::test]
 async fn fire_is_bounded_per_entry_in_key_order() {
     let mut s = Sm::new();
