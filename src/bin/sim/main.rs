@@ -172,6 +172,9 @@ fn main() {
     }
 }
 
+/// How long one seed may take in wall time (a seed takes ~2 s; a busy machine, ten).
+const SEED_WALL_LIMIT: Duration = Duration::from_secs(180);
+
 /// Seeds to run, side by side.
 struct Run {
     first: u64,
@@ -195,9 +198,32 @@ impl Run {
         let failed = AtomicBool::new(false);
         let last = self.first + self.seeds;
         let results = std::sync::Mutex::new(Vec::new());
+        // Seed → when it started, for the watchdog.
+        let running = std::sync::Mutex::new(std::collections::BTreeMap::new());
+        let finished = AtomicBool::new(false);
         std::thread::scope(|s| {
-            for _ in 0..self.jobs.max(1) {
-                s.spawn(|| loop {
+            // A seed whose simulated time stands still (a task that never waits: a livelock)
+            // would run for ever; it fails the run instead, with its seed to replay.
+            s.spawn(|| {
+                while !finished.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let stuck = running
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .find(|(_, at): &(&u64, &Instant)| at.elapsed() > SEED_WALL_LIMIT)
+                        .map(|(seed, _)| *seed);
+                    if let Some(seed) = stuck {
+                        println!(
+                            "seed {seed}: FAILED (not finished after {SEED_WALL_LIMIT:?} of wall \
+                             time: simulated time stands still, some task never waits); replay \
+                             with timerdb-sim --seed {seed} (RUST_LOG=debug shows the loop)"
+                        );
+                        std::process::exit(1);
+                    }
+                }
+            });
+            let workers: Vec<_> = (0..self.jobs.max(1)).map(|_| s.spawn(|| loop {
                     let seed = next.fetch_add(1, Ordering::Relaxed);
                     let over = match self.budget {
                         Some(b) => started.elapsed() >= b,
@@ -206,6 +232,7 @@ impl Run {
                     if over || (self.until_failure && failed.load(Ordering::Relaxed)) {
                         return;
                     }
+                    running.lock().unwrap().insert(seed, Instant::now());
                     let mut out = scenario::run_seed(seed, base, setup, false);
                     let twice = self.twice_every > 0 && seed.is_multiple_of(self.twice_every);
                     if twice && !out.failed() {
@@ -217,13 +244,17 @@ impl Run {
                             ));
                         }
                     }
+                    running.lock().unwrap().remove(&seed);
                     if out.failed() {
                         failed.store(true, Ordering::Relaxed);
                     }
                     println!("{}", out.summary(seed));
                     results.lock().unwrap().push((seed, out));
-                });
+                })).collect();
+            for w in workers {
+                let _ = w.join();
             }
+            finished.store(true, Ordering::Relaxed);
         });
         results.into_inner().unwrap()
     }
