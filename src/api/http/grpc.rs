@@ -271,7 +271,15 @@ impl Reply {
                     "status": grpc_name(grpc_of(code)),
                     "message": message,
                 }});
-                json_response(code, &status)
+                let mut resp = json_response(code, &status);
+                if code == StatusCode::PAYLOAD_TOO_LARGE {
+                    // The rest of the body is never read, so this connection cannot carry
+                    // another request: say so, or a client's pool reuses it and its next
+                    // request meets a closed socket.
+                    resp.headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                resp
             }
             Reply::Raw(r) => r,
         }
