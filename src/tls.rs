@@ -347,6 +347,12 @@ impl Tls {
 
     /// With `--peer-require-member`: whether a peer certificate's `names` include the host of
     /// one of `members` (asked on every call: membership changes).
+    ///
+    /// A node that knows no members yet (started with `--join`, or wiped, and waiting to be
+    /// added) accepts any certificate of the peer CA: the leader that adds it is not in any
+    /// membership it has, and refusing it would leave the node unable to join for ever. What
+    /// such a node can lose is nothing: it holds no state, and the first entries it takes carry
+    /// the membership that closes the door again.
     pub fn check_member(
         &self,
         names: &[String],
@@ -355,7 +361,11 @@ impl Tls {
         if !self.files.peer_require_member {
             return Ok(());
         }
-        let hosts: Vec<String> = members()
+        let members = members();
+        if members.is_empty() {
+            return Ok(());
+        }
+        let hosts: Vec<String> = members
             .iter()
             .map(|addr| host_of(addr).to_string())
             .collect();

@@ -29,3 +29,4 @@ mod replicas;
 mod retries;
 mod secure_process;
 mod tls;
+mod tls_members;

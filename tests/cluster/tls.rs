@@ -26,16 +26,16 @@ use crate::harness::{self, error_chain, now_ms, schedule_req, status_text, tried
 
 /// A cluster CA, the peer certificate of every node (for localhost and 127.0.0.1), a client
 /// CA with one client certificate, and their files.
-struct Pki {
+pub(crate) struct Pki {
     dir: TempDir,
-    cluster: TestCa,
+    pub(crate) cluster: TestCa,
     clients: TestCa,
     node: Pair,
     client: Pair,
 }
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let cluster = TestCa::new("timerdb test cluster CA");
         let clients = TestCa::new("timerdb test client CA");
         let node = cluster.named("localhost", &["127.0.0.1"]);
@@ -59,7 +59,7 @@ impl Pki {
 
     /// Peer TLS on the shared port; with `mtls`, also a client port certificate and clients
     /// required to present one from the client CA.
-    fn files(&self, mtls: bool) -> TlsFiles {
+    pub(crate) fn files(&self, mtls: bool) -> TlsFiles {
         TlsFiles {
             peer_ca: Some(self.path("cluster-ca.crt")),
             peer_cert: Some(self.path("node.crt")),
@@ -73,7 +73,11 @@ impl Pki {
 }
 
 /// A client channel to `addr` over TLS trusting `ca`, presenting `identity` if given.
-async fn tls_channel(addr: &str, ca: &str, identity: Option<&Pair>) -> Result<Channel, String> {
+pub(crate) async fn tls_channel(
+    addr: &str,
+    ca: &str,
+    identity: Option<&Pair>,
+) -> Result<Channel, String> {
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
     if let Some(p) = identity {
         tls = tls.identity(Identity::from_pem(&p.cert_pem, &p.key_pem));
@@ -245,7 +249,10 @@ impl<T> WithToken for T {
 
 /// Every peer RPC, called over `ch` as an outsider would: a Vote with a huge term, a
 /// TimeoutNow for the current term, an AppendEntries and an InstallSnapshot. Their codes.
-async fn peer_attack(ch: Channel, term: u64) -> Vec<(&'static str, Result<(), tonic::Status>)> {
+pub(crate) async fn peer_attack(
+    ch: Channel,
+    term: u64,
+) -> Vec<(&'static str, Result<(), tonic::Status>)> {
     use openraft::Vote;
     let mut raft = RaftClient::new(ch);
     let msg = |data: Vec<u8>| pb::RaftMessage { data };
@@ -278,7 +285,7 @@ async fn peer_attack(ch: Channel, term: u64) -> Vec<(&'static str, Result<(), to
 
 /// Waits until every running node sees the same leader and term (a start may take two
 /// elections), then returns them.
-async fn settled_leader_and_term(c: &TestCluster) -> (u64, u64) {
+pub(crate) async fn settled_leader_and_term(c: &TestCluster) -> (u64, u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let seen = views(c);

@@ -136,7 +136,6 @@ async fn soak(
             fault: String::new(),
             mix: Mix::All {
                 disk: !args.no_disk,
-                members: args.secure.is_none(),
             },
             workers: args.workers,
             tmpfs: !args.no_disk,

@@ -90,10 +90,8 @@ pub struct Step {
 /// Which faults a plan may draw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mix {
-    /// Every kind (disk full only with a tmpfs; membership changes only when `members`: a
-    /// wiped node cannot rejoin a cluster with peer mTLS yet — it refuses the leader's Hello
-    /// as "not a peer" while it knows no members, an open bug of issue 33's review).
-    All { disk: bool, members: bool },
+    /// Every kind (disk full only with a tmpfs).
+    All { disk: bool },
     /// Only isolating the leader (the ack-before-commit proof: an isolated leader keeps
     /// acknowledging writes that can never commit, and they vanish when it steps down).
     IsolateLeader,
@@ -105,7 +103,7 @@ fn kinds(rng: &mut StdRng, mix: Mix) -> Vec<Fault> {
     match mix {
         Mix::Calm => Vec::new(),
         Mix::IsolateLeader => vec![Fault::Partition(Target::Leader)],
-        Mix::All { disk, members } => {
+        Mix::All { disk } => {
             let skew = if rng.random_bool(0.5) { 1 } else { -1 } * rng.random_range(500..3000);
             let mut all = vec![
                 Fault::Kill(Target::Leader),
@@ -120,16 +118,12 @@ fn kinds(rng: &mut StdRng, mix: Mix) -> Vec<Fault> {
                 Fault::Delay(rng.random_range(20..150)),
                 Fault::Drop(rng.random_range(5..50)),
                 Fault::Skew(Target::Leader, skew),
+                Fault::Rejoin(Target::Leader),
+                Fault::Rejoin(Target::Follower),
                 Fault::RollingRestart,
             ];
-            if members {
-                all.push(Fault::Rejoin(Target::Leader));
-                all.push(Fault::Rejoin(Target::Follower));
-            }
             if disk {
                 all.push(Fault::DiskFull);
-            }
-            if disk && members {
                 all.push(Fault::InstallDiskFull);
             }
             all
@@ -173,22 +167,8 @@ mod tests {
 
     #[test]
     fn one_seed_one_plan_and_every_kind_soon() {
-        let a = plan(
-            7,
-            Duration::from_secs(150),
-            Mix::All {
-                disk: true,
-                members: true,
-            },
-        );
-        let b = plan(
-            7,
-            Duration::from_secs(150),
-            Mix::All {
-                disk: true,
-                members: true,
-            },
-        );
+        let a = plan(7, Duration::from_secs(150), Mix::All { disk: true });
+        let b = plan(7, Duration::from_secs(150), Mix::All { disk: true });
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let kinds: std::collections::BTreeSet<_> = a.iter().map(|s| s.fault.kind()).collect();
         assert_eq!(kinds.len(), 13, "{kinds:?}");
@@ -196,14 +176,7 @@ mod tests {
             format!("{a:?}"),
             format!(
                 "{:?}",
-                plan(
-                    8,
-                    Duration::from_secs(150),
-                    Mix::All {
-                        disk: true,
-                        members: true
-                    }
-                )
+                plan(8, Duration::from_secs(150), Mix::All { disk: true })
             )
         );
     }

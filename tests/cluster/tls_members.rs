@@ -1,0 +1,69 @@
+//! `--peer-require-member` on a real cluster: a certificate of the peer CA that names no
+//! member's host is refused every peer RPC, and a node that knows no members yet (started with
+//! `--join`, as a wiped node comes back) still lets the leader add it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use timerdb::timer::{TimerKey, TimerSpec, When};
+use timerdb::tls::Tls;
+use tonic::Code;
+
+use crate::harness::{now_ms, TestCluster, NS};
+use crate::tls::{peer_attack, settled_leader_and_term, tls_channel, Pki};
+
+/// Each peer RPC from `stranger` to `addr` is refused as not naming a member.
+async fn refused_as_stranger(pki: &Pki, stranger: &crate::certs::Pair, addr: &str, term: u64) {
+    let ca = pki.cluster.pem();
+    let ch = tls_channel(addr, &ca, Some(stranger)).await.unwrap();
+    for (rpc, r) in peer_attack(ch, term).await {
+        let e = r.expect_err(rpc);
+        assert_eq!(e.code(), Code::Unauthenticated, "{rpc} to {addr}: {e:?}");
+        assert!(e.message().contains("no member's host"), "{rpc}: {e:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added() {
+    let pki = Arc::new(Pki::new());
+    let p = pki.clone();
+    let mut c = TestCluster::start_with(3, move |cfg| {
+        let mut files = p.files(true);
+        files.peer_require_member = true;
+        cfg.tls = Tls::new(files);
+    })
+    .await;
+    let (leader, term) = settled_leader_and_term(&c).await;
+    // Signed by the peer CA, but for a host that is no member's (every member is 127.0.0.1).
+    let stranger = pki.cluster.named("stranger.example", &[]);
+    refused_as_stranger(&pki, &stranger, &c.peers[&leader].clone(), term).await;
+
+    // State for the joiner to catch up on.
+    let leader_node = c.node(leader).node.clone();
+    let spec = TimerSpec {
+        key: TimerKey::new(NS, "before-join"),
+        when: When::At(now_ms() + 600_000),
+        payload: b"x".to_vec(),
+        content_type: String::new(),
+    };
+    leader_node.schedule(spec).await.unwrap();
+
+    // Node 4 starts with --join: it knows no members, so no certificate names one. The
+    // leader's Hello and entries must get through all the same.
+    let addr = c.join(4).await;
+    let added = tokio::time::timeout(
+        Duration::from_secs(30),
+        leader_node.add_node(4, addr.clone(), true),
+    )
+    .await
+    .expect("AddNode of a joining node under --peer-require-member did not finish in 30 s")
+    .expect("AddNode of a joining node under --peer-require-member");
+    assert!(added.iter().any(|m| m.0 == 4 && m.2), "{added:?}");
+    c.converged().await;
+    assert!(c.local_timer(4, "before-join").is_some());
+
+    // Now it knows its members: the stranger is refused by it too.
+    let term = c.node(4).node.raft.metrics().borrow().current_term;
+    refused_as_stranger(&pki, &stranger, &addr, term).await;
+    c.shutdown().await;
+}
