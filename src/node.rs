@@ -444,31 +444,40 @@ impl Node {
     pub async fn put_namespace(
         &self,
         name: String,
-        mut policy: Policy,
-        mut push: Option<PushTarget>,
+        policy: Policy,
+        push: Option<PushTarget>,
     ) -> Result<Namespace> {
-        let current = self.store.namespace(&name)?;
-        policy.paused = current.policy.paused;
-        if let Some(target) = push.as_mut() {
-            if target.secrets.is_empty() {
-                target.secrets = match current.push {
-                    Some(old) => old.secrets,
-                    None => vec![crate::push::sign::Secret::generate()],
-                };
-            }
-            target.validate(&policy)?;
-        }
-        let misfire = policy.misfire;
-        let cmd = Command::SetNamespace {
-            name,
-            policy,
-            push,
-            misfire,
-        };
+        let cmd = self.namespace_entry(name, policy, push)?;
         match self.write(cmd).await? {
             Response::Namespace(ns) => Ok(ns),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// The entry [`Node::put_namespace`] proposes. It reads nothing of this node's state:
+    /// what the call keeps (the paused flag; the secrets, when none are given) is resolved as
+    /// the entry applies, so a Pause or a rotation committed meanwhile is not undone.
+    pub fn namespace_entry(
+        &self,
+        name: String,
+        policy: Policy,
+        mut push: Option<PushTarget>,
+    ) -> Result<Command> {
+        let mut keep_secrets = false;
+        if let Some(target) = push.as_mut() {
+            if target.secrets.is_empty() {
+                keep_secrets = true;
+                target.secrets = vec![crate::push::sign::Secret::generate()];
+            }
+            target.validate(&policy)?;
+        }
+        Ok(Command::ConfigureNamespace {
+            name,
+            misfire: policy.misfire,
+            policy,
+            push,
+            keep_secrets,
+        })
     }
 
     /// Pauses (or resumes) the dispatching of a namespace's fired timers.

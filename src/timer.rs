@@ -447,6 +447,20 @@ pub enum Command {
         push: Option<crate::namespace::PushTarget>,
         misfire: crate::namespace::Misfire,
     },
+    /// PutNamespace as proposed since issue 33 (SetNamespace is kept for the logs of older
+    /// builds). What it keeps of the namespace is resolved when it applies, against the
+    /// namespace as it is then — the paused flag always; the push secrets when `keep_secrets`
+    /// and the namespace already has a target — never read by the proposer: a Pause or a
+    /// rotation committed between the two would be undone. `push`'s secrets are those a
+    /// target gets when it keeps none (generated on the leader, so every replica stores the
+    /// same).
+    ConfigureNamespace {
+        name: String,
+        policy: Policy,
+        push: Option<crate::namespace::PushTarget>,
+        misfire: crate::namespace::Misfire,
+        keep_secrets: bool,
+    },
 }
 
 /// How a Schedule treats a timer that already has the key (create-only is `Command::Schedule`).
@@ -559,6 +573,7 @@ impl Command {
             Command::RescheduleIf { .. } => "reschedule_if",
             Command::UpsertSeries { .. } => "upsert_series",
             Command::SetNamespace { .. } => "set_namespace",
+            Command::ConfigureNamespace { .. } => "configure_namespace",
         }
     }
 }

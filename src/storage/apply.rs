@@ -222,6 +222,13 @@ impl<'a> Applier<'a> {
                 policy.misfire = misfire;
                 Ok(self.put_namespace(name, Config { policy, push }))
             }
+            Command::ConfigureNamespace {
+                name,
+                policy,
+                push,
+                misfire,
+                keep_secrets,
+            } => self.configure_namespace(name, policy, push, misfire, keep_secrets),
             Command::UpsertSeries { now_ms, spec, cond } => self.upsert_series(now_ms, &spec, cond),
             Command::Fire {
                 now_ms,
@@ -565,6 +572,25 @@ impl<'a> Applier<'a> {
             push: config.push,
             configured: true,
         })
+    }
+
+    /// A PutNamespace: `policy` and `push` replace the namespace's, except for what it keeps
+    /// of the namespace as it is now (see `Command::ConfigureNamespace`).
+    fn configure_namespace(
+        &mut self,
+        name: String,
+        mut policy: Policy,
+        mut push: Option<PushTarget>,
+        misfire: crate::namespace::Misfire,
+        keep_secrets: bool,
+    ) -> Result<Response> {
+        let (current, _) = self.config(&name)?;
+        policy.misfire = misfire;
+        policy.paused = current.policy.paused;
+        if let (Some(target), Some(old), true) = (push.as_mut(), current.push, keep_secrets) {
+            target.secrets = old.secrets;
+        }
+        Ok(self.put_namespace(name, Config { policy, push }))
     }
 
     /// Sets a namespace's paused flag, keeping the rest of its configuration (a namespace

@@ -101,3 +101,52 @@ async fn a_restarted_follower_fires_purges_and_reuses_ids_like_the_others() {
     }
     c.shutdown().await;
 }
+
+/// Review of issue 33: PutNamespace built its entry from the proposing node's applied state
+/// (the paused flag, the push secrets kept when none are given), so a Pause or a secret
+/// rotation that committed between building the entry and committing it was undone by it.
+/// The entry is built here, then a Pause and a rotation commit, then the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_and_a_rotation_committed_meanwhile_survive_a_put_namespace() {
+    use timerdb::namespace::{Policy, PushTarget};
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let node = c.node(leader).node.clone();
+    let ns = "configured-meanwhile";
+    let target = |url: &str, secrets: Vec<String>| PushTarget {
+        url: url.into(),
+        secrets,
+        timeout_ms: 1_000,
+        dead_on_client_error: false,
+    };
+    let first = target("http://127.0.0.1:9/first", vec![]);
+    let put = node.put_namespace(ns.into(), Policy::default(), Some(first));
+    let generated = put.await.unwrap().push.unwrap().secrets;
+    assert_eq!(generated.len(), 1, "a target without secrets gets one");
+
+    let moved = target("http://127.0.0.1:9/moved", vec![]);
+    let entry = node
+        .namespace_entry(ns.into(), Policy::default(), Some(moved))
+        .unwrap();
+    node.pause_namespace(ns.into(), true).await.unwrap();
+    let rotated = vec![
+        timerdb::push::sign::Secret::generate(),
+        generated[0].clone(),
+    ];
+    let rotation = target("http://127.0.0.1:9/first", rotated.clone());
+    node.put_namespace(ns.into(), Policy::default(), Some(rotation))
+        .await
+        .unwrap();
+    node.write(entry).await.unwrap();
+
+    let got = node.namespace(ns).await.unwrap();
+    assert!(got.policy.paused, "the Pause committed before was undone");
+    let push = got.push.unwrap();
+    assert_eq!(push.url, "http://127.0.0.1:9/moved");
+    assert_eq!(
+        push.secrets, rotated,
+        "the rotation committed before was undone"
+    );
+    c.converged().await;
+    c.shutdown().await;
+}

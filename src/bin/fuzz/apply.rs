@@ -207,19 +207,36 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 },
                 push: None,
             },
-            17 => Command::SetNamespace {
-                name: NAMESPACES[usize::from(b.next()) % 2].into(),
-                policy: Policy::default(),
-                push: None,
-                misfire: Misfire {
-                    max_lateness_ms: u64::from(b.next()) * 20,
+            17 => {
+                let name = NAMESPACES[usize::from(b.next()) % 2].into();
+                let lateness = b.next();
+                let misfire = Misfire {
+                    max_lateness_ms: u64::from(lateness) * 20,
                     action: [
                         MisfireAction::Dead,
                         MisfireAction::Skip,
                         MisfireAction::Fire,
                     ][usize::from(b.next()) % 3],
-                },
-            },
+                };
+                // Both the old entry (its paused flag as proposed) and today's (the paused
+                // flag kept as it is when the entry applies).
+                if lateness % 2 == 0 {
+                    Command::SetNamespace {
+                        name,
+                        policy: Policy::default(),
+                        push: None,
+                        misfire,
+                    }
+                } else {
+                    Command::ConfigureNamespace {
+                        name,
+                        policy: Policy::default(),
+                        push: None,
+                        misfire,
+                        keep_secrets: true,
+                    }
+                }
+            }
             11 => Command::ScheduleSeries {
                 now_ms: now,
                 spec: series_spec(&mut b),
