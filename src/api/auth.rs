@@ -233,6 +233,18 @@ impl Gate {
         let Some(rule) = methods::rule_of(&path) else {
             return Err(Status::unimplemented(format!("no method {path}")));
         };
+        // A forwarded call skips what the member that forwarded it already did (a stream's
+        // ack filter at the client's edge; the retry to the next leader), so only a member may
+        // say a call is forwarded.
+        if req.headers().contains_key(super::forward::FORWARDED_HEADER) {
+            if let Err(why) = self.peer(req.extensions().get::<ConnInfo>()) {
+                denied(&path, "not_peer", None);
+                return Err(Status::unauthenticated(format!(
+                    "{} marks a call a member forwarded, and this caller is no member: {why}",
+                    super::forward::FORWARDED_HEADER
+                )));
+            }
+        }
         match rule.access {
             Access::Open => return Ok(req),
             Access::Peer => {

@@ -31,7 +31,7 @@ pub(crate) struct Pki {
     pub(crate) cluster: TestCa,
     clients: TestCa,
     node: Pair,
-    client: Pair,
+    pub(crate) client: Pair,
 }
 
 impl Pki {

@@ -1,6 +1,7 @@
 //! `--peer-require-member` on a real cluster: a certificate of the peer CA that names no
 //! member's host is refused every peer RPC, and a node that knows no members yet (started with
-//! `--join`, as a wiped node comes back) still lets the leader add it.
+//! `--join`, as a wiped node comes back) still lets the leader add it; only a member may mark a
+//! call forwarded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,5 +66,43 @@ async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added()
     // Now it knows its members: the stranger is refused by it too.
     let term = c.node(4).node.raft.metrics().borrow().current_term;
     refused_as_stranger(&pki, &stranger, &addr, term).await;
+    c.shutdown().await;
+}
+
+/// Review of issue 33: a client could mark its own call forwarded (`x-timerdb-forwarded`),
+/// and a stream marked so skips the ack filter at the client's edge. Under peer TLS only a
+/// member may: a client's certificate with the header is refused, without it served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_a_member_may_mark_a_call_forwarded() {
+    use timerdb::api::pb::{self, timers_client::TimersClient};
+    let pki = Arc::new(Pki::new());
+    let p = pki.clone();
+    let c = TestCluster::start_with(3, move |cfg| cfg.tls = Tls::new(p.files(true))).await;
+    let (leader, _) = settled_leader_and_term(&c).await;
+    let ca = pki.cluster.pem();
+    let subscribe = |forwarded: bool| {
+        let mut r = tonic::Request::new(pb::SubscribeRequest {
+            namespace: "claimed".into(),
+            ..Default::default()
+        });
+        if forwarded {
+            r.metadata_mut()
+                .insert("x-timerdb-forwarded", "1".parse().unwrap());
+        }
+        r
+    };
+    let ch = tls_channel(&c.peers[&leader], &ca, Some(&pki.client))
+        .await
+        .unwrap();
+    let e = TimersClient::new(ch.clone())
+        .subscribe(subscribe(true))
+        .await
+        .expect_err("a client's call marked forwarded");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("no member"), "{e:?}");
+    TimersClient::new(ch)
+        .subscribe(subscribe(false))
+        .await
+        .expect("the same client's own call");
     c.shutdown().await;
 }
