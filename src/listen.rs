@@ -14,7 +14,7 @@
 //! CA was reloaded or after [`VERDICT_FOR`], so a rotation or an expiry still takes effect.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -35,34 +35,32 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// this long is not a client in a hurry.
 const HANDSHAKE_LIMIT_BUSY: Duration = Duration::from_secs(1);
 /// Most TLS handshakes in progress at once on one listener. When all are taken, a new
-/// connection takes the place of the oldest handshake: silent connections (256 of them held
-/// every place for 10 s each and locked every new client out: issue 33 finding 12) cannot keep
-/// a client that completes its handshake in milliseconds from being served.
+/// connection takes the place of the oldest handshake of the address holding the most places:
+/// silent connections (256 of them held every place for 10 s each and locked every new client
+/// out: issue 33 finding 12) cannot keep a client that completes its handshake in milliseconds
+/// from being served, and a flood from one address evicts only its own handshakes (a client
+/// behind the same address as a flood still competes with it, as in finding 12's fix).
 const MAX_HANDSHAKES: usize = 256;
 
 /// The handshakes in progress on one listener, oldest first: each can be told to give up.
 #[derive(Default)]
 struct Handshakes {
     next: u64,
-    pending: std::collections::BTreeMap<u64, tokio::sync::oneshot::Sender<()>>,
+    pending: std::collections::BTreeMap<u64, (Option<IpAddr>, tokio::sync::oneshot::Sender<()>)>,
+    /// The handshakes of each remote address (`None`: unknown), oldest first.
+    by_source: std::collections::HashMap<Option<IpAddr>, std::collections::BTreeSet<u64>>,
     evicted: u64,
 }
 
 impl Handshakes {
-    /// A place for a new handshake: its number and what tells it to give up, and how long it
-    /// may take. Takes the oldest one's place when all are taken.
-    fn start(&mut self) -> (u64, tokio::sync::oneshot::Receiver<()>, Duration) {
+    /// A place for a new handshake from `source`: its number and what tells it to give up,
+    /// and how long it may take. Takes a place of the largest holder when all are taken.
+    fn start(
+        &mut self,
+        source: Option<IpAddr>,
+    ) -> (u64, tokio::sync::oneshot::Receiver<()>, Duration) {
         if self.pending.len() >= MAX_HANDSHAKES {
-            if let Some((_, give_up)) = self.pending.pop_first() {
-                let _ = give_up.send(());
-                self.evicted += 1;
-                if self.evicted.is_power_of_two() {
-                    tracing::warn!(
-                        evicted = self.evicted,
-                        "TLS handshakes in progress at the limit: the oldest made way"
-                    );
-                }
-            }
+            self.evict();
         }
         let limit = match self.pending.len() >= MAX_HANDSHAKES / 2 {
             true => HANDSHAKE_LIMIT_BUSY,
@@ -70,12 +68,49 @@ impl Handshakes {
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.next += 1;
-        self.pending.insert(self.next, tx);
+        self.pending.insert(self.next, (source, tx));
+        self.by_source.entry(source).or_default().insert(self.next);
         (self.next, rx, limit)
     }
 
+    /// Tells the oldest handshake of the address holding the most places to give up (of two
+    /// holding as many, the one whose oldest is older).
+    fn evict(&mut self) {
+        let largest = self
+            .by_source
+            .iter()
+            .filter_map(|(source, ids)| {
+                Some((ids.len(), std::cmp::Reverse(*ids.first()?), *source))
+            })
+            .max();
+        let Some((_, std::cmp::Reverse(id), _)) = largest else {
+            return;
+        };
+        if let Some((_, give_up)) = self.remove(id) {
+            let _ = give_up.send(());
+            self.evicted += 1;
+            if self.evicted.is_power_of_two() {
+                tracing::warn!(
+                    evicted = self.evicted,
+                    "TLS handshakes in progress at the limit: the largest holder's oldest made way"
+                );
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<(Option<IpAddr>, tokio::sync::oneshot::Sender<()>)> {
+        let (source, give_up) = self.pending.remove(&id)?;
+        if let Some(ids) = self.by_source.get_mut(&source) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_source.remove(&source);
+            }
+        }
+        Some((source, give_up))
+    }
+
     fn finished(&mut self, id: u64) {
-        self.pending.remove(&id);
+        self.remove(id);
     }
 }
 
@@ -308,10 +343,10 @@ pub fn incoming(
                 }
                 continue;
             };
-            let (id, give_up, limit) = lock(&handshakes).start();
+            let remote = tcp.peer_addr().ok();
+            let (id, give_up, limit) = lock(&handshakes).start(remote.map(|a| a.ip()));
             let (tx, handshakes) = (tx.clone(), handshakes.clone());
             tokio::spawn(async move {
-                let remote = tcp.peer_addr().ok();
                 let handshake = tokio::time::timeout(limit, acceptor.accept(tcp));
                 tokio::select! {
                     done = handshake => match done {
@@ -359,5 +394,44 @@ mod tests {
         assert_eq!(conn.peer_verdict(2, || verify(Ok(()))), refused);
         assert_eq!(calls.get(), 2);
         assert!(conn.cert_names().is_empty());
+    }
+
+    /// Review of issue 33: with every place taken, a new handshake took the oldest one's,
+    /// whoever held it, so one address opening ~850 silent connections a second evicted every
+    /// other client whose handshake took 300 ms. Now the address holding the most places
+    /// gives up its oldest: a flood from one address evicts only its own.
+    #[test]
+    fn a_flood_from_one_address_evicts_only_its_own_handshakes() {
+        let flood: Option<IpAddr> = Some([10, 0, 0, 66].into());
+        let client: Option<IpAddr> = Some([10, 0, 0, 7].into());
+        let mut h = Handshakes::default();
+        let mut flooding = Vec::new();
+        for _ in 0..MAX_HANDSHAKES - 1 {
+            flooding.push(h.start(flood).1);
+        }
+        let (_, mut served, _) = h.start(client);
+        for _ in 0..10 * MAX_HANDSHAKES {
+            flooding.push(h.start(flood).1);
+        }
+        assert!(
+            served.try_recv().is_err(),
+            "the client's handshake was evicted"
+        );
+        assert_eq!(h.pending.len(), MAX_HANDSHAKES);
+        let given_up = flooding
+            .iter_mut()
+            .filter_map(|r| r.try_recv().ok())
+            .count();
+        assert_eq!(given_up, 10 * MAX_HANDSHAKES);
+        // One address alone still takes the oldest place (as before), and a finished
+        // handshake frees its address's place.
+        let mut h = Handshakes::default();
+        let (first, _gone, _) = h.start(client);
+        h.finished(first);
+        let (_, mut lone, _) = h.start(client);
+        for _ in 0..MAX_HANDSHAKES {
+            h.start(client);
+        }
+        assert!(lone.try_recv().is_ok());
     }
 }
