@@ -157,6 +157,7 @@ pub async fn start_with(
         store: store.clone(),
         clock: node.config.clock,
         hold: node.hold.clone(),
+        floor: node.config.purge_floor,
     };
     tasks.push(tokio::spawn(purger.run(rx.clone())));
     let trust = crate::push::trust::Trust::load(node.config.push_ca.as_deref())?;

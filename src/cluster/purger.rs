@@ -61,6 +61,8 @@ pub struct Purger {
     pub store: Store,
     pub clock: Clock,
     pub hold: Hold,
+    /// Least age of a finished row it deletes (`NodeConfig::purge_floor`).
+    pub floor: Duration,
 }
 
 impl Purger {
@@ -82,7 +84,7 @@ impl Purger {
         self.pass().await?;
         loop {
             let now_ms = self.clock.now_ms();
-            let due = self.store.purgeable(now_ms, MAX_ROWS)?;
+            let due = self.store.purgeable(now_ms, self.floor, MAX_ROWS)?;
             if due.is_empty() {
                 return Ok(());
             }

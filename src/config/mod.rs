@@ -87,6 +87,13 @@ impl Default for RaftTiming {
 /// Bytes per snapshot chunk: well under the peer RPC's message limit.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 
+/// Least time a finished row is kept: longer than any call is sent again (the clients retry
+/// idempotent calls for 30 s, the forwarder within its leader wait), so a create-only Schedule
+/// or an unconditional Cancel sent again always meets its first attempt's row, never a new
+/// timer that reused the id (DESIGN invariant 9: their repeat is the same as once only while
+/// that row is there).
+pub const PURGE_FLOOR: Duration = Duration::from_secs(60);
+
 /// Everything one node needs to start.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -111,6 +118,9 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     /// Log entries kept behind a snapshot, so a briefly slow follower catches up from the log.
     pub keep_log_entries: u64,
+    /// Least time a finished timer's row is kept, whatever its namespace's retention
+    /// ([`PURGE_FLOOR`]; the tests that purge within seconds lower it).
+    pub purge_floor: Duration,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
     /// Addresses to dial some peers at instead of their membership address: a proxy in front
@@ -192,6 +202,7 @@ impl NodeConfig {
             max_fires_per_entry: 10_000,
             snapshot_every_entries: 50_000,
             keep_log_entries: 10_000,
+            purge_floor: PURGE_FLOOR,
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),

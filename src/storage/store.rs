@@ -503,8 +503,15 @@ impl Store {
     }
 
     /// Per namespace with timers: how far a purge may go now (`through`, rows), for the
-    /// leader's purger.
-    pub fn purgeable(&self, now_ms: i64, max_rows: u64) -> Result<Vec<(String, Slot, u64)>> {
+    /// leader's purger: rows finished a retention ago, and at least `floor` ago. (Apply checks
+    /// the retention only: the floor is the proposer's, so a node with another floor still
+    /// applies the same.)
+    pub fn purgeable(
+        &self,
+        now_ms: i64,
+        floor: std::time::Duration,
+        max_rows: u64,
+    ) -> Result<Vec<(String, Slot, u64)>> {
         let mut out = Vec::new();
         for item in self
             .db
@@ -517,7 +524,8 @@ impl Store {
             if m.purged_to >= m.delivered_to {
                 continue;
             }
-            let retention = self.namespace(&ns)?.policy.retention_ms;
+            let retention = (self.namespace(&ns)?.policy.retention_ms)
+                .max(u64::try_from(floor.as_millis()).unwrap_or(u64::MAX));
             let found = super::purge::purgeable_through(
                 &self.db,
                 &ns,

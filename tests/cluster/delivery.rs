@@ -449,7 +449,8 @@ async fn leader_killed_during_delivery_every_timer_is_still_acked_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_purges_finished_timers_and_never_pending_ones() {
-    let c = TestCluster::start(3).await;
+    // The retention alone decides (below the floor that keeps rows for retries).
+    let c = TestCluster::start_with(3, |n| n.purge_floor = Duration::ZERO).await;
     let follower = c.follower().await;
     let retention = 1_500;
     let policy = pb::NamespacePolicy {

@@ -17,7 +17,8 @@ use crate::harness::*;
 /// two nodes but found as the old ACKED timer on the third.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_follower_fires_purges_and_reuses_ids_like_the_others() {
-    let mut c = TestCluster::start(3).await;
+    // Purged a second after it finished (below the floor that keeps rows for retries).
+    let mut c = TestCluster::start_with(3, |n| n.purge_floor = Duration::ZERO).await;
     let (leader, follower) = (c.leader().await, c.follower().await);
     let ns = "replicas";
     let policy = pb::NamespacePolicy {

@@ -65,3 +65,47 @@ async fn only_calls_that_are_the_same_twice_are_forwarded_twice() {
     c.converged().await;
     c.shutdown().await;
 }
+
+/// Review of issue 33: a create-only Schedule and an unconditional Cancel are sent again
+/// (by the forwarder, by the clients for 30 s) because a repeat meets the first call's row —
+/// but with a retention of 1 s that row was purged a second after it finished, so a repeat
+/// could meet a new timer that reused the id (and cancel it: an acknowledged schedule lost).
+/// A finished row is now kept at least the purge floor (60 s), whatever the retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finished_row_outlives_every_retry_whatever_the_retention() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let policy = pb::NamespacePolicy {
+        retention_ms: 1_000,
+        ..Default::default()
+    };
+    crate::delivery::put_policy(&c, follower, NS, policy).await;
+    let mut client = c.client(follower).await;
+    client
+        .schedule(schedule_req("kept", now_ms() + 3_600_000))
+        .await
+        .unwrap();
+    let cancel = pb::CancelRequest {
+        namespace: NS.into(),
+        id: "kept".into(),
+        ..Default::default()
+    };
+    client.cancel(cancel.clone()).await.unwrap();
+    // Three purger rounds past the retention.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let t = get(&mut client, "kept")
+        .await
+        .expect("a finished row purged within the retry window");
+    assert_eq!(t.state, pb::TimerState::Cancelled as i32);
+    // The retries meet it: the Cancel is a no-op, the create-only Schedule finds it.
+    client.cancel(cancel).await.unwrap();
+    let again = client
+        .schedule(schedule_req("kept", now_ms() + 3_600_000))
+        .await;
+    assert!(
+        !matches!(&again, Ok(r) if r.get_ref().created),
+        "a repeat created a second timer: {again:?}"
+    );
+    c.converged().await;
+    c.shutdown().await;
+}

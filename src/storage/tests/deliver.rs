@@ -105,7 +105,11 @@ fn rows(s: &Sm) -> usize {
 /// Proposes what the leader's purger would at `now_ms`; how many timers went.
 async fn purge(s: &mut Sm, now_ms: i64) -> u64 {
     let mut purged = 0;
-    for (namespace, through, _) in s.store.purgeable(now_ms, 100_000).unwrap() {
+    for (namespace, through, _) in s
+        .store
+        .purgeable(now_ms, std::time::Duration::ZERO, 100_000)
+        .unwrap()
+    {
         let r = s
             .apply(Command::Purge {
                 now_ms,
@@ -615,7 +619,11 @@ async fn compaction_drops_dead_index_entries_without_changing_the_state() {
     // The purge is decided on one replica and applied to both, as the log would.
     let due = one
         .store
-        .purgeable(T0 + ACK_MS + RETENTION_MS, 100_000)
+        .purgeable(
+            T0 + ACK_MS + RETENTION_MS,
+            std::time::Duration::ZERO,
+            100_000,
+        )
         .unwrap();
     for s in [&mut one, &mut two] {
         for (namespace, through, _) in due.clone() {
