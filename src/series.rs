@@ -285,13 +285,20 @@ pub struct Series {
     pub revision: u64,
 }
 
+impl Recurrence {
+    /// This build's fingerprint of its zone's rules (0 for an interval).
+    pub fn zone_fingerprint(&self) -> u64 {
+        match &self.rule {
+            RuleSpec::Cron { zone, .. } => zone_fingerprint(zone),
+            RuleSpec::Every { .. } => 0,
+        }
+    }
+}
+
 impl Series {
     /// A new series created at `now_ms` (its first occurrence is not planned yet).
     pub fn new(spec: SeriesSpec, now_ms: i64) -> Series {
-        let zone_fp = match &spec.recurrence.rule {
-            RuleSpec::Cron { zone, .. } => zone_fingerprint(zone),
-            RuleSpec::Every { .. } => 0,
-        };
+        let zone_fp = spec.recurrence.zone_fingerprint();
         let mut spec = spec;
         if let RuleSpec::Every { anchor_ms, .. } = &mut spec.recurrence.rule {
             if *anchor_ms == 0 {

@@ -461,6 +461,33 @@ pub enum Command {
         misfire: crate::namespace::Misfire,
         keep_secrets: bool,
     },
+    /// A series command (ScheduleSeries, UpsertSeries) with the time-zone rules its proposer
+    /// computed with: the bundled tzdb's version and a fingerprint of its rules for the
+    /// series' zone (0 for an interval). Every replica stores this stamp, not its own build's,
+    /// so two builds write the same bytes; a replica whose rules for the zone differ stops
+    /// instead of applying (docs/recurrence.md). The unstamped forms are older logs'.
+    ZoneRules {
+        tzdb: String,
+        zone_fp: u64,
+        inner: Box<Command>,
+    },
+}
+
+impl Command {
+    /// `cmd` stamped with this build's time-zone rules for its series' zone.
+    pub fn with_zone_rules(cmd: Command) -> Command {
+        let zone_fp = match &cmd {
+            Command::ScheduleSeries { spec, .. } | Command::UpsertSeries { spec, .. } => {
+                spec.recurrence.zone_fingerprint()
+            }
+            _ => 0,
+        };
+        Command::ZoneRules {
+            tzdb: crate::series::tzdb_version().to_string(),
+            zone_fp,
+            inner: Box::new(cmd),
+        }
+    }
 }
 
 /// How a Schedule treats a timer that already has the key (create-only is `Command::Schedule`).
@@ -535,6 +562,7 @@ impl Command {
             Command::ScheduleSeries { spec, .. } => Some(&spec.key),
             Command::ScheduleWith { spec, .. } => Some(&spec.key),
             Command::UpsertSeries { spec, .. } => Some(&spec.key),
+            Command::ZoneRules { inner, .. } => inner.timer_key(),
             Command::Cancel { key, .. }
             | Command::CancelIf { key, .. }
             | Command::RescheduleIf { key, .. }
@@ -574,6 +602,7 @@ impl Command {
             Command::UpsertSeries { .. } => "upsert_series",
             Command::SetNamespace { .. } => "set_namespace",
             Command::ConfigureNamespace { .. } => "configure_namespace",
+            Command::ZoneRules { inner, .. } => inner.name(),
         }
     }
 }

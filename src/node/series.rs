@@ -11,10 +11,10 @@ impl Node {
     /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
     pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
         self.check_series(&spec)?;
-        let cmd = Command::ScheduleSeries {
+        let cmd = Command::with_zone_rules(Command::ScheduleSeries {
             now_ms: self.now_ms(),
             spec,
-        };
+        });
         self.write_created(cmd).await
     }
 

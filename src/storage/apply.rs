@@ -98,6 +98,8 @@ pub(super) struct Applier<'a> {
     /// Rows the Fire passed too late for their misfire policy: (index into `visited`, slot,
     /// policy) (`misfire.rs`).
     pub(super) late: Vec<(usize, Slot, crate::namespace::Misfire)>,
+    /// The tzdb version a `ZoneRules` command names, for the series rows its command writes.
+    pub(super) zone_tzdb: Option<String>,
 }
 
 impl<'a> Applier<'a> {
@@ -139,6 +141,7 @@ impl<'a> Applier<'a> {
             series_staged: HashMap::default(),
             rewrote_fired: Vec::new(),
             late: Vec::new(),
+            zone_tzdb: None,
         }
     }
 
@@ -230,6 +233,11 @@ impl<'a> Applier<'a> {
                 keep_secrets,
             } => self.configure_namespace(name, policy, push, misfire, keep_secrets),
             Command::UpsertSeries { now_ms, spec, cond } => self.upsert_series(now_ms, &spec, cond),
+            Command::ZoneRules {
+                tzdb,
+                zone_fp,
+                inner,
+            } => self.with_zone_rules(tzdb, zone_fp, *inner),
             Command::Fire {
                 now_ms,
                 max,
@@ -591,6 +599,28 @@ impl<'a> Applier<'a> {
             target.secrets = old.secrets;
         }
         Ok(self.put_namespace(name, Config { policy, push }))
+    }
+
+    /// A series command as its proposer computed it: refused (the node stops, it does not
+    /// diverge) if this build's rules for the zone are not the proposer's, else applied with
+    /// the proposer's tzdb version on the rows it writes.
+    fn with_zone_rules(&mut self, tzdb: String, zone_fp: u64, inner: Command) -> Result<Response> {
+        let (Command::ScheduleSeries { spec, .. } | Command::UpsertSeries { spec, .. }) = &inner
+        else {
+            return Err(Error::Internal(format!("{} with zone rules", inner.name())));
+        };
+        let own = spec.recurrence.zone_fingerprint();
+        if own != zone_fp {
+            return Err(Error::Storage(format!(
+                "series {} was proposed with other rules for its zone (tzdb {tzdb}) than this                  build's (tzdb {}): upgrade every node to one build (docs/recurrence.md)",
+                spec.key,
+                crate::series::tzdb_version()
+            )));
+        }
+        self.zone_tzdb = Some(tzdb);
+        let r = self.command(inner);
+        self.zone_tzdb = None;
+        r
     }
 
     /// Sets a namespace's paused flag, keeping the rest of its configuration (a namespace

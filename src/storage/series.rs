@@ -66,6 +66,16 @@ impl Applier<'_> {
         Ok(None)
     }
 
+    /// A new series for `spec`, stamped with the tzdb version its command names (a
+    /// `ZoneRules` command: the proposer's) or, for an older log's command, this build's.
+    fn new_series(&self, spec: &SeriesSpec, now_ms: i64) -> Series {
+        let mut s = Series::new(spec.clone(), now_ms);
+        if let Some(tzdb) = &self.zone_tzdb {
+            s.tzdb = tzdb.clone();
+        }
+        s
+    }
+
     fn put_series(&mut self, s: &Series) {
         let k = s.spec.key.index_key();
         self.batch
@@ -161,7 +171,7 @@ impl Applier<'_> {
                 spec.key.clone(),
             )));
         }
-        let mut s = Series::new(spec.clone(), now_ms);
+        let mut s = self.new_series(spec, now_ms);
         let rule = match s.rule() {
             Ok(rule) => rule,
             Err(e) => {
@@ -262,7 +272,7 @@ impl Applier<'_> {
         if s.same_request(spec) {
             return Ok(Self::answer(&s, false));
         }
-        let fresh = Series::new(spec.clone(), now_ms);
+        let fresh = self.new_series(spec, now_ms);
         if let Err(e) = fresh.rule() {
             let why = format!("has a recurrence this node cannot compute: {e}");
             return Ok(Response::Rejected(Rejection::Refused { key, why }));

@@ -237,10 +237,17 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     }
                 }
             }
-            11 => Command::ScheduleSeries {
-                now_ms: now,
-                spec: series_spec(&mut b),
-            },
+            11 => {
+                let cmd = Command::ScheduleSeries {
+                    now_ms: now,
+                    spec: series_spec(&mut b),
+                };
+                // Today's proposers stamp it with their zone rules; older logs' did not.
+                match commands % 2 {
+                    0 => Command::with_zone_rules(cmd),
+                    _ => cmd,
+                }
+            }
             12 => Command::PauseSeries {
                 now_ms: now,
                 key: b.key(),

@@ -378,6 +378,39 @@ async fn a_cron_series_follows_its_zone_across_a_dst_change() {
     }
 }
 
+/// Review of issue 33: each replica stamped a new series with its own build's tzdb, so two
+/// builds wrote different bytes for one entry (the digests differed), and the stop-don't-
+/// diverge check compared each replica's rules with themselves. Now the proposer's stamp
+/// travels in the command: stored as proposed, and a replica with other rules for the zone
+/// stops before it writes anything.
+#[tokio::test]
+async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replica() {
+    let mut cron = every(SEC);
+    cron.rule = RuleSpec::Cron {
+        expr: "30 2 * * *".into(),
+        zone: "Europe/Berlin".into(),
+    };
+    let stamped = |id: &str, zone_fp: u64| Command::ZoneRules {
+        tzdb: "2099a".into(),
+        zone_fp,
+        inner: Box::new(create(id, cron.clone())),
+    };
+    let mut s = Sm::new();
+    let own = cron.zone_fingerprint();
+    assert_ne!(own, 0);
+    assert!(created(&s.apply(stamped("berlin", own)).await));
+    assert_eq!(series(&s, "berlin").series.tzdb, "2099a");
+
+    let before = s.store.digest().unwrap();
+    s.next += 1;
+    let refused =
+        s.sm.apply([entry(s.next - 1, stamped("other", own ^ 1))])
+            .await;
+    let e = refused.expect_err("a replica with other rules for the zone applied the entry");
+    assert!(e.to_string().contains("other rules"), "{e}");
+    assert_eq!(s.store.digest().unwrap(), before, "half an entry written");
+}
+
 /// Series commands for the shared workload (determinism, restart, snapshot), after its other
 /// commands (its Fire entries come at T0 + 71 s and later).
 pub(super) fn workload() -> Vec<Command> {
