@@ -6,11 +6,12 @@
 //! A call from a node of another bucket width is FAILED_PRECONDITION, before anything is
 //! decoded or appended (`Store::adopt_width`).
 
+use openraft::raft::AppendEntriesRequest;
 use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
 use crate::cluster::network::BUCKET_MS_HEADER;
-use crate::cluster::Raft;
+use crate::cluster::{Raft, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
 
@@ -26,9 +27,17 @@ impl PeerService {
     }
 
     /// The sender's bucket width must be this node's (or becomes it: see `Store::adopt_width`).
-    /// A call without the header comes from a build before it, which checked nothing.
+    /// A call without the header comes from a build before it, which checked nothing: taken
+    /// by a node that knows its width, refused by one that does not (a joining node), which
+    /// could apply none of its entries and would stop at the first.
     fn check_width<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let Some(value) = req.metadata().get(BUCKET_MS_HEADER) else {
+            if self.store.width_ms() == 0 {
+                return Err(Status::failed_precondition(format!(
+                    "this node joins without a bucket width and the peer sent none (a build \
+                     before {BUCKET_MS_HEADER}): start it with --bucket-ms set to the cluster's"
+                )));
+            }
             return Ok(());
         };
         let width: u64 = value
@@ -64,7 +73,20 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let rpc = body(req)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
+        // openraft asserts (a panic of its core) that the entries follow `prev_log_id` one by
+        // one: bytes from the network are checked here instead.
+        let first = rpc.prev_log_id.map_or(0, |p| p.index + 1);
+        for (i, entry) in rpc.entries.iter().enumerate() {
+            if entry.log_id.index != first + i as u64 {
+                return Err(Status::invalid_argument(format!(
+                    "AppendEntries entry {i} has index {}, not {} (after {:?})",
+                    entry.log_id.index,
+                    first + i as u64,
+                    rpc.prev_log_id
+                )));
+            }
+        }
         reply(&self.raft.append_entries(rpc).await)
     }
 

@@ -287,16 +287,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<SnapshotFile>,
     ) -> StResult<()> {
         let path = snapshot.finish().await.map_err(|e| sm_err(e.into()))?;
+        // The snapshot records the cluster's width; peers checked it, and so does this, before
+        // the state is replaced. Reading the file whole also checks its row count and checksum
+        // before anything is deleted (an install reads it once more; it is rare).
+        let theirs = off_the_runtime(|| super::restore::inspect(&path))
+            .map_err(sm_err)?
+            .bucket_ms;
+        let mine = self.store.width_ms();
+        if let Some(theirs) = theirs.filter(|t| mine != 0 && *t != mine) {
+            let why = super::store::width_mismatch(mine, theirs, "an installed snapshot");
+            return Err(sm_err(Error::Storage(why)));
+        }
         let snapshots = self.snapshots.clone();
         let rows = off_the_runtime(|| snapshots.install(meta, &path)).map_err(sm_err)?;
-        // The snapshot records the cluster's width; peers checked it, and so does this.
-        let theirs = recorded_width(&self.store).map_err(sm_err)?;
         if let Some(theirs) = theirs {
-            let mine = self.store.width_ms();
-            if mine != 0 && mine != theirs {
-                let why = super::store::width_mismatch(mine, theirs, "an installed snapshot");
-                return Err(sm_err(Error::Storage(why)));
-            }
             self.store.set_width(theirs);
         }
         if crate::sim::planted("install-keeps-caches") {

@@ -160,8 +160,17 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
     );
     c.stop(4).await;
 
-    // Started without a width on an empty data dir, a node takes the cluster's.
+    // Started without a width on an empty data dir, a node takes the cluster's — from a peer
+    // that sends it. A peer of an older build sends none: its entries are refused (the review
+    // of issue 33: they were taken, and the first one applied stopped the node).
     let addr = c.join_with(5, |n| n.bucket_ms = None).await;
+    let e = append(&addr, 0, None).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("bucket width"), "{e:?}");
+    // Entries that do not follow their predecessor one by one (an assertion, a panic, in
+    // openraft's core) are refused before openraft sees them.
+    let e = append(&addr, 1, Some(2)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let add = pb::AddNodeRequest {
         node_id: 5,
         addr,
@@ -173,6 +182,35 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
     c.converged().await;
     assert!(c.local_timer(5, "w19").is_some());
     c.shutdown().await;
+}
+
+/// An AppendEntries of one committed blank entry at `index` after none, with the bucket
+/// width header if `width` (a leader of a build before that header sends none).
+async fn append(addr: &str, index: u64, width: Option<u64>) -> Result<(), tonic::Status> {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use timerdb::api::pb::raft_client::RaftClient;
+    let log_id = LogId::new(CommittedLeaderId::new(1, 9), index);
+    let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+        vote: Vote::new_committed(1, 9),
+        prev_log_id: None,
+        entries: vec![Entry {
+            log_id,
+            payload: EntryPayload::Blank,
+        }],
+        leader_commit: Some(log_id),
+    };
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut msg = tonic::Request::new(pb::RaftMessage {
+        data: timerdb::storage::encode(&append),
+    });
+    if let Some(w) = width {
+        msg.metadata_mut().insert("x-timerdb-bucket-ms", w.into());
+    }
+    RaftClient::new(ch).append_entries(msg).await.map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

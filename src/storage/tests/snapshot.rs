@@ -164,11 +164,24 @@ async fn a_snapshot_of_another_bucket_width_is_refused() {
     let db = open_db(dir.path(), &gc).unwrap();
     let store = Store::new(db, Wheel::new(5), gc);
     let mut sm = StateMachine::open(store, dir.path(), Arc::new(FireSignal::default())).unwrap();
+    let mine = Command::Schedule {
+        now_ms: T0,
+        spec: spec("mine", T0 + 60_000, "kept"),
+    };
+    sm.apply([entry(1, mine)]).await.unwrap();
+    let before = sm.store().digest().unwrap();
     let e = sm
         .install_snapshot(&snap.meta, snap.snapshot)
         .await
         .expect_err("a snapshot of 1 ms buckets on a 5 ms wheel");
     assert!(e.to_string().contains("bucket width"), "{e}");
+    // Refused before it replaced anything (the review of issue 33: it was compared after).
+    assert_eq!(
+        sm.store().digest().unwrap(),
+        before,
+        "the state was replaced"
+    );
+    assert_eq!(sm.store().width_ms(), 5);
 }
 
 /// The review of issue 33's fix for finding 6: openraft appends the entries after a received
