@@ -19,6 +19,9 @@
 //!
 //! A follower authorizes a call before forwarding it, and the leader authorizes it again from
 //! its own state: the `authorization` header travels unchanged, and relayed streams carry it.
+//! A key the follower does not know (created a moment ago, or made up) on a call that goes to
+//! the leader anyway is left to the leader ([`LeaderDecides`]): it applied every key whose
+//! creation it acknowledged.
 //! The peer service (`Access::Peer`) is guarded by the peer TLS identity, not by keys: with
 //! peer TLS on, only a connection whose client certificate chains to the peer CA reaches it
 //! (and none on the client port when the peers have their own). A client certificate (mTLS)
@@ -38,6 +41,12 @@ use crate::listen::ConnInfo;
 use crate::node::{Leader, Node};
 use crate::storage::Store;
 use crate::tls::Port;
+
+/// Marks a call a follower's gate let on without a principal, for the leader to authorize:
+/// the forwarding layer sends it to the leader, and never runs it on this node (if this node
+/// leads by then, it is answered UNAVAILABLE, not applied, to be sent again).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderDecides;
 
 /// The header a credential travels in.
 pub const AUTHORIZATION: &str = "authorization";
@@ -268,6 +277,15 @@ impl Gate {
         let conn = req.extensions().get::<ConnInfo>();
         let found = match self.principal(req.headers(), conn, &state) {
             Err(Unauthenticated::Unknown) if self.node.leader() != Leader::Me => {
+                if matches!(rule.route, methods::Route::Leader { .. })
+                    && Self::token_id(req.headers()).is_some_and(|id| !state.keys.contains_key(&id))
+                {
+                    // A key this follower does not know, on a call that goes to the leader
+                    // anyway: the leader applied every key whose creation it acknowledged, so
+                    // it decides (at once), however far this node lags; no place is held here.
+                    req.extensions_mut().insert(LeaderDecides);
+                    return Ok(req);
+                }
                 self.after_catching_up(req.headers(), conn).await
             }
             other => other,

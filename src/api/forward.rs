@@ -152,6 +152,17 @@ async fn on_leader<S: Inner>(
     let mut last = String::from("no leader is known");
     loop {
         match node.leader() {
+            Leader::Me
+                if parts
+                    .extensions
+                    .get::<super::auth::LeaderDecides>()
+                    .is_some() =>
+            {
+                // This node's gate, a follower's then, left the key to the leader: now this
+                // node leads, and it runs nothing it has not authorized.
+                let msg = "this node became the leader while the call's key was being checked";
+                return not_applied_status(msg.into()).into_http();
+            }
             Leader::Me => {
                 let req = rebuild(&parts, message.clone(), false, timeout);
                 let resp = super::layer::call(inner.clone(), req).await;
