@@ -192,7 +192,8 @@ pub fn trails() -> BTreeMap<u64, Vec<(String, u64)>> {
 /// - `install-keeps-caches`: a snapshot install does not rebuild the node-local caches;
 /// - `apply-reads-clock`: apply times a retry by the node's clock, not the entry's;
 /// - `retry-refires`: a delivery given back for a retry loses its fire index, as if the
-///   timer fired again.
+///   timer fired again;
+/// - `drop-stream-acks`: the ack coalescer loses every other ack a stream hands in.
 pub fn planted(name: &str) -> bool {
     with(|w| w.planted.contains(name)).unwrap_or(false)
 }

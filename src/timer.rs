@@ -396,8 +396,9 @@ pub enum Command {
         through: Slot,
     },
     /// Several client commands proposed together (one log entry, one fsync, one apply), each
-    /// applied in order as if alone; never nested, never holds Fire, Deliver or Purge.
-    Multi(Vec<Command>),
+    /// applied in order as if alone; never nested, never holds Fire, Deliver or Purge. (Bytes
+    /// that nest it are refused while they are decoded: see [`not_nested`].)
+    Multi(#[serde(deserialize_with = "not_nested")] Vec<Command>),
     /// Change the access state: put or revoke a key, switch auth on or off (`crate::auth`).
     Access(crate::auth::AccessChange),
     /// Create a recurring timer and its first occurrence (idempotent on identical content).
@@ -469,23 +470,85 @@ pub enum Command {
     ZoneRules {
         tzdb: String,
         zone_fp: u64,
-        inner: Box<Command>,
+        change: SeriesChange,
     },
 }
 
-impl Command {
-    /// `cmd` stamped with this build's time-zone rules for its series' zone.
-    pub fn with_zone_rules(cmd: Command) -> Command {
-        let zone_fp = match &cmd {
-            Command::ScheduleSeries { spec, .. } | Command::UpsertSeries { spec, .. } => {
-                spec.recurrence.zone_fingerprint()
+thread_local! {
+    /// How many `Multi`s the decoder on this thread is inside.
+    static MULTI_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A `Multi`'s commands, refused if one is a `Multi` itself: bincode has no depth limit, and
+/// a peer's bytes nesting Multis a hundred thousand deep (a few hundred KB) would overflow
+/// the decoding thread's stack, which kills the process.
+fn not_nested<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Command>, D::Error> {
+    struct Inside;
+    impl Drop for Inside {
+        fn drop(&mut self) {
+            MULTI_DEPTH.with(|c| c.set(c.get() - 1));
+        }
+    }
+    let depth = MULTI_DEPTH.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
+    let _inside = Inside;
+    if depth > 1 {
+        return Err(serde::de::Error::custom("a Multi inside a Multi"));
+    }
+    Vec::<Command>::deserialize(d)
+}
+
+/// The series commands a `ZoneRules` carries. Not a `Command`: a command inside a command
+/// could nest without end, and decoding such bytes (a peer's) would overflow the stack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SeriesChange {
+    /// As `Command::ScheduleSeries`.
+    Schedule {
+        now_ms: i64,
+        spec: crate::series::SeriesSpec,
+    },
+    /// As `Command::UpsertSeries`.
+    Upsert {
+        now_ms: i64,
+        spec: crate::series::SeriesSpec,
+        cond: Cond,
+    },
+}
+
+impl SeriesChange {
+    pub fn spec(&self) -> &crate::series::SeriesSpec {
+        match self {
+            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => spec,
+        }
+    }
+
+    /// The plain command it stands for.
+    pub fn into_command(self) -> Command {
+        match self {
+            SeriesChange::Schedule { now_ms, spec } => Command::ScheduleSeries { now_ms, spec },
+            SeriesChange::Upsert { now_ms, spec, cond } => {
+                Command::UpsertSeries { now_ms, spec, cond }
             }
-            _ => 0,
-        };
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            SeriesChange::Schedule { .. } => "schedule_series",
+            SeriesChange::Upsert { .. } => "upsert_series",
+        }
+    }
+}
+
+impl Command {
+    /// `change` stamped with this build's time-zone rules for its series' zone.
+    pub fn with_zone_rules(change: SeriesChange) -> Command {
         Command::ZoneRules {
             tzdb: crate::series::tzdb_version().to_string(),
-            zone_fp,
-            inner: Box::new(cmd),
+            zone_fp: change.spec().recurrence.zone_fingerprint(),
+            change,
         }
     }
 }
@@ -562,7 +625,7 @@ impl Command {
             Command::ScheduleSeries { spec, .. } => Some(&spec.key),
             Command::ScheduleWith { spec, .. } => Some(&spec.key),
             Command::UpsertSeries { spec, .. } => Some(&spec.key),
-            Command::ZoneRules { inner, .. } => inner.timer_key(),
+            Command::ZoneRules { change, .. } => Some(&change.spec().key),
             Command::Cancel { key, .. }
             | Command::CancelIf { key, .. }
             | Command::RescheduleIf { key, .. }
@@ -602,7 +665,7 @@ impl Command {
             Command::UpsertSeries { .. } => "upsert_series",
             Command::SetNamespace { .. } => "set_namespace",
             Command::ConfigureNamespace { .. } => "configure_namespace",
-            Command::ZoneRules { inner, .. } => inner.name(),
+            Command::ZoneRules { change, .. } => change.name(),
         }
     }
 }
@@ -765,5 +828,36 @@ impl Rejection {
                 Error::FailedPrecondition(format!("timer {key} {why}"))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Command;
+    use crate::storage::{decode, encode};
+
+    /// Review of issue 33's change: bincode has no depth limit, so bytes nesting a command in
+    /// a command a hundred thousand deep (a few hundred KB, from a peer) overflowed the
+    /// decoding thread's stack and killed the process. A Multi inside a Multi is refused.
+    #[test]
+    fn deeply_nested_commands_are_refused_not_a_stack_overflow() {
+        let empty = encode(&Command::Multi(vec![]));
+        let one = encode(&Command::Multi(vec![Command::Multi(vec![])]));
+        assert!(decode::<Command>(&empty).is_ok());
+        let e = decode::<Command>(&one).expect_err("a Multi inside a Multi");
+        assert!(e.to_string().contains("a Multi inside a Multi"), "{e}");
+        let prefix = &one[..one.len() - empty.len()];
+        let mut deep = prefix.repeat(100_000);
+        deep.extend_from_slice(&empty);
+        // On a thread with a tokio worker's stack (2 MiB), as the peer service decodes.
+        let decoded = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || decode::<Command>(&deep).is_err())
+            .unwrap()
+            .join()
+            .expect("the decoding thread died");
+        assert!(decoded);
+        // The depth count is back to 0: a proper Multi decodes after a refused one.
+        assert!(decode::<Command>(&empty).is_ok());
     }
 }

@@ -55,6 +55,44 @@ impl PeerService {
     }
 }
 
+/// The entries of an AppendEntries follow `prev_log_id` one index at a time, with terms that
+/// never go down and none past the sender's vote. openraft only asserts this in debug builds
+/// (a panic of its core; in release the entries were taken and the log's order broken): bytes
+/// from the network are checked here instead.
+fn check_entries(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
+    let bad = |why: String| Err(Status::invalid_argument(format!("AppendEntries: {why}")));
+    let (mut index, mut term) = match rpc.prev_log_id {
+        Some(p) => match p.index.checked_add(1) {
+            Some(next) => (next, p.leader_id.term),
+            None => return bad("prev_log_id is the last index there is".into()),
+        },
+        None => (0, 0),
+    };
+    let vote_term = rpc.vote.leader_id().term;
+    for (i, entry) in rpc.entries.iter().enumerate() {
+        let id = entry.log_id;
+        if id.index != index {
+            return bad(format!(
+                "entry {i} has index {}, not {index} (after {:?})",
+                id.index, rpc.prev_log_id
+            ));
+        }
+        if id.leader_id.term < term || id.leader_id.term > vote_term {
+            return bad(format!(
+                "entry {i} has term {}, before the previous entry's {term} or past the vote's \
+                 {vote_term}",
+                id.leader_id.term
+            ));
+        }
+        term = id.leader_id.term;
+        index = match index.checked_add(1) {
+            Some(next) => next,
+            None => return bad("entries past the last index there is".into()),
+        };
+    }
+    Ok(())
+}
+
 fn body<T: serde::de::DeserializeOwned>(req: Request<RaftMessage>) -> Result<T, Status> {
     decode(&req.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
@@ -74,19 +112,7 @@ impl raft_server::Raft for PeerService {
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
-        // openraft asserts (a panic of its core) that the entries follow `prev_log_id` one by
-        // one: bytes from the network are checked here instead.
-        let first = rpc.prev_log_id.map_or(0, |p| p.index + 1);
-        for (i, entry) in rpc.entries.iter().enumerate() {
-            if entry.log_id.index != first + i as u64 {
-                return Err(Status::invalid_argument(format!(
-                    "AppendEntries entry {i} has index {}, not {} (after {:?})",
-                    entry.log_id.index,
-                    first + i as u64,
-                    rpc.prev_log_id
-                )));
-            }
-        }
+        check_entries(&rpc)?;
         reply(&self.raft.append_entries(rpc).await)
     }
 
@@ -134,5 +160,54 @@ impl raft_server::Raft for PeerService {
         self.check_width(&req)?;
         let rpc = body(req)?;
         reply(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+
+    fn append(
+        prev: Option<(u64, u64)>,
+        entries: &[(u64, u64)],
+    ) -> AppendEntriesRequest<TypeConfig> {
+        let id = |(term, index)| LogId::new(CommittedLeaderId::new(term, 1), index);
+        AppendEntriesRequest {
+            vote: Vote::new_committed(5, 1),
+            prev_log_id: prev.map(id),
+            entries: entries
+                .iter()
+                .map(|e| Entry {
+                    log_id: id(*e),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: None,
+        }
+    }
+
+    /// Review of issue 33's change: what openraft only debug-asserts is refused, and no index
+    /// arithmetic on a peer's numbers can overflow.
+    #[test]
+    fn entries_that_do_not_follow_their_predecessor_are_refused() {
+        assert!(check_entries(&append(None, &[(1, 0), (1, 1), (3, 2)])).is_ok());
+        assert!(check_entries(&append(Some((2, 7)), &[(2, 8), (5, 9)])).is_ok());
+        assert!(check_entries(&append(Some((2, 7)), &[])).is_ok());
+        for (prev, entries) in [
+            (None, vec![(1, 1)]),
+            (Some((2, 7)), vec![(2, 9)]),
+            (Some((2, 7)), vec![(2, 8), (1, 9)]),
+            (Some((2, 7)), vec![(6, 8)]),
+            (Some((2, u64::MAX)), vec![(2, 0)]),
+            (Some((2, u64::MAX - 1)), vec![(2, u64::MAX), (2, 0)]),
+        ] {
+            let e = check_entries(&append(prev, &entries)).unwrap_err();
+            assert_eq!(
+                e.code(),
+                tonic::Code::InvalidArgument,
+                "{prev:?} {entries:?}"
+            );
+        }
     }
 }

@@ -91,6 +91,8 @@ pub struct Acker {
     tx: mpsc::Sender<AckItem>,
     /// Ack proposals that failed, ever.
     failed: Arc<std::sync::atomic::AtomicU64>,
+    /// Acks the simulator's `drop-stream-acks` plant has seen.
+    planted_seen: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Acker {
@@ -98,11 +100,23 @@ impl Acker {
         let (tx, rx) = mpsc::channel(QUEUE);
         let failed = Arc::<std::sync::atomic::AtomicU64>::default();
         tokio::spawn(run(proposer, clock, rx, failed.clone()));
-        Acker { tx, failed }
+        Acker {
+            tx,
+            failed,
+            planted_seen: Default::default(),
+        }
     }
 
     /// Hands in `item`, waiting while the queue is full.
     pub async fn ack(&self, item: AckItem) {
+        let ack = matches!(item, AckItem::One(..) | AckItem::Lease { .. });
+        if ack && crate::sim::planted("drop-stream-acks") {
+            // The planted bug: every other ack vanishes (its timers come again).
+            let n = (self.planted_seen).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(2) {
+                return;
+            }
+        }
         let _ = self.tx.send(item).await;
     }
 

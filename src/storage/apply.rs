@@ -236,8 +236,8 @@ impl<'a> Applier<'a> {
             Command::ZoneRules {
                 tzdb,
                 zone_fp,
-                inner,
-            } => self.with_zone_rules(tzdb, zone_fp, *inner),
+                change,
+            } => self.with_zone_rules(tzdb, zone_fp, change),
             Command::Fire {
                 now_ms,
                 max,
@@ -604,21 +604,23 @@ impl<'a> Applier<'a> {
     /// A series command as its proposer computed it: refused (the node stops, it does not
     /// diverge) if this build's rules for the zone are not the proposer's, else applied with
     /// the proposer's tzdb version on the rows it writes.
-    fn with_zone_rules(&mut self, tzdb: String, zone_fp: u64, inner: Command) -> Result<Response> {
-        let (Command::ScheduleSeries { spec, .. } | Command::UpsertSeries { spec, .. }) = &inner
-        else {
-            return Err(Error::Internal(format!("{} with zone rules", inner.name())));
-        };
-        let own = spec.recurrence.zone_fingerprint();
-        if own != zone_fp {
+    fn with_zone_rules(
+        &mut self,
+        tzdb: String,
+        zone_fp: u64,
+        change: crate::timer::SeriesChange,
+    ) -> Result<Response> {
+        let spec = change.spec();
+        if spec.recurrence.zone_fingerprint() != zone_fp {
             return Err(Error::Storage(format!(
-                "series {} was proposed with other rules for its zone (tzdb {tzdb}) than this                  build's (tzdb {}): upgrade every node to one build (docs/recurrence.md)",
+                "series {} was proposed with other rules for its zone (tzdb {tzdb}) than this \
+                 build's (tzdb {}): upgrade every node to one build (docs/recurrence.md)",
                 spec.key,
                 crate::series::tzdb_version()
             )));
         }
         self.zone_tzdb = Some(tzdb);
-        let r = self.command(inner);
+        let r = self.command(change.into_command());
         self.zone_tzdb = None;
         r
     }

@@ -61,6 +61,7 @@ pub fn check(
     timers: &BTreeMap<String, pb::Timer>,
     digests: &[(u64, u64, u64)],
     skews: &[SkewWindow],
+    healed_ms: i64,
 ) -> Findings {
     let mut f = Findings {
         timers_checked: timers.len(),
@@ -74,6 +75,7 @@ pub fn check(
     }
     fires(&mut f, timers, h, skews);
     acks(&mut f, timers, h);
+    stream_acks(&mut f, h, healed_ms);
     refusals_did_nothing(&mut f, timers, h);
     shifts(&mut f, timers, h);
     f
@@ -423,6 +425,39 @@ fn acks(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
             f.violate(
                 "acked more than once",
                 format!("{id}: ack {attempt} answered finished_at {answered}, final {t:?}"),
+            );
+        }
+    }
+}
+
+/// How long after healing (a leader agreed on) the cluster may still be settling: a stream
+/// broken by the healing itself, a burst of timers due at once.
+pub const SETTLE_MS: i64 = 5_000;
+
+/// Stream acks take effect once the cluster is calm: a delivery acked on its stream after
+/// healing is not delivered again. (Before healing a stream ack may be lost with its stream or
+/// its leader — at least once — and liveness only sees that the timer ends ACKED, which the
+/// other consumer's unary acks could do alone: a wedged ack path would go unseen.)
+fn stream_acks(f: &mut Findings, h: &History, healed_ms: i64) {
+    let mut latest: HashMap<&str, u32> = HashMap::new();
+    for d in &h.deliveries {
+        let a = latest.entry(d.id.as_str()).or_default();
+        *a = (*a).max(d.attempt);
+    }
+    for d in &h.deliveries {
+        let judged =
+            d.path == crate::workload::AckPath::Stream && d.received_ms >= healed_ms + SETTLE_MS;
+        if judged && latest[d.id.as_str()] > d.attempt {
+            f.violate(
+                "stream ack not applied",
+                format!(
+                    "{}: attempt {} received and acked on its stream {} ms after healing, \
+                     delivered again as attempt {}",
+                    d.id,
+                    d.attempt,
+                    d.received_ms - healed_ms,
+                    latest[d.id.as_str()]
+                ),
             );
         }
     }

@@ -69,6 +69,8 @@ fn clean() -> (History, BTreeMap<String, pb::Timer>) {
 }
 
 const SAME: [(u64, u64, u64); 3] = [(1, 9, 42), (2, 9, 42), (3, 9, 42)];
+/// When the hand-made histories' cluster was healed (before everything in them).
+const HEALED: i64 = T - 60_000;
 
 fn kinds(f: &Findings) -> Vec<&'static str> {
     f.violations.iter().map(|v| v.kind).collect()
@@ -77,7 +79,7 @@ fn kinds(f: &Findings) -> Vec<&'static str> {
 #[test]
 fn a_clean_history_passes() {
     let (h, timers) = clean();
-    let f = check(&h, &timers, &SAME, &[]);
+    let f = check(&h, &timers, &SAME, &[], HEALED);
     assert!(f.violations.is_empty(), "{:?}", f.violations);
 }
 
@@ -117,7 +119,7 @@ fn each_broken_guarantee_is_reported() {
     for (kind, break_it) in cases {
         let (mut h, mut timers) = clean();
         break_it(&mut h, &mut timers);
-        let f = check(&h, &timers, &SAME, &[]);
+        let f = check(&h, &timers, &SAME, &[], HEALED);
         assert!(kinds(&f).contains(&kind), "{kind}: got {:?}", f.violations);
     }
 }
@@ -125,9 +127,15 @@ fn each_broken_guarantee_is_reported() {
 #[test]
 fn replicas_that_differ_are_reported() {
     let (h, timers) = clean();
-    let f = check(&h, &timers, &[(1, 9, 42), (2, 9, 43), (3, 9, 42)], &[]);
+    let f = check(
+        &h,
+        &timers,
+        &[(1, 9, 42), (2, 9, 43), (3, 9, 42)],
+        &[],
+        HEALED,
+    );
     assert_eq!(kinds(&f), ["replicas diverge"]);
-    let f = check(&h, &timers, &SAME[..2], &[]);
+    let f = check(&h, &timers, &SAME[..2], &[], HEALED);
     assert_eq!(
         kinds(&f),
         ["replicas diverge"],
@@ -143,7 +151,7 @@ fn early_under_clock_skew_is_counted_apart() {
         from_ms: T - 2_000,
         to_ms: T - 500,
     };
-    let f = check(&h, &timers, &SAME, &[skew]);
+    let f = check(&h, &timers, &SAME, &[skew], HEALED);
     assert!(f.violations.is_empty(), "{:?}", f.violations);
     assert_eq!(f.early_by_skew, 1);
 }
@@ -161,7 +169,32 @@ fn unknown_outcomes_may_go_either_way() {
         "a",
         Outcome::Unknown(tonic::Code::Unavailable, "x".into()),
     ));
-    let f = check(&h, &timers, &SAME, &[]);
+    let f = check(&h, &timers, &SAME, &[], HEALED);
     assert!(f.violations.is_empty(), "{:?}", f.violations);
     assert_eq!(f.unknown_resolved_not_done, 1);
+}
+
+#[test]
+fn a_stream_ack_after_healing_that_did_not_apply_is_reported() {
+    let (mut h, timers) = clean();
+    let on_stream = |attempt, received_ms| Seen {
+        attempt,
+        path: AckPath::Stream,
+        ..seen("a", 7, received_ms)
+    };
+    // Before healing (and settling) a stream ack may be lost: delivered again, fine.
+    h.deliveries = vec![on_stream(1, T + 10), on_stream(2, T + 3_100)];
+    let during = check(&h, &timers, &SAME, &[], T + 5_000);
+    assert!(kinds(&during).is_empty(), "{:?}", during.violations);
+    // After: its ack must take effect.
+    let f = check(&h, &timers, &SAME, &[], HEALED);
+    assert_eq!(
+        kinds(&f),
+        vec!["stream ack not applied"],
+        "{:?}",
+        f.violations
+    );
+    // An ack by unary Ack (its own answer is judged by `acks`) is not this rule's.
+    h.deliveries[0].path = AckPath::Unary;
+    assert!(kinds(&check(&h, &timers, &SAME, &[], HEALED)).is_empty());
 }

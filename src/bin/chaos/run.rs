@@ -114,6 +114,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     }
     cluster.heal()?;
     cluster.wait_leader(Duration::from_secs(60)).await?;
+    let healed_ms = now_ms();
     let started = Instant::now();
     let quiet = quiesce(&clients).await;
     let quiesce = started.elapsed();
@@ -136,7 +137,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
             to_ms: w.to_ms,
         })
         .collect();
-    let mut findings = checker::check(&history, &timers, &digests, &skews);
+    let mut findings = checker::check(&history, &timers, &digests, &skews, healed_ms);
     push::check(&mut findings, &pushed.lock().unwrap(), &push_timers, &skews);
     recurring::check(&mut findings, &series, &timers, &series_views);
     findings.violations.extend(trouble);

@@ -35,7 +35,8 @@ use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::{self, decode, encode, IndexGc, StateMachine, Store};
 use timerdb::timer::{
-    Command, Cond, Grant, Mode, Response, Shift, TimerKey, TimerSpec, TimerState, When,
+    Command, Cond, Grant, Mode, Response, SeriesChange, Shift, TimerKey, TimerSpec, TimerState,
+    When,
 };
 use timerdb::wheel::Wheel;
 
@@ -238,14 +239,11 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 }
             }
             11 => {
-                let cmd = Command::ScheduleSeries {
-                    now_ms: now,
-                    spec: series_spec(&mut b),
-                };
+                let spec = series_spec(&mut b);
                 // Today's proposers stamp it with their zone rules; older logs' did not.
                 match commands % 2 {
-                    0 => Command::with_zone_rules(cmd),
-                    _ => cmd,
+                    0 => Command::with_zone_rules(SeriesChange::Schedule { now_ms: now, spec }),
+                    _ => Command::ScheduleSeries { now_ms: now, spec },
                 }
             }
             12 => Command::PauseSeries {

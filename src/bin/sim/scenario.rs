@@ -46,12 +46,13 @@ pub struct Setup {
 pub struct Plant(pub &'static str);
 
 impl Plant {
-    pub const KNOWN: [&'static str; 7] = [
+    pub const KNOWN: [&'static str; 8] = [
         "heads-pass",
         "retry-unsafe",
         "install-keeps-caches",
         "apply-reads-clock",
         "retry-refires",
+        "drop-stream-acks",
         "ignore-cancel",
         "fire-early",
     ];
@@ -257,6 +258,7 @@ async fn scenario(
     c.wait_leader(Duration::from_secs(60))
         .await
         .ok_or_else(|| anyhow::anyhow!("no leader after healing"))?;
+    let healed_ms = workload::now_ms();
     let quiet = quiesce(&clients).await;
     let _ = stop_consumers.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), slow).await;
@@ -268,7 +270,7 @@ async fn scenario(
     c.shutdown().await;
 
     let history = std::mem::take(&mut *history.lock().unwrap());
-    let mut findings = checker::check(&history, &timers, &digests, &skews);
+    let mut findings = checker::check(&history, &timers, &digests, &skews, healed_ms);
     if let Err(e) = quiet {
         findings.violate("not quiescent", e.to_string());
     }

@@ -393,7 +393,15 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let stamped = |id: &str, zone_fp: u64| Command::ZoneRules {
         tzdb: "2099a".into(),
         zone_fp,
-        inner: Box::new(create(id, cron.clone())),
+        change: crate::timer::SeriesChange::Schedule {
+            now_ms: T0,
+            spec: SeriesSpec {
+                key: TimerKey::new("ns", id),
+                recurrence: cron.clone(),
+                payload: b"p".to_vec(),
+                content_type: String::new(),
+            },
+        },
     };
     let mut s = Sm::new();
     let own = cron.zone_fingerprint();
