@@ -45,8 +45,17 @@ use crate::tls::Port;
 /// Marks a call a follower's gate let on without a principal, for the leader to authorize:
 /// the forwarding layer sends it to the leader, and never runs it on this node (if this node
 /// leads by then, it is answered UNAVAILABLE, not applied, to be sent again).
-#[derive(Debug, Clone, Copy)]
-pub struct LeaderDecides;
+/// It holds one of the gate's [`MAX_DEFERRED`] places until the call is done.
+#[derive(Debug, Clone)]
+pub struct LeaderDecides(#[allow(dead_code)] Arc<tokio::sync::OwnedSemaphorePermit>);
+
+/// Calls let on for the leader to authorize at once; beyond, an unknown key waits or is
+/// refused as before. With [`DEFERRED_MESSAGE_BYTES`] each, what unauthenticated callers can
+/// make a follower hold stays bounded (64 × 1 MiB).
+const MAX_DEFERRED: usize = 64;
+/// The largest message of a call let on for the leader to authorize (`forward`): a larger one
+/// is answered UNAVAILABLE (not applied; by then this node knows the key, or it never will).
+pub const DEFERRED_MESSAGE_BYTES: usize = 1 << 20;
 
 /// The header a credential travels in.
 pub const AUTHORIZATION: &str = "authorization";
@@ -73,6 +82,8 @@ pub struct Gate {
     port: Port,
     /// Places for calls waiting to learn of a key ([`MAX_CATCHING_UP`]).
     catching_up: Arc<tokio::sync::Semaphore>,
+    /// Places for calls let on for the leader to authorize ([`MAX_DEFERRED`]).
+    deferring: Arc<tokio::sync::Semaphore>,
     /// Key ids a whole wait did not find, and the access state they were not in: while it is
     /// the one applied, a call with one of them is refused at once.
     unknown: std::sync::Mutex<(Option<Arc<AccessState>>, std::collections::HashSet<String>)>,
@@ -85,6 +96,7 @@ impl Gate {
             bootstrap: bootstrap_token.map(|t| auth::sha256(t.as_bytes())),
             port,
             catching_up: Arc::new(tokio::sync::Semaphore::new(MAX_CATCHING_UP)),
+            deferring: Arc::new(tokio::sync::Semaphore::new(MAX_DEFERRED)),
             unknown: Default::default(),
         }
     }
@@ -277,13 +289,16 @@ impl Gate {
         let conn = req.extensions().get::<ConnInfo>();
         let found = match self.principal(req.headers(), conn, &state) {
             Err(Unauthenticated::Unknown) if self.node.leader() != Leader::Me => {
-                if matches!(rule.route, methods::Route::Leader { .. })
-                    && Self::token_id(req.headers()).is_some_and(|id| !state.keys.contains_key(&id))
-                {
+                let place = (matches!(rule.route, methods::Route::Leader { .. })
+                    && Self::token_id(req.headers())
+                        .is_some_and(|id| !state.keys.contains_key(&id)))
+                .then(|| self.deferring.clone().try_acquire_owned().ok())
+                .flatten();
+                if let Some(place) = place {
                     // A key this follower does not know, on a call that goes to the leader
                     // anyway: the leader applied every key whose creation it acknowledged, so
-                    // it decides (at once), however far this node lags; no place is held here.
-                    req.extensions_mut().insert(LeaderDecides);
+                    // it decides (at once), however far this node lags.
+                    req.extensions_mut().insert(LeaderDecides(Arc::new(place)));
                     return Ok(req);
                 }
                 self.after_catching_up(req.headers(), conn).await

@@ -140,10 +140,24 @@ async fn on_leader<S: Inner>(
     let node = &router.node;
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let path = req.uri().path().to_string();
-    let limit = methods::message_limit(&path);
+    let deferred = req
+        .extensions()
+        .get::<super::auth::LeaderDecides>()
+        .is_some();
+    let limit = match deferred {
+        true => super::auth::DEFERRED_MESSAGE_BYTES.min(methods::message_limit(&path)),
+        false => methods::message_limit(&path),
+    };
     let (parts, body) = req.into_parts();
     let message = match read_message(body, limit).await {
         Ok(m) => m,
+        Err(status) if deferred && status.code() == Code::ResourceExhausted => {
+            let msg = format!(
+                "this node does not know the call's API key yet, and holds at most {limit} \
+                 bytes of a call it cannot authorize: send it again"
+            );
+            return not_applied_status(msg).into_http();
+        }
         Err(status) => return status.into_http(),
     };
     let safe = retry_safe(&path, &message) || crate::sim::planted("retry-unsafe");

@@ -651,6 +651,21 @@ async fn a_follower_leaves_a_key_it_does_not_know_to_the_leader() {
             "a made-up key held {took:?} on the follower"
         );
     }
+    // What a follower holds of a call it cannot authorize is bounded (1 MiB): a larger one
+    // is answered at once, not applied, without reading it whole or sending it on.
+    let made_up = format!("tdbk_{:016x}_{}", 0xbeef, "cd".repeat(32));
+    let mut big = crate::harness::schedule_req("big", crate::harness::now_ms() + 60_000);
+    big.payload = vec![7; 2 << 20];
+    let e = timers(&c, follower, Some(&made_up))
+        .await
+        .schedule(big)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("does not know the call's API key"),
+        "{e:?}"
+    );
     // A key created through the leader works through the follower at once.
     let (_, token) = create_key(&c, leader, Some(&admin), "fresh", &["read:*"]).await;
     let code = timers(&c, follower, Some(&token))
