@@ -68,6 +68,7 @@ impl Handshakes {
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.next += 1;
+        let source = source.map(network_of);
         self.pending.insert(self.next, (source, tx));
         self.by_source.entry(source).or_default().insert(self.next);
         (self.next, rx, limit)
@@ -111,6 +112,19 @@ impl Handshakes {
 
     fn finished(&mut self, id: u64) {
         self.remove(id);
+    }
+}
+
+/// The source a handshake place is counted against: an IPv4 address, or an IPv6 address's
+/// /64 (one host usually holds a whole /64, so counting single IPv6 addresses would let one
+/// host look like millions).
+fn network_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
     }
 }
 
@@ -423,6 +437,17 @@ mod tests {
             .filter_map(|r| r.try_recv().ok())
             .count();
         assert_eq!(given_up, 10 * MAX_HANDSHAKES);
+        // The addresses of one IPv6 /64 count as one source.
+        let mut h = Handshakes::default();
+        let (_, mut v6_client, _) = h.start(Some("2001:db8:1::7".parse().unwrap()));
+        for i in 0..2 * MAX_HANDSHAKES as u16 {
+            let one_host = std::net::Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 9, i);
+            h.start(Some(one_host.into()));
+        }
+        assert!(
+            v6_client.try_recv().is_err(),
+            "a /64's flood evicted another network"
+        );
         // One address alone still takes the oldest place (as before), and a finished
         // handshake frees its address's place.
         let mut h = Handshakes::default();
