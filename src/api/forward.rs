@@ -166,12 +166,7 @@ async fn on_leader<S: Inner>(
     let mut last = String::from("no leader is known");
     loop {
         match node.leader() {
-            Leader::Me
-                if parts
-                    .extensions
-                    .get::<super::auth::LeaderDecides>()
-                    .is_some() =>
-            {
+            Leader::Me if deferred => {
                 // This node's gate, a follower's then, left the key to the leader: now this
                 // node leads, and it runs nothing it has not authorized.
                 let msg = "this node became the leader while the call's key was being checked";
