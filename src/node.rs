@@ -543,6 +543,7 @@ impl Node {
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
 mod change;
+mod leading;
 pub mod overview;
 mod series;
 

@@ -21,7 +21,8 @@
 //! its own state: the `authorization` header travels unchanged, and relayed streams carry it.
 //! A key the follower does not know (created a moment ago, or made up) on a call that goes to
 //! the leader anyway is left to the leader ([`LeaderDecides`]): it applied every key whose
-//! creation it acknowledged.
+//! creation it acknowledged — a new leader once it applied an entry of its own term, which it
+//! waits for before refusing a key it does not know (`node/leading.rs`).
 //! The peer service (`Access::Peer`) is guarded by the peer TLS identity, not by keys: with
 //! peer TLS on, only a connection whose client certificate chains to the peer CA reaches it
 //! (and none on the client port when the peers have their own). A client certificate (mTLS)
@@ -226,6 +227,21 @@ impl Gate {
         }
     }
 
+    /// On a leader that has not yet applied an entry of its own term: waits (within
+    /// [`CATCH_UP`], in one of the [`MAX_CATCHING_UP`] places) until it has, and looks again
+    /// (`node/leading.rs`).
+    async fn before_leading(
+        &self,
+        headers: &http::HeaderMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<Principal, Unauthenticated> {
+        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
+            return Err(Unauthenticated::Unknown);
+        };
+        self.node.until_applied_own_term(CATCH_UP).await;
+        self.principal(headers, conn, &self.store().access())
+    }
+
     fn cert_principal(
         &self,
         headers: &http::HeaderMap,
@@ -302,6 +318,10 @@ impl Gate {
                     return Ok(req);
                 }
                 self.after_catching_up(req.headers(), conn).await
+            }
+            Err(Unauthenticated::Unknown) if !self.node.applied_own_term() => {
+                // A new leader: its predecessor's acknowledged keys may not be applied yet.
+                self.before_leading(req.headers(), conn).await
             }
             other => other,
         };

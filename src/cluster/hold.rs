@@ -32,6 +32,9 @@ impl Default for Hold {
 impl Hold {
     /// Waits while the gate is closed.
     pub async fn pass(&self) {
+        if !self.is_closed() {
+            return;
+        }
         let mut rx = self.closed.subscribe();
         let _ = rx.wait_for(|closed| !*closed).await;
     }

@@ -254,6 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.store.apply_hold.pass().await;
         off_the_runtime(|| {
             let mut responses = Vec::new();
             for entry in entries {

@@ -104,6 +104,10 @@ pub struct Store {
     /// request that starts after the acknowledgement (DESIGN: replicated state reaches its
     /// readers when it is applied, not on a poll; issue 33 finding 10).
     pub(super) namespaces_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// A gate every batch of committed entries passes before it is applied: open, except
+    /// while a test holds a replica behind its log (a new leader that has not yet applied its
+    /// predecessor's acknowledged entries). Passing an open gate costs a borrow.
+    pub apply_hold: crate::cluster::Hold,
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
@@ -212,6 +216,7 @@ impl Store {
             access: Arc::default(),
             access_changed: Arc::default(),
             namespaces_changed: Arc::new(tokio::sync::watch::Sender::new(0)),
+            apply_hold: Default::default(),
         }
     }
 

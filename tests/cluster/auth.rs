@@ -676,3 +676,56 @@ async fn a_follower_leaves_a_key_it_does_not_know_to_the_leader() {
     assert_eq!(code.unwrap_err(), Code::NotFound);
     c.shutdown().await;
 }
+
+/// A leader elected while its predecessor's CreateKey was committed but not yet applied on it
+/// does not refuse the key: it waits until it applied an entry of its own term (issue 33
+/// review F4). Both followers' apply is held while the key is created, so whichever is
+/// elected lacks it; the hold is let go a moment after the calls start.
+#[tokio::test]
+async fn a_new_leader_does_not_refuse_a_key_its_predecessor_acknowledged() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let admin = enable(&c, leader).await;
+    settle(&c).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let held: Vec<_> = others
+        .iter()
+        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .collect();
+    let (_, token) = create_key(&c, leader, Some(&admin), "fresh", &["read:*"]).await;
+    c.stop(leader).await;
+    let next = c.leader().await;
+    let follower = *others.iter().find(|id| **id != next).unwrap();
+    assert!(
+        !c.node(next).node.applied_own_term(),
+        "the new leader applied its first entry while apply was held"
+    );
+    assert!(c.node(next).node.store.access().by_token(&token).is_err());
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+    });
+    let get = pb::GetRequest {
+        namespace: "x".into(),
+        id: "y".into(),
+        ..Default::default()
+    };
+    let (at_leader, through_follower) = tokio::join!(
+        async { timers(&c, next, Some(&token)).await.get(get.clone()).await },
+        async {
+            timers(&c, follower, Some(&token))
+                .await
+                .get(get.clone())
+                .await
+        },
+    );
+    release.await.unwrap();
+    for (r, at) in [
+        (at_leader, "the new leader"),
+        (through_follower, "a follower"),
+    ] {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "at {at}: {e:?}");
+    }
+    c.shutdown().await;
+}

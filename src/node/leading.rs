@@ -1,0 +1,34 @@
+//! What a leader owes its predecessors before it answers from its applied state alone.
+//!
+//! openraft 0.9 elects a leader whose log holds every committed entry, but it applies them only
+//! after the leader's own first (blank) entry commits. Until then a new leader's applied state
+//! may lack what its predecessor acknowledged — an API key whose creation was answered OK, for
+//! one. So a leader that has not yet applied an entry of its own term waits for it before it
+//! refuses on the grounds of its applied state (`api/auth.rs`: an unknown key), and answers
+//! from it once that entry has applied: everything acknowledged before the election is there.
+
+use std::time::Duration;
+
+use super::Node;
+
+impl Node {
+    /// Whether this node has applied an entry of its current term (on a leader: every entry
+    /// acknowledged before it was elected is applied).
+    pub fn applied_own_term(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        caught_up(&m)
+    }
+
+    /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.
+    pub async fn until_applied_own_term(&self, within: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        let waited = tokio::time::timeout(within, metrics.wait_for(caught_up)).await;
+        matches!(waited, Ok(Ok(_)))
+    }
+}
+
+fn caught_up(m: &openraft::RaftMetrics<crate::cluster::NodeId, openraft::BasicNode>) -> bool {
+    m.last_applied
+        .is_some_and(|applied| applied.leader_id.term >= m.current_term)
+}
