@@ -61,7 +61,7 @@ impl Node {
                 // A node that cannot be one of us (another bucket width) is refused before it
                 // is a member, with the reason; an empty one takes this cluster's width here.
                 let dial = self.config.dial_addr(id, &addr);
-                network::hello(&self.config.tls, &dial, &self.store).await?;
+                network::hello(&self.config.tls, &dial, &self.store, self.config.level).await?;
                 self.add_learner(id, &addr).await?
             }
         }

@@ -73,6 +73,9 @@ pub struct Node {
     pub acker: Acker,
     /// Closed while this node hands its leadership over (see `membership`).
     pub hold: Hold,
+    /// The feature level each peer last advertised: which entry forms this node, leading,
+    /// may propose (`cluster::level`).
+    pub levels: Arc<crate::cluster::Levels>,
     /// The commit index as this node knows it (see `LogStore::committed`).
     pub committed: Arc<std::sync::atomic::AtomicU64>,
     /// The snapshot directory (its counters, for status and metrics).
@@ -456,13 +459,34 @@ impl Node {
 
     /// The entry [`Node::put_namespace`] proposes. It reads nothing of this node's state:
     /// what the call keeps (the paused flag; the secrets, when none are given) is resolved as
-    /// the entry applies, so a Pause or a rotation committed meanwhile is not undone.
+    /// the entry applies, so a Pause or a rotation committed meanwhile is not undone. (While
+    /// a member's build predates that form, the older one, which reads them here.)
     pub fn namespace_entry(
         &self,
         name: String,
-        policy: Policy,
+        mut policy: Policy,
         mut push: Option<PushTarget>,
     ) -> Result<Command> {
+        if self.cluster_level() < 1 {
+            let current = self.store.namespace(&name)?;
+            policy.paused = current.policy.paused;
+            if let Some(target) = push.as_mut().filter(|t| t.secrets.is_empty()) {
+                target.secrets = match current.push {
+                    Some(old) => old.secrets,
+                    None => vec![crate::push::sign::Secret::generate()],
+                };
+            }
+            if let Some(target) = &push {
+                target.validate(&policy)?;
+            }
+            let misfire = policy.misfire;
+            return Ok(Command::SetNamespace {
+                name,
+                policy,
+                push,
+                misfire,
+            });
+        }
         let mut keep_secrets = false;
         if let Some(target) = push.as_mut() {
             if target.secrets.is_empty() {

@@ -94,9 +94,11 @@ pub async fn start_with(
     let committed = log.committed();
     let snapshots = sm.snapshots();
     let hold = Hold::default();
+    let levels = Arc::new(crate::cluster::Levels::default());
     let network = Network {
         config: config.clone(),
         store: store.clone(),
+        levels: levels.clone(),
     };
     let raft = Raft::new(config.id, Arc::new(config.openraft()?), network, log, sm)
         .await
@@ -116,6 +118,7 @@ pub async fn start_with(
         committed,
         snapshots,
         schedule_tokens: Default::default(),
+        levels,
         writes: Default::default(),
     });
 
@@ -257,9 +260,13 @@ async fn serve(
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
-    let peer = RaftServer::new(PeerService::new(node.raft.clone(), node.store.clone()))
-        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+    let peer = RaftServer::new(PeerService::new(
+        node.raft.clone(),
+        node.store.clone(),
+        node.config.level,
+    ))
+    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)

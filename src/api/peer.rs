@@ -19,11 +19,41 @@ use crate::storage::{decode, encode};
 pub struct PeerService {
     raft: Raft,
     store: Store,
+    /// The feature level this node advertises in every answer, and the newest entry forms it
+    /// takes (`cluster::level`).
+    level: u32,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, store: Store) -> Self {
-        PeerService { raft, store }
+    pub fn new(raft: Raft, store: Store, level: u32) -> Self {
+        PeerService { raft, store, level }
+    }
+
+    /// `value` as the answer, with this node's level.
+    fn reply<T: serde::Serialize>(&self, value: &T) -> Result<Response<RaftMessage>, Status> {
+        let mut answer = Response::new(RaftMessage {
+            data: encode(value),
+        });
+        crate::cluster::level::advertise(answer.metadata_mut(), self.level);
+        Ok(answer)
+    }
+
+    /// Entries of a form newer than this node's level are refused as a build before the form
+    /// refuses them (it cannot decode them); a leader that heard this node's level never sends
+    /// them. (Only a node whose level a test lowered meets them: a real older build fails to
+    /// decode first.)
+    fn check_level(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
+        let newest = rpc.entries.iter().filter_map(|e| match &e.payload {
+            openraft::EntryPayload::Normal(cmd) => Some(cmd.level()),
+            _ => None,
+        });
+        match newest.max() {
+            Some(level) if level > self.level => Err(Status::invalid_argument(format!(
+                "undecodable: an entry of feature level {level}, and this node reads up to {}",
+                self.level
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The sender's bucket width must be this node's (or becomes it: see `Store::adopt_width`).
@@ -98,12 +128,6 @@ fn body<T: serde::de::DeserializeOwned>(req: Request<RaftMessage>) -> Result<T, 
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
 }
 
-fn reply<T: serde::Serialize>(value: &T) -> Result<Response<RaftMessage>, Status> {
-    Ok(Response::new(RaftMessage {
-        data: encode(value),
-    }))
-}
-
 #[tonic::async_trait]
 impl raft_server::Raft for PeerService {
     async fn append_entries(
@@ -113,13 +137,14 @@ impl raft_server::Raft for PeerService {
         self.check_width(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
         check_entries(&rpc)?;
-        reply(&self.raft.append_entries(rpc).await)
+        self.check_level(&rpc)?;
+        self.reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
         let rpc = body(req)?;
-        reply(&self.raft.vote(rpc).await)
+        self.reply(&self.raft.vote(rpc).await)
     }
 
     async fn hello(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
@@ -127,7 +152,9 @@ impl raft_server::Raft for PeerService {
         if !req.get_ref().data.is_empty() {
             return Err(Status::invalid_argument("a Hello carries no body"));
         }
-        Ok(Response::new(RaftMessage { data: Vec::new() }))
+        let mut answer = Response::new(RaftMessage { data: Vec::new() });
+        crate::cluster::level::advertise(answer.metadata_mut(), self.level);
+        Ok(answer)
     }
 
     async fn timeout_now(
@@ -150,7 +177,7 @@ impl raft_server::Raft for PeerService {
                 .await
                 .map_err(|e| Status::unavailable(format!("raft stopped: {e}")))?;
         }
-        reply(&stand)
+        self.reply(&stand)
     }
 
     async fn install_snapshot(
@@ -159,7 +186,7 @@ impl raft_server::Raft for PeerService {
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
         let rpc = body(req)?;
-        reply(&self.raft.install_snapshot(rpc).await)
+        self.reply(&self.raft.install_snapshot(rpc).await)
     }
 }
 

@@ -46,6 +46,8 @@ pub struct Network {
     pub config: std::sync::Arc<crate::config::NodeConfig>,
     /// This node's state machine: its bucket width goes with every call.
     pub store: crate::storage::Store,
+    /// The feature level each peer's answers advertise (`level.rs`).
+    pub levels: std::sync::Arc<super::Levels>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -53,15 +55,18 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.config.dial_addr(target, &node.addr);
-        PeerClient::new(target, &addr, &self.config.tls, self.store.clone())
+        let mut client = PeerClient::new(target, &addr, &self.config.tls, self.store.clone());
+        client.levels = (self.levels.clone(), self.config.level);
+        client
     }
 }
 
-/// A request to a peer, with this node's bucket width.
-fn peer_request<T>(msg: T, store: &crate::storage::Store) -> tonic::Request<T> {
+/// A request to a peer, with this node's bucket width and feature level.
+fn peer_request<T>(msg: T, store: &crate::storage::Store, level: u32) -> tonic::Request<T> {
     let mut request = tonic::Request::new(msg);
     let width = tonic::metadata::MetadataValue::from(store.width_ms());
     request.metadata_mut().insert(BUCKET_MS_HEADER, width);
+    super::level::advertise(request.metadata_mut(), level);
     request
 }
 
@@ -71,13 +76,14 @@ pub async fn hello(
     tls: &crate::tls::Tls,
     addr: &str,
     store: &crate::storage::Store,
+    level: u32,
 ) -> crate::Result<()> {
     // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
     let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
     let channel = tls
         .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
-    let mut request = peer_request(RaftMessage { data: Vec::new() }, store);
+    let mut request = peer_request(RaftMessage { data: Vec::new() }, store, level);
     request.set_timeout(Duration::from_secs(5));
     match RaftClient::new(channel).hello(request).await {
         Ok(_) => Ok(()),
@@ -116,6 +122,8 @@ pub struct PeerClient {
     client: Option<RaftClient<Channel>>,
     addr: String,
     store: crate::storage::Store,
+    /// Where the target's advertised level goes, and this node's own.
+    levels: (std::sync::Arc<super::Levels>, u32),
 }
 
 enum Rpc {
@@ -144,6 +152,7 @@ impl PeerClient {
             client,
             addr: addr.to_string(),
             store,
+            levels: Default::default(),
         }
     }
 
@@ -165,7 +174,8 @@ impl PeerClient {
                 "bad peer address {addr}"
             ))))
         })?;
-        let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store);
+        let own = self.levels.1;
+        let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store, own);
         request.set_timeout(ttl);
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
@@ -179,6 +189,7 @@ impl PeerClient {
             }
             Transport::from_status(s)
         })?;
+        self.levels.0.heard(self.target, reply.metadata());
         decode(&reply.into_inner().data).map_err(|e| {
             Transport::Network(NetworkError::new(&std::io::Error::other(e.to_string())))
         })

@@ -128,6 +128,9 @@ pub struct NodeConfig {
     pub dial: BTreeMap<NodeId, String>,
     /// Deliberate bugs, for proving that the chaos checker catches them. Never set in service.
     pub faults: Faults,
+    /// The feature level this node advertises to its peers and the entry forms it takes
+    /// (`cluster::level`): this build's; lower only in tests, to act as an older build.
+    pub level: u32,
     /// Join an existing cluster (through Cluster.AddNode) instead of forming one from `peers`:
     /// the node never initialises a cluster itself and waits to be added.
     pub join: bool,
@@ -206,6 +209,7 @@ impl NodeConfig {
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),
+            level: crate::cluster::level::LEVEL,
             join: false,
             push_ca: None,
             push_allow_private: false,

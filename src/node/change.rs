@@ -32,7 +32,7 @@ impl Node {
     /// Creates a recurring timer or replaces an existing one's rule (Schedule(upsert)).
     pub async fn upsert_series(&self, spec: SeriesSpec, cond: Cond) -> Result<(Timer, bool)> {
         self.check_series(&spec)?;
-        let cmd = Command::with_zone_rules(crate::timer::SeriesChange::Upsert {
+        let cmd = self.series_entry(crate::timer::SeriesChange::Upsert {
             now_ms: self.now_ms(),
             spec,
             cond,

@@ -1,4 +1,5 @@
-//! What a leader owes its predecessors before it answers from its applied state alone.
+//! What a leader owes the rest of the cluster: its predecessors' entries applied before it
+//! answers from its applied state alone, and to its members entries they can read.
 //!
 //! openraft 0.9 elects a leader whose log holds every committed entry, but it applies them only
 //! after the leader's own first (blank) entry commits. Until then a new leader's applied state
@@ -6,10 +7,14 @@
 //! one. So a leader that has not yet applied an entry of its own term waits for it before it
 //! refuses on the grounds of its applied state (`api/auth.rs`: an unknown key), and answers
 //! from it once that entry has applied: everything acknowledged before the election is there.
+//!
+//! And a leader proposes an entry form only if every member advertised a feature level that
+//! reads it (`cluster/level.rs`); until then the older form of the same change.
 
 use std::time::Duration;
 
 use super::Node;
+use crate::timer::{Command, SeriesChange};
 
 impl Node {
     /// Whether this node has applied an entry of its current term (on a leader: every entry
@@ -18,6 +23,25 @@ impl Node {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         caught_up(&m)
+    }
+
+    /// The lowest feature level among the members, this node's own included: the newest
+    /// entry forms this node may propose.
+    pub fn cluster_level(&self) -> u32 {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let members = m.membership_config.membership().nodes().map(|(id, _)| *id);
+        self.levels.lowest(self.config.level, self.id, members)
+    }
+
+    /// A series change as the members can read it: stamped with this build's zone rules
+    /// (`ZoneRules`) once all can, bare before.
+    pub(super) fn series_entry(&self, change: SeriesChange) -> Command {
+        if self.cluster_level() >= 1 {
+            Command::with_zone_rules(change)
+        } else {
+            change.into_command()
+        }
     }
 
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.

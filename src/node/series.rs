@@ -11,7 +11,7 @@ impl Node {
     /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
     pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
         self.check_series(&spec)?;
-        let cmd = Command::with_zone_rules(crate::timer::SeriesChange::Schedule {
+        let cmd = self.series_entry(crate::timer::SeriesChange::Schedule {
             now_ms: self.now_ms(),
             spec,
         });

@@ -30,3 +30,4 @@ mod retries;
 mod secure_process;
 mod tls;
 mod tls_members;
+mod upgrade;

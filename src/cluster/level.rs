@@ -1,0 +1,203 @@
+//! The feature level: which entry forms a build can read, advertised on every peer call and
+//! answer, so a leader proposes a new form only once every member can apply it.
+//!
+//! A build that meets an entry form it does not know cannot decode the entry: it refuses the
+//! AppendEntries carrying it, and every one after. During a rolling upgrade that would stop a
+//! cluster whose upgraded node leads at the first such entry (issue 33 review F1). So each form
+//! added after the first release has a level ([`Command::level`]), each build serves up to its
+//! own ([`LEVEL`]) and says so in [`LEVEL_HEADER`] on every peer request and answer, and a
+//! leader proposes a form only if the lowest level it last heard from each member (itself
+//! included) reaches it; until then it proposes the older form of the same change, which
+//! every build applies (with the older form's known limits, docs/operations.md).
+//!
+//! Invariant: a member never heard from counts as level 0 (a build before the header), so a
+//! leader errs towards the older forms. Levels are what this node heard, not replicated state:
+//! they choose which entry a leader proposes, never what a committed entry does (DESIGN 8).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::NodeId;
+use crate::timer::Command;
+
+/// The level of this build: 1 added `ConfigureNamespace` and `ZoneRules`.
+pub const LEVEL: u32 = 1;
+
+/// The header every peer call and answer carries: the sender's level.
+pub const LEVEL_HEADER: &str = "x-timerdb-level";
+
+/// The level each peer last advertised to this node.
+#[derive(Debug, Default)]
+pub struct Levels {
+    heard: Mutex<HashMap<NodeId, u32>>,
+}
+
+impl Levels {
+    /// `node` answered (or called) with `metadata`.
+    pub fn heard(&self, node: NodeId, metadata: &tonic::metadata::MetadataMap) {
+        let level = of(metadata);
+        self.heard.lock().expect("levels").insert(node, level);
+    }
+
+    /// The lowest level among `members` (0 for one never heard from) and `own`, this node's.
+    pub fn lowest(&self, own: u32, me: NodeId, members: impl IntoIterator<Item = NodeId>) -> u32 {
+        let heard = self.heard.lock().expect("levels");
+        members
+            .into_iter()
+            .filter(|id| *id != me)
+            .map(|id| heard.get(&id).copied().unwrap_or(0))
+            .fold(own, u32::min)
+    }
+}
+
+/// The level `metadata` advertises: 0 without the header (a build before it) or with a bad one.
+pub fn of(metadata: &tonic::metadata::MetadataMap) -> u32 {
+    metadata
+        .get(LEVEL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Puts `level` into `metadata`.
+pub fn advertise(metadata: &mut tonic::metadata::MetadataMap, level: u32) {
+    metadata.insert(LEVEL_HEADER, tonic::metadata::MetadataValue::from(level));
+}
+
+impl Command {
+    /// The lowest feature level whose builds can decode this command. Every variant is named
+    /// (no catch-all): a new one makes its author choose.
+    pub fn level(&self) -> u32 {
+        match self {
+            Command::ConfigureNamespace { .. } | Command::ZoneRules { .. } => 1,
+            Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
+            Command::Schedule { .. }
+            | Command::ScheduleBatch { .. }
+            | Command::Cancel { .. }
+            | Command::Reschedule { .. }
+            | Command::Fire { .. }
+            | Command::Deliver { .. }
+            | Command::Ack { .. }
+            | Command::Acks { .. }
+            | Command::Nack { .. }
+            | Command::Pushed { .. }
+            | Command::PauseNamespace { .. }
+            | Command::Redrive { .. }
+            | Command::PutNamespace { .. }
+            | Command::Purge { .. }
+            | Command::Access(_)
+            | Command::ScheduleSeries { .. }
+            | Command::PauseSeries { .. }
+            | Command::ScheduleWith { .. }
+            | Command::CancelIf { .. }
+            | Command::RescheduleIf { .. }
+            | Command::UpsertSeries { .. }
+            | Command::SetNamespace { .. } => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::{Misfire, Policy};
+    use crate::series::{Recurrence, SeriesSpec};
+    use crate::timer::{Cond, SeriesChange, TimerKey};
+
+    /// How many variants `Command` had before the level (f8d3df2): bincode names a variant
+    /// by its index, so a build before the level decodes exactly indexes below this.
+    const LEVEL_0_VARIANTS: u8 = 23;
+
+    /// The bincode tag of `cmd` (a varint: a tag under 251 is its own first byte).
+    fn tag(cmd: &Command) -> u8 {
+        crate::storage::encode(cmd)[0]
+    }
+
+    #[test]
+    fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
+        let spec = SeriesSpec {
+            key: TimerKey::new("ns", "s"),
+            recurrence: Recurrence::every_for_test(1000),
+            payload: vec![],
+            content_type: String::new(),
+        };
+        let (name, policy, misfire) = ("ns".to_string(), Policy::default(), Misfire::default());
+        let older = [
+            (
+                10,
+                Command::PauseNamespace {
+                    name: name.clone(),
+                    paused: true,
+                },
+            ),
+            (
+                16,
+                Command::ScheduleSeries {
+                    now_ms: 1,
+                    spec: spec.clone(),
+                },
+            ),
+            (
+                21,
+                Command::UpsertSeries {
+                    now_ms: 1,
+                    spec: spec.clone(),
+                    cond: Cond::default(),
+                },
+            ),
+            (
+                22,
+                Command::SetNamespace {
+                    name: name.clone(),
+                    policy,
+                    push: None,
+                    misfire,
+                },
+            ),
+        ];
+        for (at, cmd) in &older {
+            assert_eq!(
+                tag(cmd),
+                *at,
+                "{cmd:?} moved: older builds read another variant"
+            );
+            assert_eq!(cmd.level(), 0);
+        }
+        let newer = [
+            Command::ConfigureNamespace {
+                name,
+                policy,
+                push: None,
+                misfire,
+                keep_secrets: true,
+            },
+            Command::with_zone_rules(SeriesChange::Schedule { now_ms: 1, spec }),
+        ];
+        for cmd in newer {
+            assert!(tag(&cmd) >= LEVEL_0_VARIANTS, "{cmd:?}");
+            assert_eq!(cmd.level(), LEVEL);
+            let multi = Command::Multi(vec![older[0].1.clone(), cmd]);
+            assert_eq!(multi.level(), LEVEL, "a Multi is as new as its newest part");
+        }
+        assert_eq!(Command::Multi(vec![older[0].1.clone()]).level(), 0);
+    }
+
+    #[test]
+    fn a_member_never_heard_from_counts_as_the_oldest() {
+        let levels = Levels::default();
+        let mut md = tonic::metadata::MetadataMap::new();
+        advertise(&mut md, 1);
+        levels.heard(2, &md);
+        assert_eq!(levels.lowest(1, 1, [1, 2]), 1);
+        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "3 was never heard from");
+        levels.heard(3, &tonic::metadata::MetadataMap::new());
+        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "3 sent no header");
+        levels.heard(3, &md);
+        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 1);
+        assert_eq!(
+            levels.lowest(0, 1, [1, 2, 3]),
+            0,
+            "this node's own level counts"
+        );
+    }
+}

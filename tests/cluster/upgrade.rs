@@ -1,0 +1,101 @@
+//! Rolling upgrades (docs/operations.md): a leader of a newer build proposes only the entry
+//! forms every member's build reads, so a cluster half upgraded keeps writing, and the newer
+//! forms start once the last member advertises them (issue 33 review F1).
+//!
+//! An older build is played by a node whose feature level is lowered (`NodeConfig::level`):
+//! it advertises that level and refuses entries of a newer form, as an older build that cannot
+//! decode them does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use timerdb::api::pb;
+use timerdb::cluster::level::LEVEL;
+use timerdb::namespace::Policy;
+use timerdb::timer::Command;
+
+use crate::harness::*;
+
+/// Makes node 1 the leader.
+async fn lead_with_1(c: &TestCluster) {
+    let leader = c.leader().await;
+    if leader != 1 {
+        c.cluster(leader)
+            .await
+            .transfer_leader(pb::TransferLeaderRequest { node_id: 1 })
+            .await
+            .unwrap();
+    }
+    assert_eq!(c.leader().await, 1);
+}
+
+fn series(id: &str) -> pb::ScheduleRequest {
+    pb::ScheduleRequest {
+        namespace: "upgrading".into(),
+        id: id.into(),
+        recurrence: Some(pb::Recurrence {
+            every_ms: 60_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upgraded_leader_writes_what_older_members_read_until_all_are_upgraded() {
+    let older = Arc::new(AtomicBool::new(true));
+    let still_older = older.clone();
+    let mut c = TestCluster::start_with(3, move |n| {
+        if n.id != 1 && still_older.load(Ordering::SeqCst) {
+            n.level = 0;
+        }
+    })
+    .await;
+    lead_with_1(&c).await;
+    let node = c.node(1).node.clone();
+    tokio::time::sleep(Duration::from_millis(300)).await; // heartbeats answered
+    assert_eq!(node.cluster_level(), 0);
+
+    // Nodes 2 and 3 would refuse a ConfigureNamespace or a ZoneRules entry, and they are the
+    // majority: each write below would time out if node 1 proposed one.
+    node.put_namespace("upgrading".into(), Policy::default(), None)
+        .await
+        .expect("PutNamespace with two older members");
+    let mut client = c.client(1).await;
+    client
+        .schedule(series("before"))
+        .await
+        .expect("a series with two older members");
+    c.converged().await;
+
+    // Upgrade nodes 2 and 3, one at a time.
+    older.store(false, Ordering::SeqCst);
+    for id in [2, 3] {
+        c.stop(id).await;
+        c.restart(id).await;
+    }
+    lead_with_1(&c).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.cluster_level() < LEVEL {
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never heard the new level"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let entry = node
+        .namespace_entry("upgrading".into(), Policy::default(), None)
+        .unwrap();
+    assert!(
+        matches!(entry, Command::ConfigureNamespace { .. }),
+        "{entry:?}"
+    );
+    node.put_namespace("upgrading".into(), Policy::default(), None)
+        .await
+        .unwrap();
+    let mut client = c.client(1).await;
+    client.schedule(series("after")).await.unwrap();
+    c.converged().await;
+    c.shutdown().await;
+}
