@@ -61,7 +61,15 @@ impl Node {
                 // A node that cannot be one of us (another bucket width) is refused before it
                 // is a member, with the reason; an empty one takes this cluster's width here.
                 let dial = self.config.dial_addr(id, &addr);
-                network::hello(&self.config.tls, &dial, &self.store, self.config.level).await?;
+                let term = self.raft.metrics().borrow().current_term;
+                network::hello(
+                    &self.config.tls,
+                    &dial,
+                    &self.store,
+                    self.config.level,
+                    term,
+                )
+                .await?;
                 self.add_learner(id, &addr).await?
             }
         }

@@ -264,6 +264,7 @@ async fn serve(
         node.raft.clone(),
         node.store.clone(),
         node.config.level,
+        node.config.join,
     ))
     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);

@@ -349,19 +349,20 @@ impl Tls {
     /// one of `members` (asked on every call: membership changes).
     ///
     /// A node that knows no members yet (started with `--join`, or wiped, and waiting to be
-    /// added) accepts any certificate of the peer CA: the leader that adds it is not in any
-    /// membership it has, and refusing it would leave the node unable to join for ever. What
-    /// such a node can lose is nothing: it holds no state, and the first entries it takes carry
-    /// the membership that closes the door again.
+    /// added; `members` gives an empty list then, an error for a node that is not ready)
+    /// accepts any certificate of the peer CA: the leader that adds it is not in any
+    /// membership it has, and refusing it would leave the node unable to join for ever. It
+    /// takes Raft calls only after that leader's Hello (`storage/admission.rs`), and the first
+    /// entries it takes carry the membership that closes the door again.
     pub fn check_member(
         &self,
         names: &[String],
-        members: impl FnOnce() -> Vec<String>,
+        members: impl FnOnce() -> std::result::Result<Vec<String>, String>,
     ) -> std::result::Result<(), String> {
         if !self.files.peer_require_member {
             return Ok(());
         }
-        let members = members();
+        let members = members()?;
         if members.is_empty() {
             return Ok(());
         }

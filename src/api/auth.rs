@@ -156,7 +156,15 @@ impl Gate {
         // Verified once per connection and CA load (listen::ConnInfo keeps the verdict).
         let certs = conn.certs.as_deref().map(Vec::as_slice);
         conn.peer_verdict(ca.id(), || ca.verify(certs))?;
-        tls.check_member(conn.cert_names(), || self.members())
+        tls.check_member(conn.cert_names(), || {
+            let members = self.members();
+            // No members known: a node waiting to be added takes any peer (it admits only the
+            // leader's Hello, `storage/admission.rs`); any other is starting (its metrics
+            // have not shown its membership yet) and is called again in a moment.
+            (!members.is_empty() || self.node.config.join)
+                .then_some(members)
+                .ok_or_else(|| "this node has not loaded its membership yet: try again".into())
+        })
     }
 
     /// The addresses of the current members.

@@ -10,7 +10,7 @@ use openraft::raft::AppendEntriesRequest;
 use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
-use crate::cluster::network::BUCKET_MS_HEADER;
+use crate::cluster::network::{BUCKET_MS_HEADER, TERM_HEADER};
 use crate::cluster::{Raft, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
@@ -22,11 +22,18 @@ pub struct PeerService {
     /// The feature level this node advertises in every answer, and the newest entry forms it
     /// takes (`cluster::level`).
     level: u32,
+    /// Started with `--join`: while it knows no members it admits (`storage/admission.rs`).
+    joining: bool,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, store: Store, level: u32) -> Self {
-        PeerService { raft, store, level }
+    pub fn new(raft: Raft, store: Store, level: u32, joining: bool) -> Self {
+        PeerService {
+            raft,
+            store,
+            level,
+            joining,
+        }
     }
 
     /// `value` as the answer, with this node's level.
@@ -56,13 +63,26 @@ impl PeerService {
         }
     }
 
-    /// The sender's bucket width must be this node's (or becomes it: see `Store::adopt_width`).
-    /// A call without the header comes from a build before it, which checked nothing: taken
-    /// by a node that knows its width, refused by one that does not (a joining node), which
-    /// could apply none of its entries and would stop at the first.
+    /// Whether this node holds nothing yet: started with `--join` and no membership known
+    /// (`storage/admission.rs` says what it takes from whom then).
+    fn admitting(&self) -> bool {
+        self.joining
+            && (self.raft.metrics().borrow())
+                .membership_config
+                .membership()
+                .nodes()
+                .next()
+                .is_none()
+    }
+
+    /// The sender's bucket width must be this node's. A call without the header comes from a
+    /// build before it, which checked nothing: taken by a node that knows its width, refused
+    /// by one that does not (a joining node), which could apply none of its entries. A node
+    /// that waits to be added takes the width only from a `Hello` ([`PeerService::hello`]).
     fn check_width<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let Some(value) = req.metadata().get(BUCKET_MS_HEADER) else {
-            if self.store.width_ms() == 0 {
+        let mine = self.store.width_ms();
+        let Some(theirs) = width_of(req)? else {
+            if mine == 0 {
                 return Err(Status::failed_precondition(format!(
                     "this node joins without a bucket width and the peer sent none (a build \
                      before {BUCKET_MS_HEADER}): start it with --bucket-ms set to the cluster's"
@@ -70,19 +90,61 @@ impl PeerService {
             }
             return Ok(());
         };
-        let width: u64 = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| Status::invalid_argument(format!("bad {BUCKET_MS_HEADER} header")))?;
-        let from = req
-            .remote_addr()
-            .map_or_else(|| "the peer".to_string(), |a| format!("the peer at {a}"));
-        self.store.adopt_width(width, &from).map_err(|e| {
+        if mine == 0 {
+            return Err(not_added());
+        }
+        // This node knows its width (not 0): nothing is adopted here, only compared.
+        self.store.adopt_width(theirs, &sender(req)).map_err(|e| {
             tracing::error!("refused a peer: {e}");
             Status::failed_precondition(e.to_string())
         })
     }
+
+    /// While this node waits to be added: a Raft call only after a `Hello`, and only from a
+    /// leader (or candidate) of the `Hello`'s term or later.
+    fn check_admitted(&self, term: u64) -> Result<(), Status> {
+        if !self.admitting() {
+            return Ok(());
+        }
+        match self.store.admitted() {
+            Err(e) => Err(Status::internal(e.to_string())),
+            Ok(None) => Err(not_added()),
+            Ok(Some(admitted)) if term < admitted => {
+                let why = format!(
+                    "a call of term {term}, older than the term {admitted} of the leader adding \
+                     this node: from a removed leader still running, or another cluster?"
+                );
+                tracing::error!("refused a peer: {why}");
+                Err(Status::failed_precondition(why))
+            }
+            Ok(Some(_)) => Ok(()),
+        }
+    }
+}
+
+/// The refusal of a Raft call to a node that waits to be added and took no `Hello` yet.
+fn not_added() -> Status {
+    Status::unavailable(
+        "this node waits to be added: it takes Raft calls only after the Hello of the leader \
+         adding it (Cluster.AddNode)",
+    )
+}
+
+/// The bucket width a peer call names (None: no header).
+fn width_of<T>(req: &Request<T>) -> Result<Option<u64>, Status> {
+    let Some(value) = req.metadata().get(BUCKET_MS_HEADER) else {
+        return Ok(None);
+    };
+    let width = value.to_str().ok().and_then(|v| v.parse().ok());
+    width
+        .map(Some)
+        .ok_or_else(|| Status::invalid_argument(format!("bad {BUCKET_MS_HEADER} header")))
+}
+
+/// Who sent `req`, for messages.
+fn sender<T>(req: &Request<T>) -> String {
+    req.remote_addr()
+        .map_or_else(|| "the peer".to_string(), |a| format!("the peer at {a}"))
 }
 
 /// The entries of an AppendEntries follow `prev_log_id` one index at a time, with terms that
@@ -136,6 +198,7 @@ impl raft_server::Raft for PeerService {
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
         let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
+        self.check_admitted(rpc.vote.leader_id().term)?;
         check_entries(&rpc)?;
         self.check_level(&rpc)?;
         self.reply(&self.raft.append_entries(rpc).await)
@@ -143,14 +206,34 @@ impl raft_server::Raft for PeerService {
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let rpc = body(req)?;
+        let rpc: openraft::raft::VoteRequest<u64> = body(req)?;
+        self.check_admitted(rpc.vote.leader_id().term)?;
         self.reply(&self.raft.vote(rpc).await)
     }
 
+    /// The call `AddNode` makes before it adds this node: may it join (its bucket width)?
+    /// A node that waits to be added takes the width and the caller's term from it.
     async fn hello(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        self.check_width(&req)?;
         if !req.get_ref().data.is_empty() {
             return Err(Status::invalid_argument("a Hello carries no body"));
+        }
+        if self.admitting() {
+            let width = width_of(&req)?.unwrap_or(0);
+            let term = req
+                .metadata()
+                .get(TERM_HEADER)
+                .map(|v| v.to_str().ok().and_then(|v| v.parse().ok()))
+                .map(|t| t.ok_or_else(|| Status::invalid_argument(format!("bad {TERM_HEADER}"))))
+                .transpose()?
+                .unwrap_or(0);
+            if width == 0 && self.store.width_ms() == 0 {
+                self.check_width(&req)?;
+            }
+            self.store
+                .admit(width, term, &sender(&req))
+                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        } else {
+            self.check_width(&req)?;
         }
         let mut answer = Response::new(RaftMessage { data: Vec::new() });
         crate::cluster::level::advertise(answer.metadata_mut(), self.level);
@@ -185,7 +268,8 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let rpc = body(req)?;
+        let rpc: openraft::raft::InstallSnapshotRequest<TypeConfig> = body(req)?;
+        self.check_admitted(rpc.vote.leader_id().term)?;
         self.reply(&self.raft.install_snapshot(rpc).await)
     }
 }

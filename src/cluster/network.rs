@@ -40,6 +40,9 @@ pub const MAX_PEER_MESSAGE_BYTES: usize = crate::storage::MAX_DECODE_BYTES;
 /// The header every peer call carries: the sender's bucket width in ms (see `raft.proto`).
 pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";
 
+/// The header of a `Hello`: the calling leader's term (`storage/admission.rs`).
+pub const TERM_HEADER: &str = "x-timerdb-term";
+
 /// Makes a [`PeerClient`] per target node, dialling the configured override if there is one.
 #[derive(Clone)]
 pub struct Network {
@@ -77,6 +80,7 @@ pub async fn hello(
     addr: &str,
     store: &crate::storage::Store,
     level: u32,
+    term: u64,
 ) -> crate::Result<()> {
     // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
     let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
@@ -84,6 +88,8 @@ pub async fn hello(
         .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
     let mut request = peer_request(RaftMessage { data: Vec::new() }, store, level);
+    let term = tonic::metadata::MetadataValue::from(term);
+    request.metadata_mut().insert(TERM_HEADER, term);
     request.set_timeout(Duration::from_secs(5));
     match RaftClient::new(channel).hello(request).await {
         Ok(_) => Ok(()),

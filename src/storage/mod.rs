@@ -27,6 +27,7 @@
 //! each applied entry whole (every entry is one WriteBatch that also moves `last_applied`).
 
 mod access;
+mod admission;
 mod apply;
 mod change;
 mod codec;

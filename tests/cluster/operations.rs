@@ -167,6 +167,10 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
     let e = append(&addr, 0, None).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("bucket width"), "{e:?}");
+    // It takes no entries before the Hello of a leader adding it (storage/admission.rs).
+    let e = append(&addr, 1, Some(2)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    hello(&addr, 2, 1).await.unwrap();
     // Entries that do not follow their predecessor one by one (an assertion, a panic, in
     // openraft's core) are refused before openraft sees them.
     let e = append(&addr, 1, Some(2)).await.unwrap_err();
@@ -182,6 +186,21 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
     c.converged().await;
     assert!(c.local_timer(5, "w19").is_some());
     c.shutdown().await;
+}
+
+/// A Hello to `addr` as a leader of `term` of a cluster of bucket width `width` sends it.
+async fn hello(addr: &str, width: u64, term: u64) -> Result<(), tonic::Status> {
+    use timerdb::api::pb::raft_client::RaftClient;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut msg = tonic::Request::new(pb::RaftMessage { data: vec![] });
+    msg.metadata_mut()
+        .insert("x-timerdb-bucket-ms", width.into());
+    msg.metadata_mut().insert("x-timerdb-term", term.into());
+    RaftClient::new(ch).hello(msg).await.map(|_| ())
 }
 
 /// An AppendEntries of one committed blank entry at `index` after none, with the bucket

@@ -106,3 +106,93 @@ async fn only_a_member_may_mark_a_call_forwarded() {
         .expect("the same client's own call");
     c.shutdown().await;
 }
+
+/// Review of issue 33 (F2): a node waiting to be added knows no members, so any certificate of
+/// the peer CA reaches it — a node of another cluster that still has its address among its
+/// members, a removed leader still running. Their calls came first and decided: a width of
+/// theirs, a vote far ahead, and the real leader could not add the node (or lost its
+/// leadership to the vote). Now such a node takes Raft calls only after the Hello of the
+/// leader adding it, and none of an older term than that Hello's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() {
+    use timerdb::api::pb::{self, raft_client::RaftClient};
+    let pki = Arc::new(Pki::new());
+    let p = pki.clone();
+    let mut c = TestCluster::start_with(3, move |cfg| {
+        let mut files = p.files(true);
+        files.peer_require_member = true;
+        cfg.tls = Tls::new(files);
+    })
+    .await;
+    let (leader, term) = settled_leader_and_term(&c).await;
+    let stranger = pki.cluster.named("stranger.example", &[]);
+    let addr = c.join(4).await;
+    let ca = pki.cluster.pem();
+    let mut raft = RaftClient::new(tls_channel(&addr, &ca, Some(&stranger)).await.unwrap());
+    let with_width = |data: Vec<u8>| {
+        let mut r = tonic::Request::new(pb::RaftMessage { data });
+        r.metadata_mut()
+            .insert("x-timerdb-bucket-ms", "7".parse().unwrap());
+        r
+    };
+    let ahead = term + 1_000;
+    let vote = openraft::raft::VoteRequest::<u64>::new(openraft::Vote::new(ahead, 9), None);
+    let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+        vote: openraft::Vote::new_committed(ahead, 9),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let enc = timerdb::storage::encode::<openraft::raft::VoteRequest<u64>>;
+    let e = raft.vote(with_width(enc(&vote))).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::Unavailable,
+        "a Vote before any Hello: {e:?}"
+    );
+    let bytes = timerdb::storage::encode(&append);
+    let e = raft.append_entries(with_width(bytes)).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::Unavailable,
+        "entries before any Hello: {e:?}"
+    );
+
+    // Another cluster's leader says Hello (its width, 7), and its predecessor, removed but
+    // still running, calls at the term before: refused as older than the Hello.
+    let mut hello = with_width(vec![]);
+    hello
+        .metadata_mut()
+        .insert("x-timerdb-term", term.to_string().parse().unwrap());
+    raft.hello(hello).await.unwrap();
+    let zombie = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+        vote: openraft::Vote::new_committed(term - 1, 8),
+        ..append
+    };
+    let bytes = timerdb::storage::encode(&zombie);
+    let e = raft.append_entries(with_width(bytes)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("older than the term"), "{e:?}");
+
+    // The real leader's Hello comes last and wins.
+    let leader_node = c.node(leader).node.clone();
+    let added = tokio::time::timeout(
+        Duration::from_secs(30),
+        leader_node.add_node(4, addr.clone(), true),
+    )
+    .await
+    .expect("AddNode did not finish in 30 s")
+    .expect("AddNode after a stranger's calls");
+    assert!(added.iter().any(|m| m.0 == 4 && m.2), "{added:?}");
+    c.converged().await;
+    assert_eq!(
+        settled_leader_and_term(&c).await,
+        (leader, term),
+        "the stranger's calls moved the cluster's leader or term"
+    );
+    assert_eq!(
+        c.node(4).node.store.width_ms(),
+        c.node(leader).node.store.width_ms()
+    );
+    c.shutdown().await;
+}

@@ -1,0 +1,73 @@
+//! Admission: what a node that holds nothing (started with `--join`, or wiped) takes from
+//! whom, before it knows the members that would tell a peer from a stranger.
+//!
+//! Such a node has no membership, so `--peer-require-member` cannot say who may call it, and
+//! without it anyone can. Yet the first Raft call it takes decides a lot: its bucket width, a
+//! vote it persists, entries it appends. Left open, a node of another cluster that still has
+//! this address among its members, or a removed leader that still runs (a zombie, which holds
+//! the old membership with this node in it and counts it towards a quorum), would reach it
+//! before the real leader does and lock that one out or commit through it (issue 33 review
+//! F2). So:
+//!
+//! - it takes the width, and the right to send it Raft calls, only from a `Hello` — the call
+//!   `AddNode` makes before it adds a node — which names the adding leader's term; the latest
+//!   `Hello` wins while the node holds nothing, so whoever adds it last is heard;
+//! - until it has a membership it refuses AppendEntries, Vote and InstallSnapshot without a
+//!   `Hello` first, or from a leader of an older term than the `Hello`'s (a zombie's);
+//! - the admitted term is kept in the log's column family (node-local, like the vote), so a
+//!   restart between the `Hello` and the first entry keeps it.
+//!
+//! What this does not stop: a holder of a peer-CA certificate that means harm can send its own
+//! `Hello`. The peer CA is the trust boundary (docs/security.md).
+
+use super::{cf, codec, meta, Store, CF_META, CF_RAFT};
+use crate::{Error, Result};
+
+/// Key (in `CF_RAFT`) of the term of the latest `Hello` this node took while it held nothing.
+const ADMITTED: &[u8] = b"admitted_term";
+
+impl Store {
+    /// The term of the latest `Hello` taken while this node held nothing (None: none yet).
+    pub fn admitted(&self) -> Result<Option<u64>> {
+        match self.db.get_cf(cf(&self.db, CF_RAFT), ADMITTED)? {
+            Some(v) => Ok(Some(codec::decode(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// A `Hello` of a leader at `term` whose cluster's width is `width_ms` (0: a build before
+    /// the width header), from `from`. While nothing is applied it replaces the width this node
+    /// took from an earlier `Hello`; a width of its own (`--bucket-ms`, or data) must match.
+    pub fn admit(&self, width_ms: u64, term: u64, from: &str) -> Result<()> {
+        let applied = self.db.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)?;
+        let holds_nothing = match applied {
+            Some(v) => codec::decode::<Option<openraft::LogId<u64>>>(&v)?.is_none(),
+            None => true,
+        };
+        let mine = self.width_ms();
+        if width_ms != 0 && mine != width_ms {
+            // A width an earlier Hello gave may be replaced while nothing is applied; one of
+            // this node's own (--bucket-ms, or its data) may not.
+            let replaceable = mine == 0 || (holds_nothing && self.admitted()?.is_some());
+            if !replaceable {
+                return Err(Error::FailedPrecondition(super::store::width_mismatch(
+                    mine, width_ms, from,
+                )));
+            }
+            self.db.put_cf(
+                cf(&self.db, CF_META),
+                meta::BUCKET_MS,
+                codec::encode(&width_ms),
+            )?;
+            self.set_width(width_ms);
+            tracing::info!(
+                bucket_ms = width_ms,
+                from,
+                "took the cluster's bucket width"
+            );
+        }
+        self.db
+            .put_cf(cf(&self.db, CF_RAFT), ADMITTED, codec::encode(&term))?;
+        Ok(())
+    }
+}
