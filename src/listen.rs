@@ -74,8 +74,10 @@ impl Handshakes {
         (self.next, rx, limit)
     }
 
-    /// Tells the oldest handshake of the address holding the most places to give up (of two
-    /// holding as many, the one whose oldest is older).
+    /// Tells a handshake to give up: the oldest of the source holding the most places (of two
+    /// holding as many, the one whose oldest is older) — unless every source holds one place
+    /// (a flood from many networks), when the newest gives up: ties among single places are
+    /// broken against the one that has waited least, not the client that waited longest.
     fn evict(&mut self) {
         let largest = self
             .by_source
@@ -84,8 +86,15 @@ impl Handshakes {
                 Some((ids.len(), std::cmp::Reverse(*ids.first()?), *source))
             })
             .max();
-        let Some((_, std::cmp::Reverse(id), _)) = largest else {
+        let Some((held, std::cmp::Reverse(oldest), _)) = largest else {
             return;
+        };
+        let id = match held {
+            1 => match self.pending.keys().next_back() {
+                Some(newest) => *newest,
+                None => return,
+            },
+            _ => oldest,
         };
         if let Some((_, give_up)) = self.remove(id) {
             let _ = give_up.send(());
@@ -458,5 +467,27 @@ mod tests {
             h.start(client);
         }
         assert!(lone.try_recv().is_ok());
+    }
+
+    /// Review of issue 33's change (F8): when every source holds one place (a flood from
+    /// many networks), the tie among the largest holders went to the oldest place: the
+    /// client that had waited longest. Now, among sources that hold a place each, the newest
+    /// place makes way: the handshakes furthest along keep theirs.
+    #[test]
+    fn a_flood_from_many_networks_does_not_evict_the_longest_waiting_client() {
+        let mut h = Handshakes::default();
+        let (_, mut client, _) = h.start(Some([192, 0, 2, 7].into()));
+        let source = |i: u32| Some(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        for i in 0..MAX_HANDSHAKES as u32 - 1 {
+            h.start(source(i));
+        }
+        for i in 0..4 * MAX_HANDSHAKES as u32 {
+            h.start(source(100_000 + i));
+        }
+        assert!(
+            client.try_recv().is_err(),
+            "a flood of one place per network evicted the longest-waiting client"
+        );
+        assert_eq!(h.pending.len(), MAX_HANDSHAKES);
     }
 }
