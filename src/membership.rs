@@ -62,14 +62,7 @@ impl Node {
                 // is a member, with the reason; an empty one takes this cluster's width here.
                 let dial = self.config.dial_addr(id, &addr);
                 let term = self.raft.metrics().borrow().current_term;
-                network::hello(
-                    &self.config.tls,
-                    &dial,
-                    &self.store,
-                    self.config.level,
-                    term,
-                )
-                .await?;
+                network::hello(&self.config, &dial, &self.store, term).await?;
                 self.add_learner(id, &addr).await?
             }
         }

@@ -263,8 +263,7 @@ async fn serve(
     let peer = RaftServer::new(PeerService::new(
         node.raft.clone(),
         node.store.clone(),
-        node.config.level,
-        node.config.join,
+        node.config.clone(),
     ))
     .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);

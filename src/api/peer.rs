@@ -19,20 +19,22 @@ use crate::storage::{decode, encode};
 pub struct PeerService {
     raft: Raft,
     store: Store,
-    /// The feature level this node advertises in every answer, and the newest entry forms it
-    /// takes (`cluster::level`).
-    level: u32,
-    /// Started with `--join`: while it knows no members it admits (`storage/admission.rs`).
-    joining: bool,
+    /// The feature level this node advertises in every answer (with its tzdb version), and
+    /// the newest entry forms it takes (`cluster::level`); `join`: while it knows no members
+    /// it admits (`storage/admission.rs`).
+    config: std::sync::Arc<crate::config::NodeConfig>,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, store: Store, level: u32, joining: bool) -> Self {
+    pub fn new(
+        raft: Raft,
+        store: Store,
+        config: std::sync::Arc<crate::config::NodeConfig>,
+    ) -> Self {
         PeerService {
             raft,
             store,
-            level,
-            joining,
+            config,
         }
     }
 
@@ -41,7 +43,11 @@ impl PeerService {
         let mut answer = Response::new(RaftMessage {
             data: encode(value),
         });
-        crate::cluster::level::advertise(answer.metadata_mut(), self.level);
+        crate::cluster::level::advertise(
+            answer.metadata_mut(),
+            self.config.level,
+            &self.config.tzdb,
+        );
         Ok(answer)
     }
 
@@ -55,9 +61,9 @@ impl PeerService {
             _ => None,
         });
         match newest.max() {
-            Some(level) if level > self.level => Err(Status::invalid_argument(format!(
+            Some(level) if level > self.config.level => Err(Status::invalid_argument(format!(
                 "undecodable: an entry of feature level {level}, and this node reads up to {}",
-                self.level
+                self.config.level
             ))),
             _ => Ok(()),
         }
@@ -66,7 +72,7 @@ impl PeerService {
     /// Whether this node holds nothing yet: started with `--join` and no membership known
     /// (`storage/admission.rs` says what it takes from whom then).
     fn admitting(&self) -> bool {
-        self.joining
+        self.config.join
             && (self.raft.metrics().borrow())
                 .membership_config
                 .membership()
@@ -236,7 +242,11 @@ impl raft_server::Raft for PeerService {
             self.check_width(&req)?;
         }
         let mut answer = Response::new(RaftMessage { data: Vec::new() });
-        crate::cluster::level::advertise(answer.metadata_mut(), self.level);
+        crate::cluster::level::advertise(
+            answer.metadata_mut(),
+            self.config.level,
+            &self.config.tzdb,
+        );
         Ok(answer)
     }
 

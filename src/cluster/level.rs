@@ -10,6 +10,12 @@
 //! included) reaches it; until then it proposes the older form of the same change, which
 //! every build applies (with the older form's known limits, docs/operations.md).
 //!
+//! Each call and answer also names the build's time-zone database ([`TZDB_HEADER`]): a
+//! series in a time zone is computed by every replica with its own rules, and one whose
+//! rules differ from the proposer's stops rather than diverge (`storage/apply.rs`). So while
+//! members run different tzdb versions (during an upgrade) a leader refuses to create or
+//! change a series in a time zone, instead of letting a client's call stop the older nodes.
+//!
 //! Invariant: a member never heard from counts as level 0 (a build before the header), so a
 //! leader errs towards the older forms. Levels are what this node heard, not replicated state:
 //! they choose which entry a leader proposes, never what a committed entry does (DESIGN 8).
@@ -26,17 +32,24 @@ pub const LEVEL: u32 = 1;
 /// The header every peer call and answer carries: the sender's level.
 pub const LEVEL_HEADER: &str = "x-timerdb-level";
 
-/// The level each peer last advertised to this node.
+/// The header every peer call and answer carries: the sender's tzdb version.
+pub const TZDB_HEADER: &str = "x-timerdb-tzdb";
+
+/// The level (and tzdb version) each peer last advertised to this node.
 #[derive(Debug, Default)]
 pub struct Levels {
-    heard: Mutex<HashMap<NodeId, u32>>,
+    heard: Mutex<HashMap<NodeId, (u32, Option<String>)>>,
 }
 
 impl Levels {
     /// `node` answered (or called) with `metadata`.
     pub fn heard(&self, node: NodeId, metadata: &tonic::metadata::MetadataMap) {
-        let level = of(metadata);
-        self.heard.lock().expect("levels").insert(node, level);
+        let tzdb = metadata.get(TZDB_HEADER).and_then(|v| v.to_str().ok());
+        let seen = (of(metadata), tzdb.map(str::to_string));
+        let mut heard = self.heard.lock().expect("levels");
+        if heard.get(&node) != Some(&seen) {
+            heard.insert(node, seen);
+        }
     }
 
     /// The lowest level among `members` (0 for one never heard from) and `own`, this node's.
@@ -45,8 +58,23 @@ impl Levels {
         members
             .into_iter()
             .filter(|id| *id != me)
-            .map(|id| heard.get(&id).copied().unwrap_or(0))
+            .map(|id| heard.get(&id).map_or(0, |h| h.0))
             .fold(own, u32::min)
+    }
+
+    /// A member among `members` whose advertised tzdb version is not `own`, and its version
+    /// (members that advertised none — older builds, or not heard from — are not counted).
+    pub fn other_tzdb(
+        &self,
+        own: &str,
+        me: NodeId,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> Option<(NodeId, String)> {
+        let heard = self.heard.lock().expect("levels");
+        members.into_iter().filter(|id| *id != me).find_map(|id| {
+            let tzdb = heard.get(&id)?.1.as_ref()?;
+            (tzdb != own).then(|| (id, tzdb.clone()))
+        })
     }
 }
 
@@ -59,9 +87,12 @@ pub fn of(metadata: &tonic::metadata::MetadataMap) -> u32 {
         .unwrap_or(0)
 }
 
-/// Puts `level` into `metadata`.
-pub fn advertise(metadata: &mut tonic::metadata::MetadataMap, level: u32) {
+/// Puts `level` and `tzdb` (the build's tzdb version) into `metadata`.
+pub fn advertise(metadata: &mut tonic::metadata::MetadataMap, level: u32, tzdb: &str) {
     metadata.insert(LEVEL_HEADER, tonic::metadata::MetadataValue::from(level));
+    if let Ok(v) = tzdb.parse() {
+        metadata.insert(TZDB_HEADER, v);
+    }
 }
 
 impl Command {
@@ -186,7 +217,7 @@ mod tests {
     fn a_member_never_heard_from_counts_as_the_oldest() {
         let levels = Levels::default();
         let mut md = tonic::metadata::MetadataMap::new();
-        advertise(&mut md, 1);
+        advertise(&mut md, 1, "2025b");
         levels.heard(2, &md);
         assert_eq!(levels.lowest(1, 1, [1, 2]), 1);
         assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "3 was never heard from");

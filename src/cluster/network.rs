@@ -58,36 +58,39 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.config.dial_addr(target, &node.addr);
-        let mut client = PeerClient::new(target, &addr, &self.config.tls, self.store.clone());
-        client.levels = (self.levels.clone(), self.config.level);
-        client
+        let levels = (self.levels.clone(), self.config.clone());
+        PeerClient::new(target, &addr, self.store.clone(), levels)
     }
 }
 
-/// A request to a peer, with this node's bucket width and feature level.
-fn peer_request<T>(msg: T, store: &crate::storage::Store, level: u32) -> tonic::Request<T> {
+/// A request to a peer, with this node's bucket width, feature level and tzdb version.
+fn peer_request<T>(
+    msg: T,
+    store: &crate::storage::Store,
+    config: &crate::config::NodeConfig,
+) -> tonic::Request<T> {
     let mut request = tonic::Request::new(msg);
     let width = tonic::metadata::MetadataValue::from(store.width_ms());
     request.metadata_mut().insert(BUCKET_MS_HEADER, width);
-    super::level::advertise(request.metadata_mut(), level);
+    super::level::advertise(request.metadata_mut(), config.level, &config.tzdb);
     request
 }
 
 /// Asks the node at `addr` whether it can join this cluster (its bucket width agrees, or it
 /// takes this one): before it is added, so a node that cannot is refused with the reason.
 pub async fn hello(
-    tls: &crate::tls::Tls,
+    config: &crate::config::NodeConfig,
     addr: &str,
     store: &crate::storage::Store,
-    level: u32,
     term: u64,
 ) -> crate::Result<()> {
+    let tls = &config.tls;
     // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
     let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
     let channel = tls
         .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
         .map_err(|e| unreachable(e.to_string()))?;
-    let mut request = peer_request(RaftMessage { data: Vec::new() }, store, level);
+    let mut request = peer_request(RaftMessage { data: Vec::new() }, store, config);
     let term = tonic::metadata::MetadataValue::from(term);
     request.metadata_mut().insert(TERM_HEADER, term);
     request.set_timeout(Duration::from_secs(5));
@@ -129,7 +132,10 @@ pub struct PeerClient {
     addr: String,
     store: crate::storage::Store,
     /// Where the target's advertised level goes, and this node's own.
-    levels: (std::sync::Arc<super::Levels>, u32),
+    levels: (
+        std::sync::Arc<super::Levels>,
+        std::sync::Arc<crate::config::NodeConfig>,
+    ),
 }
 
 enum Rpc {
@@ -142,10 +148,15 @@ impl PeerClient {
     fn new(
         target: NodeId,
         addr: &str,
-        tls: &crate::tls::Tls,
         store: crate::storage::Store,
+        levels: (
+            std::sync::Arc<super::Levels>,
+            std::sync::Arc<crate::config::NodeConfig>,
+        ),
     ) -> Self {
-        let client = tls
+        let client = levels
+            .1
+            .tls
             .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .ok()
             .map(|channel| {
@@ -158,7 +169,7 @@ impl PeerClient {
             client,
             addr: addr.to_string(),
             store,
-            levels: Default::default(),
+            levels,
         }
     }
 
@@ -180,7 +191,7 @@ impl PeerClient {
                 "bad peer address {addr}"
             ))))
         })?;
-        let own = self.levels.1;
+        let own = &self.levels.1;
         let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store, own);
         request.set_timeout(ttl);
         let reply = match rpc {

@@ -131,6 +131,8 @@ pub struct NodeConfig {
     /// The feature level this node advertises to its peers and the entry forms it takes
     /// (`cluster::level`): this build's; lower only in tests, to act as an older build.
     pub level: u32,
+    /// The tzdb version this node advertises: this build's; another only in tests.
+    pub tzdb: String,
     /// Join an existing cluster (through Cluster.AddNode) instead of forming one from `peers`:
     /// the node never initialises a cluster itself and waits to be added.
     pub join: bool,
@@ -210,6 +212,7 @@ impl NodeConfig {
             dial: BTreeMap::new(),
             faults: Faults::default(),
             level: crate::cluster::level::LEVEL,
+            tzdb: crate::series::tzdb_version().to_string(),
             join: false,
             push_ca: None,
             push_allow_private: false,

@@ -36,7 +36,7 @@ impl Node {
             now_ms: self.now_ms(),
             spec,
             cond,
-        });
+        })?;
         self.write_created(cmd).await
     }
 

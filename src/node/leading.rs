@@ -14,7 +14,9 @@
 use std::time::Duration;
 
 use super::Node;
+use crate::series::RuleSpec;
 use crate::timer::{Command, SeriesChange};
+use crate::{Error, Result};
 
 impl Node {
     /// Whether this node has applied an entry of its current term (on a leader: every entry
@@ -35,13 +37,35 @@ impl Node {
     }
 
     /// A series change as the members can read it: stamped with this build's zone rules
-    /// (`ZoneRules`) once all can, bare before.
-    pub(super) fn series_entry(&self, change: SeriesChange) -> Command {
-        if self.cluster_level() >= 1 {
-            Command::with_zone_rules(change)
-        } else {
-            change.into_command()
+    /// (`ZoneRules`) once all can, bare before. Refused for a series in a time zone while a
+    /// member advertises another tzdb version: its replica would stop at the entry (its
+    /// rules may differ) — a client's call must not stop a node mid-upgrade.
+    pub(super) fn series_entry(&self, change: SeriesChange) -> Result<Command> {
+        if let RuleSpec::Cron { zone, .. } = &change.spec().recurrence.rule {
+            let members = {
+                let metrics = self.raft.metrics();
+                let m = metrics.borrow();
+                let ids: Vec<_> = m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect();
+                ids
+            };
+            let own = &self.config.tzdb;
+            if let Some((node, theirs)) = self.levels.other_tzdb(own, self.id, members) {
+                return Err(Error::FailedPrecondition(format!(
+                    "the members run different time-zone databases (tzdb {own} here, {theirs} \
+                     on node {node}): a series in {zone} can be created or changed once every \
+                     node runs one build (docs/recurrence.md)"
+                )));
+            }
         }
+        Ok(match self.cluster_level() >= 1 {
+            true => Command::with_zone_rules(change),
+            false => change.into_command(),
+        })
     }
 
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.

@@ -14,7 +14,7 @@ impl Node {
         let cmd = self.series_entry(crate::timer::SeriesChange::Schedule {
             now_ms: self.now_ms(),
             spec,
-        });
+        })?;
         self.write_created(cmd).await
     }
 

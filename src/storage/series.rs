@@ -67,12 +67,12 @@ impl Applier<'_> {
     }
 
     /// A new series for `spec`, stamped with the tzdb version its command names (a
-    /// `ZoneRules` command: the proposer's) or, for an older log's command, this build's.
+    /// `ZoneRules` command: the proposer's) or, for a bare command (an older build's, or one
+    /// proposed while a member is older), none: what the proposer used is unknown, and a
+    /// replica's own version would make replicas of two builds write different rows.
     fn new_series(&self, spec: &SeriesSpec, now_ms: i64) -> Series {
         let mut s = Series::new(spec.clone(), now_ms);
-        if let Some(tzdb) = &self.zone_tzdb {
-            s.tzdb = tzdb.clone();
-        }
+        s.tzdb = self.zone_tzdb.clone().unwrap_or_default();
         s
     }
 

@@ -99,3 +99,35 @@ async fn an_upgraded_leader_writes_what_older_members_read_until_all_are_upgrade
     c.converged().await;
     c.shutdown().await;
 }
+
+/// While a member advertises another tzdb version (mid-upgrade), a series in a time zone is
+/// refused, with the reason: its replica could have other rules for the zone and would stop
+/// at the entry (review of issue 33's change, F6). An interval series, which no zone rules
+/// touch, is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_series_in_a_time_zone_waits_until_every_member_runs_one_tzdb() {
+    let c = TestCluster::start_with(3, |n| {
+        if n.id == 3 {
+            n.tzdb = "2000a".into();
+        }
+    })
+    .await;
+    let leader = c.leader().await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // heartbeats answered
+    let mut client = c.client(leader).await;
+    let mut zoned = series("berlin");
+    zoned.recurrence = Some(pb::Recurrence {
+        cron: "30 2 * * *".into(),
+        time_zone: "Europe/Berlin".into(),
+        ..Default::default()
+    });
+    let e = client.schedule(zoned).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("2000a"), "{e:?}");
+    client
+        .schedule(series("interval"))
+        .await
+        .expect("an interval series names no zone");
+    c.converged().await;
+    c.shutdown().await;
+}

@@ -417,6 +417,25 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let e = refused.expect_err("a replica with other rules for the zone applied the entry");
     assert!(e.to_string().contains("other rules"), "{e}");
     assert_eq!(s.store.digest().unwrap(), before, "half an entry written");
+
+    // A bare command names no rules: every replica stores none, whatever its build's
+    // (the review of issue 33's change, F6: each stored its own, so replicas of two builds
+    // wrote different rows for one entry).
+    let bare = Command::ScheduleSeries {
+        now_ms: T0,
+        spec: SeriesSpec {
+            key: TimerKey::new("ns", "bare"),
+            recurrence: cron.clone(),
+            payload: b"p".to_vec(),
+            content_type: String::new(),
+        },
+    };
+    assert!(created(&s.apply(bare).await));
+    assert_eq!(
+        series(&s, "bare").series.tzdb,
+        "",
+        "a replica stamped its own tzdb"
+    );
 }
 
 /// Series commands for the shared workload (determinism, restart, snapshot), after its other
