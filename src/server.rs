@@ -183,6 +183,8 @@ pub async fn start_with(
         max_fires_per_entry: node.config.max_fires_per_entry,
         fire_early_ms: node.config.faults.fire_early_ms,
         hold: node.hold.clone(),
+        levels: node.levels.clone(),
+        config: node.config.clone(),
     };
     tasks.push(tokio::spawn(storage::quiet::run(
         db_owner.clone(),

@@ -472,6 +472,17 @@ pub enum Command {
         zone_fp: u64,
         change: SeriesChange,
     },
+    /// `Fire`, naming the proposer's tzdb version: a replica of that version computes the
+    /// series it fires with its own rules and stamps them on the rows (so a cluster that
+    /// finished an upgrade moves its rows to the new rules instead of stopping); one of
+    /// another version computes only a row stamped with that version whose rules for the zone
+    /// are its own, and stops otherwise (docs/recurrence.md).
+    FireWithZones {
+        tzdb: String,
+        now_ms: i64,
+        max: u32,
+        grants: Vec<Grant>,
+    },
 }
 
 thread_local! {
@@ -515,12 +526,28 @@ pub enum SeriesChange {
         spec: crate::series::SeriesSpec,
         cond: Cond,
     },
+    /// As `Command::PauseSeries` (a resume plans the next occurrence: it needs the rules).
+    Pause {
+        now_ms: i64,
+        key: TimerKey,
+        paused: bool,
+    },
 }
 
 impl SeriesChange {
-    pub fn spec(&self) -> &crate::series::SeriesSpec {
+    /// The series the change creates or replaces (None: a pause or resume of a stored one).
+    pub fn spec(&self) -> Option<&crate::series::SeriesSpec> {
         match self {
-            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => spec,
+            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => Some(spec),
+            SeriesChange::Pause { .. } => None,
+        }
+    }
+
+    /// The series it changes.
+    pub fn key(&self) -> &TimerKey {
+        match self {
+            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => &spec.key,
+            SeriesChange::Pause { key, .. } => key,
         }
     }
 
@@ -531,6 +558,15 @@ impl SeriesChange {
             SeriesChange::Upsert { now_ms, spec, cond } => {
                 Command::UpsertSeries { now_ms, spec, cond }
             }
+            SeriesChange::Pause {
+                now_ms,
+                key,
+                paused,
+            } => Command::PauseSeries {
+                now_ms,
+                key,
+                paused,
+            },
         }
     }
 
@@ -538,6 +574,7 @@ impl SeriesChange {
         match self {
             SeriesChange::Schedule { .. } => "schedule_series",
             SeriesChange::Upsert { .. } => "upsert_series",
+            SeriesChange::Pause { .. } => "pause_series",
         }
     }
 }
@@ -547,7 +584,7 @@ impl Command {
     pub fn with_zone_rules(change: SeriesChange) -> Command {
         Command::ZoneRules {
             tzdb: crate::series::tzdb_version().to_string(),
-            zone_fp: change.spec().recurrence.zone_fingerprint(),
+            zone_fp: change.spec().map_or(0, |s| s.recurrence.zone_fingerprint()),
             change,
         }
     }
@@ -625,7 +662,7 @@ impl Command {
             Command::ScheduleSeries { spec, .. } => Some(&spec.key),
             Command::ScheduleWith { spec, .. } => Some(&spec.key),
             Command::UpsertSeries { spec, .. } => Some(&spec.key),
-            Command::ZoneRules { change, .. } => Some(&change.spec().key),
+            Command::ZoneRules { change, .. } => Some(change.key()),
             Command::Cancel { key, .. }
             | Command::CancelIf { key, .. }
             | Command::RescheduleIf { key, .. }
@@ -645,7 +682,7 @@ impl Command {
             Command::ScheduleBatch { .. } => "schedule_batch",
             Command::Cancel { .. } => "cancel",
             Command::Reschedule { .. } => "reschedule",
-            Command::Fire { .. } => "fire",
+            Command::Fire { .. } | Command::FireWithZones { .. } => "fire",
             Command::Deliver { .. } => "deliver",
             Command::Ack { .. } => "ack",
             Command::Acks { .. } => "acks",

@@ -88,6 +88,10 @@ pub struct FireDriver {
     pub fire_early_ms: i64,
     /// Closed while leadership is handed over.
     pub hold: super::Hold,
+    /// What the members read: Fire entries name this build's tzdb version
+    /// (`FireWithZones`) once every member reads that form (`level.rs`).
+    pub levels: Arc<super::Levels>,
+    pub config: Arc<crate::config::NodeConfig>,
 }
 
 /// Runs `lead()` whenever node `id` leads and has applied everything committed before, dropping
@@ -198,10 +202,19 @@ impl FireDriver {
             self.hold.pass().await;
             let term = self.raft.metrics().borrow().current_term;
             let plan = self.dispatcher.plan(now_ms, term, None);
-            let cmd = Command::Fire {
-                now_ms,
-                max: self.max_fires_per_entry,
-                grants: plan.grants.clone(),
+            let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
+            let cmd = match self.levels.cluster(&self.raft, self.config.level, self.id) >= 1 {
+                true => Command::FireWithZones {
+                    tzdb: self.config.tzdb.clone(),
+                    now_ms,
+                    max,
+                    grants,
+                },
+                false => Command::Fire {
+                    now_ms,
+                    max,
+                    grants,
+                },
             };
             match self.raft.client_write(cmd.into()).await {
                 Ok(reply) => match reply.data {

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use super::NodeId;
 use crate::timer::Command;
 
-/// The level of this build: 1 added `ConfigureNamespace` and `ZoneRules`.
+/// The level of this build: 1 added `ConfigureNamespace`, `ZoneRules` and `FireWithZones`.
 pub const LEVEL: u32 = 1;
 
 /// The header every peer call and answer carries: the sender's level.
@@ -62,6 +62,12 @@ impl Levels {
             .fold(own, u32::min)
     }
 
+    /// The lowest level among the members of `raft`'s membership and `own`, this node's
+    /// (`me`): the newest entry forms it may propose.
+    pub fn cluster(&self, raft: &super::Raft, own: u32, me: NodeId) -> u32 {
+        self.lowest(own, me, members(raft))
+    }
+
     /// A member among `members` whose advertised tzdb version is not `own`, and its version
     /// (members that advertised none — older builds, or not heard from — are not counted).
     pub fn other_tzdb(
@@ -76,6 +82,14 @@ impl Levels {
             (tzdb != own).then(|| (id, tzdb.clone()))
         })
     }
+}
+
+/// The ids of `raft`'s members (voters and learners).
+pub fn members(raft: &super::Raft) -> Vec<NodeId> {
+    let metrics = raft.metrics();
+    let m = metrics.borrow();
+    let ids = m.membership_config.membership().nodes().map(|(id, _)| *id);
+    ids.collect()
 }
 
 /// The level `metadata` advertises: 0 without the header (a build before it) or with a bad one.
@@ -100,7 +114,9 @@ impl Command {
     /// (no catch-all): a new one makes its author choose.
     pub fn level(&self) -> u32 {
         match self {
-            Command::ConfigureNamespace { .. } | Command::ZoneRules { .. } => 1,
+            Command::ConfigureNamespace { .. }
+            | Command::ZoneRules { .. }
+            | Command::FireWithZones { .. } => 1,
             Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
             Command::Schedule { .. }
             | Command::ScheduleBatch { .. }
@@ -203,6 +219,12 @@ mod tests {
                 keep_secrets: true,
             },
             Command::with_zone_rules(SeriesChange::Schedule { now_ms: 1, spec }),
+            Command::FireWithZones {
+                tzdb: "2026f".into(),
+                now_ms: 1,
+                max: 1,
+                grants: vec![],
+            },
         ];
         for cmd in newer {
             assert!(tag(&cmd) >= LEVEL_0_VARIANTS, "{cmd:?}");

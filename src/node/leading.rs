@@ -30,10 +30,7 @@ impl Node {
     /// The lowest feature level among the members, this node's own included: the newest
     /// entry forms this node may propose.
     pub fn cluster_level(&self) -> u32 {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        let members = m.membership_config.membership().nodes().map(|(id, _)| *id);
-        self.levels.lowest(self.config.level, self.id, members)
+        self.levels.cluster(&self.raft, self.config.level, self.id)
     }
 
     /// A series change as the members can read it: stamped with this build's zone rules
@@ -41,30 +38,42 @@ impl Node {
     /// member advertises another tzdb version: its replica would stop at the entry (its
     /// rules may differ) — a client's call must not stop a node mid-upgrade.
     pub(super) fn series_entry(&self, change: SeriesChange) -> Result<Command> {
-        if let RuleSpec::Cron { zone, .. } = &change.spec().recurrence.rule {
-            let members = {
-                let metrics = self.raft.metrics();
-                let m = metrics.borrow();
-                let ids: Vec<_> = m
-                    .membership_config
-                    .membership()
-                    .nodes()
-                    .map(|(id, _)| *id)
-                    .collect();
-                ids
-            };
+        if let Some(zone) = self.zone_of(&change)? {
+            let members = crate::cluster::level::members(&self.raft);
             let own = &self.config.tzdb;
             if let Some((node, theirs)) = self.levels.other_tzdb(own, self.id, members) {
                 return Err(Error::FailedPrecondition(format!(
                     "the members run different time-zone databases (tzdb {own} here, {theirs} \
-                     on node {node}): a series in {zone} can be created or changed once every \
-                     node runs one build (docs/recurrence.md)"
+                     on node {node}): a series in {zone} can be created, changed or resumed \
+                     once every node runs one build (docs/recurrence.md)"
                 )));
             }
         }
         Ok(match self.cluster_level() >= 1 {
             true => Command::with_zone_rules(change),
             false => change.into_command(),
+        })
+    }
+
+    /// The time zone whose rules `change` computes with, if any: its spec's, or for a resume
+    /// the stored series' (read here only to refuse early; apply decides from its own state).
+    fn zone_of(&self, change: &SeriesChange) -> Result<Option<String>> {
+        let rule = match change {
+            SeriesChange::Pause {
+                key, paused: false, ..
+            } => match self.store.series(key, 0)?.and_then(|t| t.series) {
+                Some(view) => view.series.spec.recurrence.rule,
+                None => return Ok(None),
+            },
+            SeriesChange::Pause { .. } => return Ok(None),
+            _ => match change.spec() {
+                Some(spec) => spec.recurrence.rule.clone(),
+                None => return Ok(None),
+            },
+        };
+        Ok(match rule {
+            RuleSpec::Cron { zone, .. } => Some(zone),
+            RuleSpec::Every { .. } => None,
         })
     }
 

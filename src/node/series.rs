@@ -4,7 +4,7 @@
 
 use super::Node;
 use crate::series::SeriesSpec;
-use crate::timer::{Command, Timer, TimerKey};
+use crate::timer::{Timer, TimerKey};
 use crate::{Error, Result};
 
 impl Node {
@@ -26,11 +26,11 @@ impl Node {
 
     /// Pauses (`paused`) or resumes a recurring timer.
     pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<Timer> {
-        let cmd = Command::PauseSeries {
+        let cmd = self.series_entry(crate::timer::SeriesChange::Pause {
             now_ms: self.now_ms(),
             key,
             paused,
-        };
+        })?;
         self.write_timer(cmd).await
     }
 

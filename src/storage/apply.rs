@@ -98,7 +98,8 @@ pub(super) struct Applier<'a> {
     /// Rows the Fire passed too late for their misfire policy: (index into `visited`, slot,
     /// policy) (`misfire.rs`).
     pub(super) late: Vec<(usize, Slot, crate::namespace::Misfire)>,
-    /// The tzdb version a `ZoneRules` command names, for the series rows its command writes.
+    /// The tzdb version the entry names (`ZoneRules`, `FireWithZones`: the proposer's), for
+    /// the series rows it writes and the rules it may compute them with (`rule_of`).
     pub(super) zone_tzdb: Option<String>,
 }
 
@@ -162,6 +163,7 @@ impl<'a> Applier<'a> {
                 sub,
                 Command::Multi(_)
                     | Command::Fire { .. }
+                    | Command::FireWithZones { .. }
                     | Command::Deliver { .. }
                     | Command::Purge { .. }
             ) {
@@ -243,6 +245,17 @@ impl<'a> Applier<'a> {
                 max,
                 grants,
             } => self.fire(now_ms, max, grants),
+            Command::FireWithZones {
+                tzdb,
+                now_ms,
+                max,
+                grants,
+            } => {
+                self.zone_tzdb = Some(tzdb);
+                let fired = self.fire(now_ms, max, grants);
+                self.zone_tzdb = None;
+                fired
+            }
             Command::PutNamespace {
                 name,
                 mut policy,
@@ -610,14 +623,18 @@ impl<'a> Applier<'a> {
         zone_fp: u64,
         change: crate::timer::SeriesChange,
     ) -> Result<Response> {
-        let spec = change.spec();
-        if spec.recurrence.zone_fingerprint() != zone_fp {
-            return Err(Error::Storage(format!(
-                "series {} was proposed with other rules for its zone (tzdb {tzdb}) than this \
-                 build's (tzdb {}): upgrade every node to one build (docs/recurrence.md)",
-                spec.key,
-                crate::series::tzdb_version()
-            )));
+        // A pause or resume names no spec: the stored row's stamp is checked where its rule
+        // is read (`Applier::rule_of`).
+        if let Some(spec) = change.spec() {
+            if spec.recurrence.zone_fingerprint() != zone_fp {
+                return Err(Error::Storage(format!(
+                    "series {} was proposed with other rules for its zone (tzdb {tzdb}) than \
+                     this build's (tzdb {}): upgrade every node to one build \
+                     (docs/recurrence.md)",
+                    spec.key,
+                    crate::series::tzdb_version()
+                )));
+            }
         }
         self.zone_tzdb = Some(tzdb);
         let r = self.command(change.into_command());

@@ -66,6 +66,40 @@ impl Applier<'_> {
         Ok(None)
     }
 
+    /// The rule of `s`, read with rules this replica may compute it with (docs/recurrence.md,
+    /// "Replicas must agree on the time-zone database"), for a series in a time zone:
+    /// - the entry names this build's tzdb version (its proposer runs it): this build's rules,
+    ///   and the row is stamped with them — every replica of that version does the same, so a
+    ///   cluster that finished an upgrade moves its rows to the new rules;
+    /// - it names another version: only a row stamped with that version whose fingerprint for
+    ///   the zone is this build's (the proposer's rules are then this build's);
+    /// - it names none (an older leader's entry, a client's bare PauseSeries): only a row whose
+    ///   fingerprint is this build's.
+    ///
+    /// Otherwise an error: the replica stops rather than compute another next time than the
+    /// others (an upgraded replica takes the entry up again where it stopped).
+    fn rule_of(&self, s: &mut Series) -> Result<crate::recur::Rule> {
+        if matches!(s.spec.recurrence.rule, series::RuleSpec::Cron { .. }) {
+            let own = series::tzdb_version();
+            match self.zone_tzdb.as_deref() {
+                Some(named) if named == own => {
+                    s.tzdb = own.to_string();
+                    s.zone_fp = s.spec.recurrence.zone_fingerprint();
+                }
+                Some(named) if s.tzdb != named => {
+                    return Err(Error::Storage(format!(
+                        "series {} was computed with tzdb {:?} and this entry's proposer runs tzdb \
+                         {named}, this build {own}: upgrade this node to the proposer's build \
+                         (docs/recurrence.md)",
+                        s.spec.key, s.tzdb
+                    )));
+                }
+                _ => {}
+            }
+        }
+        s.rule()
+    }
+
     /// A new series for `spec`, stamped with the tzdb version its command names (a
     /// `ZoneRules` command: the proposer's) or, for a bare command (an older build's, or one
     /// proposed while a member is older), none: what the proposer used is unknown, and a
@@ -99,7 +133,7 @@ impl Applier<'_> {
     /// it as the series' next; an id already taken (by an occurrence kept from before a
     /// resume) moves on to the following occurrence. No occurrence left: the series ended.
     fn materialize(&mut self, s: &mut Series, first: Option<i64>, now_ms: i64) -> Result<()> {
-        let rule = s.rule()?;
+        let rule = self.rule_of(s)?;
         let mut at = first;
         while let Some(nominal_ms) = at {
             let key = s.occurrence_key(nominal_ms);
@@ -209,7 +243,7 @@ impl Applier<'_> {
             (Status::Paused, false) => {
                 s.status = Status::Active;
                 s.revision += 1;
-                let rule = s.rule()?;
+                let rule = self.rule_of(&mut s)?;
                 let first = s.following(&rule, now_ms);
                 self.materialize(&mut s, first, now_ms)?;
             }
@@ -285,7 +319,7 @@ impl Applier<'_> {
             s.status = Status::Active;
         }
         if s.status == Status::Active {
-            let rule = s.rule()?;
+            let rule = self.rule_of(&mut s)?;
             let first = s.following(&rule, now_ms);
             self.materialize(&mut s, first, now_ms)?;
         }
@@ -377,7 +411,7 @@ impl Applier<'_> {
             },
             None => (None, 0),
         };
-        let rule = s.rule()?;
+        let rule = self.rule_of(&mut s)?;
         let decision = series::plan(
             &mut s,
             &rule,

@@ -165,10 +165,20 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
             },
             4 => {
                 now += i64::from(b.next()) * 40;
-                Command::Fire {
-                    now_ms: now,
-                    max: 1 + u32::from(b.next() % 40),
-                    grants: Vec::new(),
+                let max = 1 + u32::from(b.next() % 40);
+                // Today's leaders name their tzdb once every member reads the form.
+                match b.next() % 2 {
+                    0 => Command::FireWithZones {
+                        tzdb: timerdb::series::tzdb_version().into(),
+                        now_ms: now,
+                        max,
+                        grants: Vec::new(),
+                    },
+                    _ => Command::Fire {
+                        now_ms: now,
+                        max,
+                        grants: Vec::new(),
+                    },
                 }
             }
             5 => Command::Deliver {
@@ -246,11 +256,21 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     _ => Command::ScheduleSeries { now_ms: now, spec },
                 }
             }
-            12 => Command::PauseSeries {
-                now_ms: now,
-                key: b.key(),
-                paused: b.next() % 2 == 0,
-            },
+            12 => {
+                let (key, paused) = (b.key(), b.next() % 2 == 0);
+                match commands % 2 {
+                    0 => Command::with_zone_rules(SeriesChange::Pause {
+                        now_ms: now,
+                        key,
+                        paused,
+                    }),
+                    _ => Command::PauseSeries {
+                        now_ms: now,
+                        key,
+                        paused,
+                    },
+                }
+            }
             14 => {
                 let key = b.key();
                 let when = When::At(at(&mut b, now));

@@ -575,3 +575,90 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
     .await;
     assert_eq!(s.apply(schedule("tick", T0 + 10)).await, taken);
 }
+
+/// Gives the stored row of series `id` the tzdb version `tzdb` and, with `other_rules`, a
+/// fingerprint of other rules for its zone: the row as a build with other rules left it.
+fn stamp_row(s: &Sm, id: &str, tzdb: &str, other_rules: bool) {
+    let db = &s.store.db;
+    let k = TimerKey::new("ns", id).index_key();
+    let raw = db.get_cf(cf(db, CF_SERIES), &k).unwrap().unwrap();
+    let mut row: crate::series::Series = codec::decode(&raw).unwrap();
+    row.tzdb = tzdb.into();
+    if other_rules {
+        row.zone_fp ^= 1;
+    }
+    db.put_cf(cf(db, CF_SERIES), &k, codec::encode(&row))
+        .unwrap();
+}
+
+/// After an upgrade to a tzdb whose file for a zone changed, every row of a series in that
+/// zone holds the old rules' fingerprint, and every replica stopped at the series' next fire,
+/// even once all ran the new build (the review of issue 33's change). A Fire that names this
+/// build's tzdb (its proposer runs it) moves the row to this build's rules and fires on; one
+/// that names another version computes only a row stamped with that version whose rules are
+/// this build's; a bare one (an older leader's) still needs the row's rules to be this
+/// build's. Otherwise the replica stops rather than diverge.
+#[tokio::test]
+async fn a_fire_naming_this_builds_tzdb_moves_rows_to_its_rules_instead_of_stopping() {
+    let mut cron = every(SEC);
+    cron.rule = RuleSpec::Cron {
+        expr: "30 2 * * *".into(),
+        zone: "Europe/Berlin".into(),
+    };
+    let own = crate::series::tzdb_version().to_string();
+    let fire_with = |tzdb: Option<&str>, now_ms: i64| match tzdb {
+        Some(t) => Command::FireWithZones {
+            tzdb: t.into(),
+            now_ms,
+            max: 100,
+            grants: Vec::new(),
+        },
+        None => fire(now_ms, 100),
+    };
+    // (row's tzdb, its rules other than this build's, the Fire's tzdb, fires on)
+    let cases = [
+        ("2000a", true, None, false),
+        ("2000a", true, Some(own.as_str()), true),
+        ("2000a", true, Some("2000a"), false),
+        ("2000a", false, Some("2000a"), true),
+        ("1999z", false, Some("2000a"), false),
+        ("2000a", false, None, true),
+    ];
+    for (row_tzdb, other_rules, named, fires_on) in cases {
+        let case = format!("row {row_tzdb} other rules {other_rules}, Fire naming {named:?}");
+        let mut s = Sm::new();
+        assert!(created(&s.apply(create("berlin", cron.clone())).await));
+        let first = series(&s, "berlin").upcoming_ms[0];
+        stamp_row(&s, "berlin", row_tzdb, other_rules);
+        let before = s.store.digest().unwrap();
+        s.next += 1;
+        let got =
+            s.sm.apply([entry(s.next - 1, fire_with(named, first + SEC))])
+                .await;
+        if !fires_on {
+            assert!(got.is_err(), "{case}: computed with rules it cannot know");
+            assert_eq!(
+                s.store.digest().unwrap(),
+                before,
+                "{case}: half an entry written"
+            );
+            continue;
+        }
+        got.unwrap_or_else(|e| panic!("{case}: stopped: {e}"));
+        let after = series(&s, "berlin");
+        assert_eq!(after.series.fired, 1, "{case}");
+        assert!(
+            after.upcoming_ms[0] > first,
+            "{case}: the next occurrence is planned"
+        );
+        if named == Some(own.as_str()) {
+            assert_eq!(
+                after.series.tzdb, own,
+                "{case}: moved to this build's rules"
+            );
+            assert_eq!(after.series.zone_fp, cron.zone_fingerprint(), "{case}");
+        } else {
+            assert_eq!(after.series.tzdb, row_tzdb, "{case}");
+        }
+    }
+}
