@@ -317,7 +317,7 @@ impl Pump {
                 _ = flush.tick() => {
                     let now_ms = node.config.clock.now_ms();
                     for item in tracker.flush_due(Instant::now(), now_ms) {
-                        node.acker.ack(item).await;
+                        node.acker.ack(tracker.lane(), item).await;
                     }
                 }
                 _ = lost_leadership(&mut metrics) => {
@@ -336,9 +336,11 @@ impl Pump {
         };
         drop(sub); // no more deliveries for this stream
         for (key, attempt) in tracker.drain() {
-            node.acker.ack(AckItem::One(key, attempt)).await;
+            node.acker
+                .ack(tracker.lane(), AckItem::One(key, attempt))
+                .await;
         }
-        if self.half_closed && !node.acker.applied().await {
+        if self.half_closed && !node.acker.applied(tracker.lane()).await {
             let msg = "leadership moved while the acks of this stream were being applied; \
                        some may not have been (their deliveries come again after their ack \
                        timeout)";
@@ -452,7 +454,7 @@ async fn take_acks(
             tracker.acked(&a.id, a.attempt, now)
         };
         for item in items {
-            node.acker.ack(item).await;
+            node.acker.ack(tracker.lane(), item).await;
         }
     }
 }

@@ -15,15 +15,17 @@
 //! consumer that needs to know one ack took effect uses `Ack` or `AckBatch`, which answer.
 //!
 //! Stream nacks come here too (one `Nack` command each, proposed together: the proposer packs
-//! them into one entry), not a task per nack. The queue is bounded ([`QUEUE`]): a stream whose
-//! acks come faster than they commit waits to hand in more, stops reading its client's
-//! messages, and HTTP/2 flow control stops the client — memory stays bounded however fast a
-//! client sends (issue 33 findings 5 and 12).
+//! them into one entry), not a task per nack. The queue is bounded ([`QUEUE`], [`PER_LANE`]
+//! for each source): a stream whose acks come faster than they commit waits to hand in more,
+//! stops reading its client's messages, and HTTP/2 flow control stops the client — memory
+//! stays bounded however fast a client sends (issue 33 findings 5 and 12). Sources are taken
+//! in turns (`lanes.rs`): one acking a backlog does not hold back another's acks.
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
+use super::lanes::Lanes;
 use super::Proposer;
 use crate::clock::Clock;
 use crate::timer::{Command, LeaseRef, Response, TimerKey};
@@ -32,6 +34,9 @@ use crate::timer::{Command, LeaseRef, Response, TimerKey};
 const MAX_ACKS: usize = 10_000;
 /// Items the coalescer's queue holds; a stream hands in more only as they are taken.
 pub const QUEUE: usize = 4 * MAX_ACKS;
+/// Items one lane (a stream, a namespace's pusher) may have queued: a quarter of the
+/// queue, so a flood from one leaves room for others.
+const PER_LANE: usize = QUEUE / 4;
 /// Ack commands outstanding at once.
 const IN_FLIGHT: usize = 2;
 /// How long one ack proposal may take before it counts as failed (its acks lost: their timers
@@ -85,10 +90,11 @@ impl PartialEq for AckItem {
     }
 }
 
-/// The queue into the coalescer task.
+/// The queue into the coalescer task: one lane per stream (and per namespace's pusher),
+/// taken in turns (`lanes.rs`).
 #[derive(Clone)]
 pub struct Acker {
-    tx: mpsc::Sender<AckItem>,
+    queue: Arc<Lanes<AckItem>>,
     /// Ack proposals that failed, ever.
     failed: Arc<std::sync::atomic::AtomicU64>,
     /// Acks the simulator's `drop-stream-acks` plant has seen.
@@ -97,18 +103,24 @@ pub struct Acker {
 
 impl Acker {
     pub fn start(proposer: Proposer, clock: Clock) -> Acker {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (queue, wake) = Lanes::new(PER_LANE, QUEUE);
         let failed = Arc::<std::sync::atomic::AtomicU64>::default();
-        tokio::spawn(run(proposer, clock, rx, failed.clone()));
+        tokio::spawn(run(
+            proposer,
+            clock,
+            Arc::downgrade(&queue),
+            wake,
+            failed.clone(),
+        ));
         Acker {
-            tx,
+            queue,
             failed,
             planted_seen: Default::default(),
         }
     }
 
-    /// Hands in `item`, waiting while the queue is full.
-    pub async fn ack(&self, item: AckItem) {
+    /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full.
+    pub async fn ack(&self, lane: u64, item: AckItem) {
         let ack = matches!(item, AckItem::One(..) | AckItem::Lease { .. });
         if ack && crate::sim::planted("drop-stream-acks") {
             // The planted bug: every other ack vanishes (its timers come again).
@@ -117,49 +129,50 @@ impl Acker {
                 return;
             }
         }
-        let _ = self.tx.send(item).await;
+        self.queue.push(lane, item).await;
     }
 
-    /// Resolves once every ack queued before the call was proposed and answered: true if
-    /// no ack proposal failed meanwhile (then they all applied), false if one did (then some
-    /// may be lost: possibly others', the answer errs on the safe side).
-    pub async fn applied(&self) -> bool {
+    /// Resolves once every ack `lane` queued before the call was proposed and answered: true
+    /// if no ack proposal failed meanwhile (then they all applied), false if one did (then
+    /// some may be lost: possibly others', the answer errs on the safe side).
+    pub async fn applied(&self, lane: u64) -> bool {
         use std::sync::atomic::Ordering;
         let failed = self.failed.load(Ordering::Acquire);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.tx.send(AckItem::Barrier(tx)).await.is_err() || rx.await.is_err() {
+        self.queue.push(lane, AckItem::Barrier(tx)).await;
+        if rx.await.is_err() {
             return false;
         }
         self.failed.load(Ordering::Acquire) == failed
     }
 }
 
+/// The coalescer: takes what the lanes hold (in turns, up to [`MAX_ACKS`]) and proposes it,
+/// [`IN_FLIGHT`] proposals at once; ends once the queue is gone (its node stopped).
 async fn run(
     proposer: Proposer,
     clock: Clock,
-    mut rx: mpsc::Receiver<AckItem>,
+    queue: std::sync::Weak<Lanes<AckItem>>,
+    wake: Arc<tokio::sync::Notify>,
     failed: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = rx.recv().await {
+    loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut items = Vec::new();
-        let mut barrier = None;
-        let mut next = Some(first);
-        while let Some(item) = next.take() {
-            match item {
-                AckItem::Barrier(done) => {
-                    barrier = Some(done);
-                    break;
-                }
-                item => items.push(item),
-            }
-            if items.len() < MAX_ACKS {
-                next = rx.try_recv().ok();
-            }
-        }
+        let Some(lanes) = queue.upgrade() else {
+            return;
+        };
+        let mut items = lanes.take(MAX_ACKS, |i| matches!(i, AckItem::Barrier(_)));
+        drop(lanes);
+        let barrier = match items.last() {
+            Some(AckItem::Barrier(_)) => match items.pop() {
+                Some(AckItem::Barrier(done)) => Some(done),
+                _ => None,
+            },
+            _ => None,
+        };
         if items.is_empty() {
             drop(slot);
         } else {
@@ -171,12 +184,20 @@ async fn run(
                 drop(slot);
             });
         }
-        if let Some(done) = barrier {
-            // Every proposal spawned before it has finished once all slots are free again.
-            if let Ok(all) = slots.acquire_many(IN_FLIGHT as u32).await {
-                drop(all);
+        match barrier {
+            // Every proposal spawned before it (its lane's earlier items among them) has
+            // finished once all slots are free again.
+            Some(done) => {
+                if let Ok(all) = slots.acquire_many(IN_FLIGHT as u32).await {
+                    drop(all);
+                }
+                let _ = done.send(());
             }
-            let _ = done.send(());
+            None => {
+                if !queue.upgrade().is_some_and(|q| q.has_items()) {
+                    wake.notified().await;
+                }
+            }
         }
     }
 }
@@ -269,6 +290,8 @@ pub const HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 /// one). Deliveries that did not come in a whole lease are acked one by one at once.
 pub struct StreamAcks {
     namespace: String,
+    /// This source's lane in the coalescer's queue ([`Acker::ack`]).
+    lane: u64,
     /// How long acks of an incomplete lease are held ([`HOLD`] for a stream).
     hold: std::time::Duration,
     /// Id → (attempt, lease, deadline) of each delivery sent and not yet acked; forgotten
@@ -296,12 +319,20 @@ impl StreamAcks {
     /// every delivery is answered within its request timeout, so that a lease waits for its
     /// last answer and is acked whole.
     pub fn with_hold(namespace: &str, hold: std::time::Duration) -> Self {
+        static LANES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         StreamAcks {
             namespace: namespace.to_string(),
+            lane: LANES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             hold,
             sent: Default::default(),
             held: Default::default(),
         }
+    }
+
+    /// This source's lane in the coalescer's queue: what it hands in is taken in turns with
+    /// other sources'.
+    pub fn lane(&self) -> u64 {
+        self.lane
     }
 
     /// A delivery went out on the stream.

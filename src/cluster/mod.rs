@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod driver;
 pub mod elect;
 pub mod hold;
+pub mod lanes;
 pub mod level;
 pub mod limits;
 pub mod network;

@@ -196,10 +196,7 @@ impl Pusher {
             tokio::select! {
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    let due = lock(&shared.tracker).flush_due(now, clock.now_ms());
-                    for item in due {
-                        self.node.acker.ack(item).await;
-                    }
+                    self.hand_in(&shared, |t| t.flush_due(now, clock.now_ms())).await;
                     answered.push_back((now, shared.answered.load(Ordering::Acquire)));
                     while answered.front().is_some_and(|(t, _)| now - *t > QUEUE_WINDOW) {
                         answered.pop_front();
@@ -237,6 +234,21 @@ impl Pusher {
     }
 
     /// One request, and its outcome committed (an ack through the tracker, or a `Pushed` nack).
+    /// Hands what `take` makes of the tracker to the ack coalescer, on this namespace's lane.
+    async fn hand_in(
+        &self,
+        shared: &Shared,
+        take: impl FnOnce(&mut StreamAcks) -> Vec<crate::cluster::AckItem>,
+    ) {
+        let (lane, items) = {
+            let mut tracker = lock(&shared.tracker);
+            (tracker.lane(), take(&mut tracker))
+        };
+        for item in items {
+            self.node.acker.ack(lane, item).await;
+        }
+    }
+
     async fn push(&self, shared: &Shared, conn: &mut http::Lane, d: Delivery) {
         let clock = self.node.config.clock;
         let target = shared.current_target(&self.node.store);
@@ -246,10 +258,7 @@ impl Pusher {
             // Its lease ends before an answer could come: sent now, it could reach the
             // receiver after it was delivered again. Left to the deadline instead.
             tracing::debug!(timer = %key, attempt, "push not sent: its lease ends too soon");
-            let items = lock(&shared.tracker).nacked(&key.id, attempt);
-            for item in items {
-                self.node.acker.ack(item).await;
-            }
+            self.hand_in(shared, |t| t.nacked(&key.id, attempt)).await;
             self.node.dispatcher.settled(&key, attempt);
             return;
         }
@@ -272,10 +281,8 @@ impl Pusher {
         // applies or the deadline passes.
         self.node.dispatcher.settled(&key, attempt);
         if ok {
-            let items = lock(&shared.tracker).acked(&key.id, attempt, Instant::now());
-            for item in items {
-                self.node.acker.ack(item).await;
-            }
+            self.hand_in(shared, |t| t.acked(&key.id, attempt, Instant::now()))
+                .await;
             return;
         }
         let dead = target.dead_on_client_error && answer.client_error();
@@ -292,10 +299,7 @@ impl Pusher {
         .bounded();
         tracing::debug!(timer = %key, attempt, outcome = ?record.outcome, "push failed");
         // What was held of its lease goes one by one; the failure goes with its record.
-        let items = lock(&shared.tracker).nacked(&key.id, attempt);
-        for item in items {
-            self.node.acker.ack(item).await;
-        }
+        self.hand_in(shared, |t| t.nacked(&key.id, attempt)).await;
         let cmd = Command::Pushed {
             now_ms,
             key: key.clone(),
