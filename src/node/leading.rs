@@ -11,6 +11,7 @@
 //! And a leader proposes an entry form only if every member advertised a feature level that
 //! reads it (`cluster/level.rs`); until then the older form of the same change.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
@@ -75,6 +76,40 @@ impl Node {
             RuleSpec::Cron { zone, .. } => Some(zone),
             RuleSpec::Every { .. } => None,
         })
+    }
+
+    /// While this node leads, hands leadership to a voter that advertises a newer tzdb
+    /// version (looked at every second): a replica of a newer build cannot compute an older
+    /// leader's zone rules for a series whose zone changed, and would stop at its next fire
+    /// (docs/recurrence.md); under the newest build's leader an older replica stops only until
+    /// it is upgraded. So a rolling upgrade hands leadership to the first upgraded node.
+    pub async fn yield_to_newer_tzdb(
+        self: Arc<Self>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let lead = || async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let voters: Vec<_> = {
+                    let metrics = self.raft.metrics();
+                    let m = metrics.borrow();
+                    m.membership_config.membership().voter_ids().collect()
+                };
+                let own = &self.config.tzdb;
+                let Some(newer) = self.levels.newer_tzdb(own, self.id, voters) else {
+                    continue;
+                };
+                tracing::info!(
+                    to = newer,
+                    "a voter runs a newer tzdb: handing leadership to it"
+                );
+                if let Err(e) = self.transfer_leader(Some(newer)).await {
+                    tracing::warn!(to = newer, error = %e, "leadership hand-over failed");
+                }
+            }
+        };
+        let (id, raft) = (self.id, self.raft.clone());
+        crate::cluster::driver::while_leader(id, &raft, "tzdb hand-over", shutdown, lead).await;
     }
 
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.
