@@ -53,16 +53,21 @@ impl Node {
                     "node {id} is already a member at {known}; remove it first to add it at {addr}"
                 )))
             }
-            Some((_, _, is_voter)) if is_voter || !voter => return Ok(self.members()),
-            // A learner to promote (perhaps added by an AddNode that a leader change cut short):
-            // it too must first hold the log.
-            Some(_) => self.wait_caught_up(id, &addr).await?,
+            Some((_, _, true)) => return Ok(self.members()),
+            // A learner (perhaps added by an AddNode that a leader change cut short, perhaps
+            // wiped since): a Hello again, which a wiped one needs before it takes Raft calls
+            // (`storage/admission.rs`); to promote it, it must first hold the log.
+            Some(_) => {
+                self.hello(id, &addr).await?;
+                if !voter {
+                    return Ok(self.members());
+                }
+                self.wait_caught_up(id, &addr).await?
+            }
             None => {
                 // A node that cannot be one of us (another bucket width) is refused before it
                 // is a member, with the reason; an empty one takes this cluster's width here.
-                let dial = self.config.dial_addr(id, &addr);
-                let term = self.raft.metrics().borrow().current_term;
-                network::hello(&self.config, &dial, &self.store, term).await?;
+                self.hello(id, &addr).await?;
                 self.add_learner(id, &addr).await?
             }
         }
@@ -75,6 +80,13 @@ impl Node {
             tracing::info!(id, addr, "node is now a voter");
         }
         Ok(self.members())
+    }
+
+    /// Says Hello to node `id` at `addr` as this leader, of this term.
+    async fn hello(&self, id: NodeId, addr: &str) -> Result<()> {
+        let dial = self.config.dial_addr(id, addr);
+        let term = self.raft.metrics().borrow().current_term;
+        network::hello(&self.config, &dial, &self.store, term).await
     }
 
     async fn add_learner(&self, id: NodeId, addr: &str) -> Result<()> {

@@ -194,7 +194,6 @@ pub async fn start_with(
         node.clone(),
         rx.clone(),
     )));
-    tasks.push(tokio::spawn(node.clone().yield_to_newer_tzdb(rx.clone())));
     tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = node.id, %addr, "node started");
     Ok(RunningNode {

@@ -89,7 +89,9 @@ pub struct FireDriver {
     /// Closed while leadership is handed over.
     pub hold: super::Hold,
     /// What the members read: Fire entries name this build's tzdb version
-    /// (`FireWithZones`) once every member reads that form (`level.rs`).
+    /// (`FireWithZones`) once every member reads that form (`level.rs`) and runs this tzdb —
+    /// then every replica moves series rows to these rules; while the members differ, bare
+    /// `Fire`, whose rule is the row's (an upgraded replica of a changed zone stops there).
     pub levels: Arc<super::Levels>,
     pub config: Arc<crate::config::NodeConfig>,
 }
@@ -203,7 +205,10 @@ impl FireDriver {
             let term = self.raft.metrics().borrow().current_term;
             let plan = self.dispatcher.plan(now_ms, term, None);
             let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
-            let cmd = match self.levels.cluster(&self.raft, self.config.level, self.id) >= 1 {
+            let members = super::level::members(&self.raft);
+            let named = self.levels.cluster(&self.raft, self.config.level, self.id) >= 1
+                && self.levels.same_tzdb(&self.config.tzdb, self.id, members);
+            let cmd = match named {
                 true => Command::FireWithZones {
                     tzdb: self.config.tzdb.clone(),
                     now_ms,

@@ -62,30 +62,19 @@ impl Levels {
             .fold(own, u32::min)
     }
 
-    /// The voter among `voters` advertising the newest tzdb version, if newer than `own`
-    /// (versions compared as tzdb names them: `2026f` < `2027a`; any other form is ignored).
-    pub fn newer_tzdb(
+    /// Whether every member among `members` advertised `own` as its tzdb version (one never
+    /// heard from, or of a build before the header, did not).
+    pub fn same_tzdb(
         &self,
         own: &str,
         me: NodeId,
-        voters: impl IntoIterator<Item = NodeId>,
-    ) -> Option<NodeId> {
-        let release = |v: &str| {
-            let (year, letters) = v.split_at_checked(4)?;
-            let ok = year.bytes().all(|b| b.is_ascii_digit())
-                && !letters.is_empty()
-                && letters.bytes().all(|b| b.is_ascii_lowercase());
-            ok.then(|| (year.to_string(), letters.len(), letters.to_string()))
-        };
-        let own = release(own)?;
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> bool {
         let heard = self.heard.lock().expect("levels");
-        voters
+        members
             .into_iter()
             .filter(|id| *id != me)
-            .filter_map(|id| Some((release(heard.get(&id)?.1.as_deref()?)?, id)))
-            .filter(|(v, _)| *v > own)
-            .max()
-            .map(|(_, id)| id)
+            .all(|id| heard.get(&id).and_then(|h| h.1.as_deref()) == Some(own))
     }
 
     /// The lowest level among the members of `raft`'s membership and `own`, this node's
@@ -290,19 +279,13 @@ mod tests {
             levels.other_tzdb("2024a", 3, [1, 2, 3]),
             Some((2, "2025b".into()))
         );
-        assert_eq!(levels.newer_tzdb("2024a", 1, [1, 2, 3]), Some(2));
-        assert_eq!(levels.newer_tzdb("2025b", 1, [1, 2, 3]), None);
-        assert_eq!(
-            levels.newer_tzdb("2024a", 1, [1, 3]),
-            None,
-            "only newer ones count"
+        assert!(!levels.same_tzdb("2025b", 1, [1, 2, 3]));
+        assert!(levels.same_tzdb("2025b", 1, [1, 2]));
+        assert!(
+            !levels.same_tzdb("2025b", 1, [1, 2, 4]),
+            "4 was never heard from"
         );
-        assert_eq!(levels.newer_tzdb("unknown", 1, [1, 2, 3]), None);
         levels.heard(3, &md);
-        assert_eq!(
-            levels.newer_tzdb("2025a", 1, [1, 2, 3]),
-            Some(3),
-            "ties: the larger id"
-        );
+        assert!(levels.same_tzdb("2025b", 1, [1, 2, 3]));
     }
 }

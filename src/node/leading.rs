@@ -11,7 +11,6 @@
 //! And a leader proposes an entry form only if every member advertised a feature level that
 //! reads it (`cluster/level.rs`); until then the older form of the same change.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
@@ -42,11 +41,20 @@ impl Node {
         if let Some(zone) = self.zone_of(&change)? {
             let members = crate::cluster::level::members(&self.raft);
             let own = &self.config.tzdb;
-            if let Some((node, theirs)) = self.levels.other_tzdb(own, self.id, members) {
+            if let Some((node, theirs)) = self.levels.other_tzdb(own, self.id, members.clone()) {
                 return Err(Error::FailedPrecondition(format!(
                     "the members run different time-zone databases (tzdb {own} here, {theirs} \
                      on node {node}): a series in {zone} can be created, changed or resumed \
                      once every node runs one build (docs/recurrence.md)"
+                )));
+            }
+            if !self.levels.same_tzdb(own, self.id, members) {
+                // A member not heard from yet (just elected), or of a build before the
+                // header: its rules are unknown. Nothing was proposed.
+                return Err(Error::NotYet(format!(
+                    "this leader does not know every member's time-zone database yet: a \
+                     series in {zone} waits until it does (an older build's never tells: \
+                     upgrade it first)"
                 )));
             }
         }
@@ -76,40 +84,6 @@ impl Node {
             RuleSpec::Cron { zone, .. } => Some(zone),
             RuleSpec::Every { .. } => None,
         })
-    }
-
-    /// While this node leads, hands leadership to a voter that advertises a newer tzdb
-    /// version (looked at every second): a replica of a newer build cannot compute an older
-    /// leader's zone rules for a series whose zone changed, and would stop at its next fire
-    /// (docs/recurrence.md); under the newest build's leader an older replica stops only until
-    /// it is upgraded. So a rolling upgrade hands leadership to the first upgraded node.
-    pub async fn yield_to_newer_tzdb(
-        self: Arc<Self>,
-        shutdown: tokio::sync::watch::Receiver<bool>,
-    ) {
-        let lead = || async {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let voters: Vec<_> = {
-                    let metrics = self.raft.metrics();
-                    let m = metrics.borrow();
-                    m.membership_config.membership().voter_ids().collect()
-                };
-                let own = &self.config.tzdb;
-                let Some(newer) = self.levels.newer_tzdb(own, self.id, voters) else {
-                    continue;
-                };
-                tracing::info!(
-                    to = newer,
-                    "a voter runs a newer tzdb: handing leadership to it"
-                );
-                if let Err(e) = self.transfer_leader(Some(newer)).await {
-                    tracing::warn!(to = newer, error = %e, "leadership hand-over failed");
-                }
-            }
-        };
-        let (id, raft) = (self.id, self.raft.clone());
-        crate::cluster::driver::while_leader(id, &raft, "tzdb hand-over", shutdown, lead).await;
     }
 
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.

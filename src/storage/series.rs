@@ -102,11 +102,14 @@ impl Applier<'_> {
 
     /// A new series for `spec`, stamped with the tzdb version its command names (a
     /// `ZoneRules` command: the proposer's) or, for a bare command (an older build's, or one
-    /// proposed while a member is older), none: what the proposer used is unknown, and a
-    /// replica's own version would make replicas of two builds write different rows.
+    /// proposed while a member is older), this build's — as builds before `ZoneRules` did,
+    /// so the older form keeps its effect on every build (replicas of two tzdb versions write
+    /// different rows for it: docs/guarantees.md).
     fn new_series(&self, spec: &SeriesSpec, now_ms: i64) -> Series {
         let mut s = Series::new(spec.clone(), now_ms);
-        s.tzdb = self.zone_tzdb.clone().unwrap_or_default();
+        if let Some(tzdb) = &self.zone_tzdb {
+            s.tzdb = tzdb.clone();
+        }
         s
     }
 

@@ -131,28 +131,3 @@ async fn a_series_in_a_time_zone_waits_until_every_member_runs_one_tzdb() {
     c.converged().await;
     c.shutdown().await;
 }
-
-/// A leader hands its leadership to a voter of a newer tzdb (the first upgraded node): a
-/// replica of a newer build cannot compute an older leader's zone rules, so the newest leads.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn leadership_moves_to_the_voter_with_the_newest_tzdb() {
-    let c = TestCluster::start_with(3, |n| {
-        n.tzdb = match n.id {
-            2 => "2999a".into(),
-            _ => "2000a".into(),
-        };
-    })
-    .await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.leader().await != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "node 2 (the newest tzdb) never led"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // And stays there.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(c.leader().await, 2);
-    c.shutdown().await;
-}
