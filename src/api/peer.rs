@@ -236,7 +236,7 @@ impl raft_server::Raft for PeerService {
                 self.check_width(&req)?;
             }
             self.store
-                .admit(width, term, &sender(&req))
+                .admit(width, term, &sender(&req), self.config.bucket_ms.is_some())
                 .map_err(|e| Status::failed_precondition(e.to_string()))?;
         } else {
             self.check_width(&req)?;

@@ -38,7 +38,8 @@ impl Store {
     /// A `Hello` of a leader at `term` whose cluster's width is `width_ms` (0: a build before
     /// the width header), from `from`. While nothing is applied it replaces the width this node
     /// took from an earlier `Hello`; a width of its own (`--bucket-ms`, or data) must match.
-    pub fn admit(&self, width_ms: u64, term: u64, from: &str) -> Result<()> {
+    /// `pinned`: the width is this node's own (`--bucket-ms`), never replaced.
+    pub fn admit(&self, width_ms: u64, term: u64, from: &str, pinned: bool) -> Result<()> {
         let applied = self.db.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)?;
         let holds_nothing = match applied {
             Some(v) => codec::decode::<Option<openraft::LogId<u64>>>(&v)?.is_none(),
@@ -48,7 +49,7 @@ impl Store {
         if width_ms != 0 && mine != width_ms {
             // A width an earlier Hello gave may be replaced while nothing is applied; one of
             // this node's own (--bucket-ms, or its data) may not.
-            let replaceable = mine == 0 || (holds_nothing && self.admitted()?.is_some());
+            let replaceable = mine == 0 || (!pinned && holds_nothing && self.admitted()?.is_some());
             if !replaceable {
                 return Err(Error::FailedPrecondition(super::store::width_mismatch(
                     mine, width_ms, from,

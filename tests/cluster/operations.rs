@@ -188,6 +188,19 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
     c.shutdown().await;
 }
 
+/// A width given with `--bucket-ms` is the node's own: a second Hello with another does not
+/// replace it (the review of issue 33's change: only a width an earlier Hello gave may be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_nodes_own_bucket_width_is_never_replaced_by_a_hello() {
+    let mut c = TestCluster::start_with(3, |n| n.bucket_ms = Some(2)).await;
+    let addr = c.join_with(4, |n| n.bucket_ms = Some(2)).await;
+    hello(&addr, 2, 1).await.unwrap();
+    let e = hello(&addr, 7, 2).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(c.node(4).node.store.width_ms(), 2);
+    c.shutdown().await;
+}
+
 /// A Hello to `addr` as a leader of `term` of a cluster of bucket width `width` sends it.
 async fn hello(addr: &str, width: u64, term: u64) -> Result<(), tonic::Status> {
     use timerdb::api::pb::raft_client::RaftClient;

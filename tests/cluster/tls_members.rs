@@ -24,16 +24,22 @@ async fn refused_as_stranger(pki: &Pki, stranger: &crate::certs::Pair, addr: &st
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added() {
+/// Three nodes with peer mTLS and `--peer-require-member`, and their PKI.
+async fn members_only() -> (Arc<Pki>, TestCluster) {
     let pki = Arc::new(Pki::new());
     let p = pki.clone();
-    let mut c = TestCluster::start_with(3, move |cfg| {
+    let c = TestCluster::start_with(3, move |cfg| {
         let mut files = p.files(true);
         files.peer_require_member = true;
         cfg.tls = Tls::new(files);
     })
     .await;
+    (pki, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added() {
+    let (pki, mut c) = members_only().await;
     let (leader, term) = settled_leader_and_term(&c).await;
     // Signed by the peer CA, but for a host that is no member's (every member is 127.0.0.1).
     let stranger = pki.cluster.named("stranger.example", &[]);
@@ -116,14 +122,7 @@ async fn only_a_member_may_mark_a_call_forwarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() {
     use timerdb::api::pb::{self, raft_client::RaftClient};
-    let pki = Arc::new(Pki::new());
-    let p = pki.clone();
-    let mut c = TestCluster::start_with(3, move |cfg| {
-        let mut files = p.files(true);
-        files.peer_require_member = true;
-        cfg.tls = Tls::new(files);
-    })
-    .await;
+    let (pki, mut c) = members_only().await;
     let (leader, term) = settled_leader_and_term(&c).await;
     let stranger = pki.cluster.named("stranger.example", &[]);
     let addr = c.join(4).await;
