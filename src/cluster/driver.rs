@@ -205,9 +205,12 @@ impl FireDriver {
             let term = self.raft.metrics().borrow().current_term;
             let plan = self.dispatcher.plan(now_ms, term, None);
             let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
+            // One read of the membership for both questions (a Fire is proposed often).
             let members = super::level::members(&self.raft);
-            let named = self.levels.cluster(&self.raft, self.config.level, self.id) >= 1
-                && self.levels.same_tzdb(&self.config.tzdb, self.id, members);
+            let level = self
+                .levels
+                .lowest(self.config.level, self.id, members.iter().copied());
+            let named = level >= 1 && self.levels.same_tzdb(&self.config.tzdb, self.id, members);
             let cmd = match named {
                 true => Command::FireWithZones {
                     tzdb: self.config.tzdb.clone(),
