@@ -82,11 +82,23 @@ impl Node {
         Ok(self.members())
     }
 
-    /// Says Hello to node `id` at `addr` as this leader, of this term.
+    /// Says Hello to node `id` at `addr` as this leader, of this term. A node whose build
+    /// reads fewer entry forms than the cluster committed to (`cluster/level.rs`) is refused:
+    /// it could not apply the log it would be sent.
     async fn hello(&self, id: NodeId, addr: &str) -> Result<()> {
         let dial = self.config.dial_addr(id, addr);
         let term = self.raft.metrics().borrow().current_term;
-        network::hello(&self.config, &dial, &self.store, term).await
+        let at = (id, dial.as_str());
+        let level = network::hello(&self.config, at, &self.store, (term, &self.levels)).await?;
+        let committed = self.store.committed_level();
+        if level < committed {
+            return Err(Error::FailedPrecondition(format!(
+                "node {id} at {addr} runs an older build (feature level {level}) than the \
+                 cluster has committed to (level {committed}): it could not read the log; \
+                 upgrade it first (downgrades are not supported, docs/operations.md)"
+            )));
+        }
+        Ok(())
     }
 
     async fn add_learner(&self, id: NodeId, addr: &str) -> Result<()> {

@@ -173,6 +173,15 @@ pub async fn start_with(
         },
     };
     tasks.push(tokio::spawn(pusher.run(rx.clone())));
+    let raiser = crate::cluster::level::LevelRaiser {
+        id: node.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        hold: node.hold.clone(),
+        levels: node.levels.clone(),
+        own: node.config.level,
+    };
+    tasks.push(tokio::spawn(raiser.run(rx.clone())));
     let driver = FireDriver {
         id: node.id,
         raft,

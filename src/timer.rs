@@ -483,6 +483,10 @@ pub enum Command {
         max: u32,
         grants: Vec<Grant>,
     },
+    /// Raises the cluster's committed feature level to `level` (never lowers it): proposed
+    /// once every member advertised it, so later leaders propose that level's forms without
+    /// having heard every member themselves (`cluster/level.rs`).
+    RaiseLevel { level: u32 },
 }
 
 thread_local! {
@@ -703,6 +707,7 @@ impl Command {
             Command::SetNamespace { .. } => "set_namespace",
             Command::ConfigureNamespace { .. } => "configure_namespace",
             Command::ZoneRules { change, .. } => change.name(),
+            Command::RaiseLevel { .. } => "raise_level",
         }
     }
 }

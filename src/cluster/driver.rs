@@ -207,9 +207,13 @@ impl FireDriver {
             let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
             // One read of the membership for both questions (a Fire is proposed often).
             let members = super::level::members(&self.raft);
-            let level = self
-                .levels
-                .lowest(self.config.level, self.id, members.iter().copied());
+            let committed = self.store.committed_level();
+            let level = (self.levels).proposable(
+                committed,
+                self.config.level,
+                self.id,
+                members.iter().copied(),
+            );
             let named = level >= 1 && self.levels.same_tzdb(&self.config.tzdb, self.id, members);
             let cmd = match named {
                 true => Command::FireWithZones {

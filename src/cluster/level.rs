@@ -16,14 +16,25 @@
 //! members run different tzdb versions (during an upgrade) a leader refuses to create or
 //! change a series in a time zone, instead of letting a client's call stop the older nodes.
 //!
-//! Invariant: a member never heard from counts as level 0 (a build before the header), so a
-//! leader errs towards the older forms. Levels are what this node heard, not replicated state:
-//! they choose which entry a leader proposes, never what a committed entry does (DESIGN 8).
+//! Once every member advertised a level, the leader commits it (`Command::RaiseLevel`, by
+//! [`LevelRaiser`]): from then on every leader proposes that level's forms, including one that
+//! never heard a member (down since the leader restarted), and a node of a lower level is
+//! refused as a new member (`membership.rs`) — downgrades are not supported.
+//!
+//! Invariant: a leader proposes a form only if its level is at most the higher of the
+//! committed level and the lowest it heard (a member never heard from counts as level 0, a
+//! build before the header), and never above its own. What was heard is node-local: it
+//! chooses which entry a leader proposes, never what a committed entry does (DESIGN 8).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::NodeId;
+use tokio::sync::watch;
+
+use super::driver::while_leader;
+use super::{Hold, NodeId, Raft};
+use crate::storage::Store;
 use crate::timer::Command;
 
 /// The level of this build: 1 added `ConfigureNamespace`, `ZoneRules` and `FireWithZones`.
@@ -77,10 +88,17 @@ impl Levels {
             .all(|id| heard.get(&id).and_then(|h| h.1.as_deref()) == Some(own))
     }
 
-    /// The lowest level among the members of `raft`'s membership and `own`, this node's
-    /// (`me`): the newest entry forms it may propose.
-    pub fn cluster(&self, raft: &super::Raft, own: u32, me: NodeId) -> u32 {
-        self.lowest(own, me, members(raft))
+    /// The newest entry forms node `me`, of level `own`, may propose among `members` when
+    /// `committed` is the committed level: the higher of that and the lowest level heard,
+    /// never above its own.
+    pub fn proposable(
+        &self,
+        committed: u32,
+        own: u32,
+        me: NodeId,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> u32 {
+        self.lowest(own, me, members).max(committed).min(own)
     }
 
     /// A member among `members` whose advertised tzdb version is not `own`, and its version
@@ -96,6 +114,47 @@ impl Levels {
             let tzdb = heard.get(&id)?.1.as_ref()?;
             (tzdb != own).then(|| (id, tzdb.clone()))
         })
+    }
+}
+
+/// The leader's worker that commits the level every member advertised, once a second: a
+/// proposal only when the lowest level heard is above the committed one, so a cluster whose
+/// level is settled writes nothing.
+pub struct LevelRaiser {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub store: Store,
+    pub hold: Hold,
+    pub levels: Arc<Levels>,
+    /// This build's level (`NodeConfig::level`).
+    pub own: u32,
+}
+
+/// How often the raiser looks.
+const RAISE_PERIOD: Duration = Duration::from_secs(1);
+
+impl LevelRaiser {
+    /// Runs until `shutdown` turns true, raising the level while this node leads.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        while_leader(self.id, &self.raft, "level raiser", shutdown, || {
+            self.lead()
+        })
+        .await;
+    }
+
+    async fn lead(&self) {
+        loop {
+            let heard = self.levels.lowest(self.own, self.id, members(&self.raft));
+            if heard > self.store.committed_level() {
+                self.hold.pass().await;
+                let cmd = Command::RaiseLevel { level: heard };
+                match self.raft.client_write(cmd.into()).await {
+                    Ok(_) => tracing::info!(level = heard, "every member reads level: committed"),
+                    Err(e) => tracing::warn!(error = %e, "level raiser: not committed"),
+                }
+            }
+            tokio::time::sleep(RAISE_PERIOD).await;
+        }
     }
 }
 
@@ -132,6 +191,8 @@ impl Command {
             Command::ConfigureNamespace { .. }
             | Command::ZoneRules { .. }
             | Command::FireWithZones { .. } => 1,
+            // A build below `level` must not take it: it could not read what follows.
+            Command::RaiseLevel { level } => (*level).max(1),
             Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
             Command::Schedule { .. }
             | Command::ScheduleBatch { .. }
@@ -240,6 +301,7 @@ mod tests {
                 max: 1,
                 grants: vec![],
             },
+            Command::RaiseLevel { level: 1 },
         ];
         for cmd in newer {
             assert!(tag(&cmd) >= LEVEL_0_VARIANTS, "{cmd:?}");
@@ -248,6 +310,8 @@ mod tests {
             assert_eq!(multi.level(), LEVEL, "a Multi is as new as its newest part");
         }
         assert_eq!(Command::Multi(vec![older[0].1.clone()]).level(), 0);
+        let above = Command::RaiseLevel { level: LEVEL + 1 };
+        assert_eq!(above.level(), LEVEL + 1, "a build below it must refuse it");
     }
 
     #[test]
@@ -258,6 +322,13 @@ mod tests {
         levels.heard(2, &md);
         assert_eq!(levels.lowest(1, 1, [1, 2]), 1);
         assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "3 was never heard from");
+        assert_eq!(
+            levels.proposable(1, 1, 1, [1, 2, 3]),
+            1,
+            "level 1 is committed"
+        );
+        assert_eq!(levels.proposable(1, 0, 1, [1, 2]), 0, "never above its own");
+        assert_eq!(levels.proposable(0, 1, 1, [1, 2]), 1, "all heard at 1");
         levels.heard(3, &tonic::metadata::MetadataMap::new());
         assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "3 sent no header");
         levels.heard(3, &md);

@@ -80,10 +80,10 @@ fn peer_request<T>(
 /// takes this one): before it is added, so a node that cannot is refused with the reason.
 pub async fn hello(
     config: &crate::config::NodeConfig,
-    addr: &str,
+    (id, addr): (NodeId, &str),
     store: &crate::storage::Store,
-    term: u64,
-) -> crate::Result<()> {
+    (term, levels): (u64, &super::Levels),
+) -> crate::Result<u32> {
     let tls = &config.tls;
     // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
     let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
@@ -95,7 +95,10 @@ pub async fn hello(
     request.metadata_mut().insert(TERM_HEADER, term);
     request.set_timeout(Duration::from_secs(5));
     match RaftClient::new(channel).hello(request).await {
-        Ok(_) => Ok(()),
+        Ok(answer) => {
+            levels.heard(id, answer.metadata());
+            Ok(super::level::of(answer.metadata()))
+        }
         Err(s) if s.code() == tonic::Code::FailedPrecondition => {
             Err(crate::Error::FailedPrecondition(format!(
                 "node at {addr} cannot join: {}",

@@ -27,10 +27,12 @@ impl Node {
         caught_up(&m)
     }
 
-    /// The lowest feature level among the members, this node's own included: the newest
-    /// entry forms this node may propose.
+    /// The newest entry forms this node may propose: the committed feature level, or the
+    /// lowest every member advertised if that is higher, never above this node's own.
     pub fn cluster_level(&self) -> u32 {
-        self.levels.cluster(&self.raft, self.config.level, self.id)
+        let members = crate::cluster::level::members(&self.raft);
+        let committed = self.store.committed_level();
+        (self.levels).proposable(committed, self.config.level, self.id, members)
     }
 
     /// A series change as the members can read it: stamped with this build's zone rules

@@ -101,6 +101,8 @@ pub(super) struct Applier<'a> {
     /// The tzdb version the entry names (`ZoneRules`, `FireWithZones`: the proposer's), for
     /// the series rows it writes and the rules it may compute them with (`rule_of`).
     pub(super) zone_tzdb: Option<String>,
+    /// The committed level as this entry raised it (`level.rs`).
+    pub level_staged: Option<u32>,
 }
 
 impl<'a> Applier<'a> {
@@ -143,6 +145,7 @@ impl<'a> Applier<'a> {
             rewrote_fired: Vec::new(),
             late: Vec::new(),
             zone_tzdb: None,
+            level_staged: None,
         }
     }
 
@@ -299,6 +302,7 @@ impl<'a> Applier<'a> {
                 through,
             } => self.purge(now_ms, &namespace, through),
             Command::Access(change) => self.access(change),
+            Command::RaiseLevel { level } => self.raise_level(level),
             Command::ScheduleSeries { now_ms, spec } => self.schedule_series(now_ms, &spec),
             Command::PauseSeries {
                 now_ms,

@@ -29,6 +29,9 @@ pub const ACCESS: &[u8] = b"access";
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 pub const BUCKET_MS: &[u8] = b"bucket_ms";
 
+/// Key of the committed feature level (`level.rs`); absent: 0.
+pub const LEVEL: &[u8] = b"level";
+
 /// The replicated clock and counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {

@@ -35,6 +35,7 @@ mod deliver;
 mod fire;
 mod gc;
 mod heads;
+mod level;
 mod log_cache;
 pub mod log_store;
 pub mod meta;

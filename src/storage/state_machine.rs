@@ -82,6 +82,7 @@ impl StateMachine {
         self.store.gc.load(self.store.db())?;
         self.store.reload_heads(self.meta.cursor)?;
         self.store.reload_access()?;
+        self.store.reload_level()?;
         self.store.namespaces_changed();
         Ok(())
     }
@@ -138,6 +139,7 @@ impl StateMachine {
                         .then(|| applier.access_staged.take())
                         .flatten(),
                     namespaces_changed: applier.namespaces_changed,
+                    level: applier.level_staged,
                 };
                 response
             }
@@ -164,6 +166,9 @@ impl StateMachine {
         }
         if after.namespaces_changed {
             self.store.namespaces_changed();
+        }
+        if let Some(level) = after.level {
+            self.store.set_level(level);
         }
         for (ns, floor) in &after.purged {
             self.store.gc.advance(ns, *floor);
@@ -202,6 +207,7 @@ struct AfterWrite {
     events: crate::metrics::Events,
     access: Option<crate::auth::AccessState>,
     namespaces_changed: bool,
+    level: Option<u32>,
 }
 
 /// The bucket width is the cluster's, recorded in the state machine (`meta/bucket_ms`, carried

@@ -98,6 +98,8 @@ pub struct Store {
     pub(super) access: Arc<std::sync::RwLock<Arc<crate::auth::AccessState>>>,
     /// Woken each time the access state changes.
     pub(super) access_changed: Arc<tokio::sync::Notify>,
+    /// The committed feature level (`level.rs`).
+    pub(super) level: Arc<std::sync::atomic::AtomicU32>,
     /// Counts the applied entries that changed a namespace's configuration (policy, push
     /// target, pause): its readers (the pusher, the streams' pacing) compare it with the one
     /// they read at, and read again when it moved — so an acknowledged change reaches every
@@ -215,6 +217,7 @@ impl Store {
             gc,
             access: Arc::default(),
             access_changed: Arc::default(),
+            level: Arc::default(),
             namespaces_changed: Arc::new(tokio::sync::watch::Sender::new(0)),
             apply_hold: Default::default(),
         }

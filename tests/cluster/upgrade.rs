@@ -131,3 +131,67 @@ async fn a_series_in_a_time_zone_waits_until_every_member_runs_one_tzdb() {
     c.converged().await;
     c.shutdown().await;
 }
+
+/// Waits until every running node applied the committed level `level`.
+async fn committed(c: &TestCluster, level: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c
+        .running()
+        .iter()
+        .any(|id| c.node(*id).node.store.committed_level() < level)
+    {
+        assert!(Instant::now() < deadline, "level {level} never committed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Once every member advertised a level, the leader commits it, and a later leader proposes
+/// its forms though it never heard a member that is down (issue 33 review 33c, MED 3: what a
+/// leader heard was all it went by, so a restarted leader went back to the older forms and
+/// PutNamespace's read-before-write came back). A node of an older build is refused as a
+/// new member once the level is committed: it could not read the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_committed_level_holds_for_a_leader_that_never_heard_a_member() {
+    let mut c = TestCluster::start(3).await;
+    committed(&c, LEVEL).await;
+
+    // Node 3 goes down; nodes 1 and 2 restart, so neither has heard it since.
+    c.stop(3).await;
+    for id in [1, 2] {
+        c.stop(id).await;
+        c.restart(id).await;
+    }
+    let leader = c.leader().await;
+    let node = c.node(leader).node.clone();
+    tokio::time::sleep(Duration::from_millis(300)).await; // heartbeats answered
+    assert_eq!(node.levels.lowest(LEVEL, leader, [1, 2, 3]), 0, "3 unheard");
+    assert_eq!(node.cluster_level(), LEVEL);
+    let entry = node
+        .namespace_entry("upgrading".into(), Policy::default(), None)
+        .unwrap();
+    assert!(
+        matches!(entry, Command::ConfigureNamespace { .. }),
+        "{entry:?}"
+    );
+    node.put_namespace("upgrading".into(), Policy::default(), None)
+        .await
+        .unwrap();
+
+    // A node of an older build is not added.
+    let addr = c.join_with(4, |n| n.level = 0).await;
+    let mut admin = c.cluster(leader).await;
+    let add = pb::AddNodeRequest {
+        node_id: 4,
+        addr,
+        learner: true,
+    };
+    let e = admin.add_node(add).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("feature level 0"), "{e:?}");
+    assert!(!node.members().iter().any(|m| m.0 == 4), "never a member");
+    c.stop(4).await;
+    c.restart(3).await;
+    committed(&c, LEVEL).await;
+    c.converged().await;
+    c.shutdown().await;
+}

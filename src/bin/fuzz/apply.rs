@@ -341,22 +341,27 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     },
                 }
             }
-            _ => Command::Access(match b.next() % 3 {
-                0 => AccessChange::PutKey(Key {
-                    id: format!("k{}", b.next() % 4),
-                    name: "fuzz".into(),
-                    secret_sha256: Some([b.next(); 32]),
-                    cert_name: None,
-                    roles: vec![if b.next() % 2 == 0 {
-                        Role::Admin
-                    } else {
-                        Role::parse("read:orders*").expect("a valid role")
-                    }],
-                    created_ms: now,
+            _ => match b.next() % 4 {
+                3 => Command::RaiseLevel {
+                    level: u32::from(b.next() % 3),
+                },
+                pick => Command::Access(match pick {
+                    0 => AccessChange::PutKey(Key {
+                        id: format!("k{}", b.next() % 4),
+                        name: "fuzz".into(),
+                        secret_sha256: Some([b.next(); 32]),
+                        cert_name: None,
+                        roles: vec![if b.next() % 2 == 0 {
+                            Role::Admin
+                        } else {
+                            Role::parse("read:orders*").expect("a valid role")
+                        }],
+                        created_ms: now,
+                    }),
+                    1 => AccessChange::RevokeKey(format!("k{}", b.next() % 4)),
+                    _ => AccessChange::Enable(b.next() % 2 == 0),
                 }),
-                1 => AccessChange::RevokeKey(format!("k{}", b.next() % 4)),
-                _ => AccessChange::Enable(b.next() % 2 == 0),
-            }),
+            },
         };
         out.push(Step::Apply(cmd));
     }

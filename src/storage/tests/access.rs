@@ -123,3 +123,33 @@ async fn two_replicas_applying_the_same_access_log_agree() {
     let ids: Vec<_> = one.store.access().keys.keys().cloned().collect();
     assert_eq!(ids, ["k1", "k3"]);
 }
+
+/// The committed feature level is replicated state like the access state: raised only, by
+/// one entry or inside a Multi, kept by a restart and carried by a snapshot (`level.rs`).
+#[tokio::test]
+async fn the_committed_level_only_rises_and_survives_restart_and_snapshot() {
+    let mut s = Sm::new();
+    assert_eq!(s.store.committed_level(), 0);
+    s.apply(Command::RaiseLevel { level: 1 }).await;
+    assert_eq!(s.store.committed_level(), 1);
+    s.apply(Command::RaiseLevel { level: 0 }).await;
+    assert_eq!(s.store.committed_level(), 1, "a level is never lowered");
+    // In one entry, the second part sees the first's raise (and does not lower it).
+    s.apply(Command::Multi(vec![
+        Command::RaiseLevel { level: 3 },
+        Command::RaiseLevel { level: 2 },
+        schedule("t", T0 + 10),
+    ]))
+    .await;
+    assert_eq!(s.store.committed_level(), 3);
+
+    let (other, _) = replica_from_snapshot(&mut s.sm).await;
+    assert_eq!(other.store.committed_level(), 3, "a snapshot carries it");
+    assert_eq!(other.store.digest().unwrap().1, s.store.digest().unwrap().1);
+    let Sm {
+        _dir, sm, store, ..
+    } = s;
+    drop((sm, store, other));
+    let (_, again) = open(&_dir);
+    assert_eq!(again.store.committed_level(), 3, "a restart keeps it");
+}
