@@ -236,18 +236,26 @@ impl Gate {
     }
 
     /// On a leader that has not yet applied an entry of its own term: waits (within
-    /// [`CATCH_UP`], in one of the [`MAX_CATCHING_UP`] places) until it has, and looks again
-    /// (`node/leading.rs`).
-    async fn before_leading(
-        &self,
-        headers: &http::HeaderMap,
-        conn: Option<&ConnInfo>,
-    ) -> Result<Principal, Unauthenticated> {
-        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
-            return Err(Unauthenticated::Unknown);
+    /// [`CATCH_UP`], in one of the [`MAX_CATCHING_UP`] places) until it has, so the access
+    /// state it decides from holds everything its predecessor acknowledged — a key created,
+    /// one revoked, auth turned on (`node/leading.rs`). A leader that has not caught up by then
+    /// (no place to wait in, or a backlog longer than the wait) answers UNAVAILABLE, never a
+    /// decision: a client must not be told a valid key is unknown, nor let through by a state
+    /// its predecessor already changed.
+    async fn until_caught_up_as_leader(&self) -> Result<(), Status> {
+        let not_yet = || {
+            Status::unavailable(
+                "this node was just elected leader and is still applying its predecessor's \
+                 entries: it cannot check the call's credentials yet; retry shortly",
+            )
         };
-        self.node.until_applied_own_term(CATCH_UP).await;
-        self.principal(headers, conn, &self.store().access())
+        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
+            return Err(not_yet());
+        };
+        match self.node.until_applied_own_term(CATCH_UP).await {
+            true => Ok(()),
+            false => Err(not_yet()),
+        }
     }
 
     fn cert_principal(
@@ -305,6 +313,9 @@ impl Gate {
             }
             _ => {}
         }
+        if self.node.leads_behind_its_term() {
+            self.until_caught_up_as_leader().await?;
+        }
         let state = self.store().access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
@@ -326,10 +337,6 @@ impl Gate {
                     return Ok(req);
                 }
                 self.after_catching_up(req.headers(), conn).await
-            }
-            Err(Unauthenticated::Unknown) if !self.node.applied_own_term() => {
-                // A new leader: its predecessor's acknowledged keys may not be applied yet.
-                self.before_leading(req.headers(), conn).await
             }
             other => other,
         };

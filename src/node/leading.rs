@@ -88,6 +88,14 @@ impl Node {
         })
     }
 
+    /// Whether this node leads and has not yet applied an entry of its term (one borrow of
+    /// the metrics: asked on every call with auth on).
+    pub fn leads_behind_its_term(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.current_leader == Some(self.id) && !caught_up(&m)
+    }
+
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.
     pub async fn until_applied_own_term(&self, within: Duration) -> bool {
         let mut metrics = self.raft.metrics();

@@ -683,24 +683,7 @@ async fn a_follower_leaves_a_key_it_does_not_know_to_the_leader() {
 /// elected lacks it; the hold is let go a moment after the calls start.
 #[tokio::test]
 async fn a_new_leader_does_not_refuse_a_key_its_predecessor_acknowledged() {
-    let mut c = TestCluster::start(3).await;
-    let leader = c.leader().await;
-    let admin = enable(&c, leader).await;
-    settle(&c).await;
-    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
-    let held: Vec<_> = others
-        .iter()
-        .map(|id| c.node(*id).node.store.apply_hold.close())
-        .collect();
-    let (_, token) = create_key(&c, leader, Some(&admin), "fresh", &["read:*"]).await;
-    c.stop(leader).await;
-    let next = c.leader().await;
-    let follower = *others.iter().find(|id| **id != next).unwrap();
-    assert!(
-        !c.node(next).node.applied_own_term(),
-        "the new leader applied its first entry while apply was held"
-    );
-    assert!(c.node(next).node.store.access().by_token(&token).is_err());
+    let (c, token, next, follower, held) = a_leader_behind_a_new_key().await;
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(held);
@@ -727,5 +710,101 @@ async fn a_new_leader_does_not_refuse_a_key_its_predecessor_acknowledged() {
         let e = r.unwrap_err();
         assert_eq!(e.code(), Code::NotFound, "at {at}: {e:?}");
     }
+    c.shutdown().await;
+}
+
+/// A new leader whose predecessor's entries take longer to apply than it waits answers a key
+/// it does not know yet UNAVAILABLE ("retry"), never "unknown or revoked": the key may be one
+/// its predecessor acknowledged (review 33c, LOW 10).
+#[tokio::test]
+async fn a_new_leader_still_applying_says_retry_not_unknown() {
+    let (c, token, next, _, held) = a_leader_behind_a_new_key().await;
+    let get = pb::GetRequest {
+        namespace: "x".into(),
+        id: "y".into(),
+        ..Default::default()
+    };
+    let e = timers(&c, next, Some(&token))
+        .await
+        .get(get.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("still applying"), "{e:?}");
+    drop(held);
+    assert!(
+        c.node(next)
+            .node
+            .until_applied_own_term(Duration::from_secs(10))
+            .await
+    );
+    let e = timers(&c, next, Some(&token))
+        .await
+        .get(get)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "the key, once applied: {e:?}");
+    c.shutdown().await;
+}
+
+/// A cluster whose leader created a key and was then stopped, the followers' apply held from
+/// before the key: (cluster, the key's token, the new leader, the other follower, the holds).
+async fn a_leader_behind_a_new_key() -> (
+    TestCluster,
+    String,
+    u64,
+    u64,
+    Vec<timerdb::cluster::hold::Closed>,
+) {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let admin = enable(&c, leader).await;
+    settle(&c).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let held: Vec<_> = others
+        .iter()
+        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .collect();
+    let (_, token) = create_key(&c, leader, Some(&admin), "fresh", &["read:*"]).await;
+    c.stop(leader).await;
+    let next = c.leader().await;
+    let follower = *others.iter().find(|id| **id != next).unwrap();
+    assert!(
+        !c.node(next).node.applied_own_term(),
+        "the new leader applied its first entry while apply was held"
+    );
+    assert!(c.node(next).node.store.access().by_token(&token).is_err());
+    (c, token, next, follower, held)
+}
+
+/// A leader elected while its predecessor's SetAuth(on) was acknowledged but not yet applied
+/// on it does not let a call without a key through: it decides from its access state only
+/// once it has applied an entry of its own term (review 33c, LOW 10: it read "auth off").
+#[tokio::test]
+async fn a_new_leader_does_not_forget_that_auth_was_turned_on() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    settle(&c).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let held: Vec<_> = others
+        .iter()
+        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .collect();
+    enable(&c, leader).await;
+    c.stop(leader).await;
+    let next = c.leader().await;
+    assert!(!c.node(next).node.store.access().enabled, "held before it");
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+    });
+    let get = pb::GetRequest {
+        namespace: "x".into(),
+        id: "y".into(),
+        ..Default::default()
+    };
+    let e = timers(&c, next, None).await.get(get).await.unwrap_err();
+    release.await.unwrap();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     c.shutdown().await;
 }
