@@ -214,6 +214,16 @@ impl raft_server::Raft for PeerService {
         self.check_width(&req)?;
         let rpc: openraft::raft::VoteRequest<u64> = body(req)?;
         self.check_admitted(rpc.vote.leader_id().term)?;
+        if self.admitting() {
+            // A Hello came, entries not yet: this node becomes a learner first, which needs no
+            // vote, and a vote it persisted for a removed voter still campaigning (no PreVote
+            // in openraft 0.9; its term climbs past the Hello's) would depose the leader adding
+            // it. Nor may a wiped voter vote: it lost what it promised.
+            return Err(Status::unavailable(
+                "this node waits for its first entries from the leader adding it and votes \
+                 for nobody until then",
+            ));
+        }
         self.reply(&self.raft.vote(rpc).await)
     }
 

@@ -14,6 +14,9 @@
 //!   `Hello` wins while the node holds nothing, so whoever adds it last is heard;
 //! - until it has a membership it refuses AppendEntries, Vote and InstallSnapshot without a
 //!   `Hello` first, or from a leader of an older term than the `Hello`'s (a zombie's);
+//! - after the `Hello` and before its first entries it votes for nobody: it becomes a learner
+//!   first, and a removed voter still campaigning (its term climbing past the `Hello`'s) would
+//!   otherwise win a vote it persists and depose the leader adding it;
 //! - the admitted term is kept in the log's column family (node-local, like the vote), so a
 //!   restart between the `Hello` and the first entry keeps it.
 //!

@@ -172,6 +172,13 @@ async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() 
     let e = raft.append_entries(with_width(bytes)).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("older than the term"), "{e:?}");
+    // A removed voter that missed its removal campaigns on, its term soon above the Hello's:
+    // a node waiting for its first entries votes for nobody (it is a learner to be), or the
+    // vote it persisted would depose the leader adding it (review 33c, LOW 8).
+    let campaign = timerdb::storage::encode(&vote);
+    let e = raft.vote(with_width(campaign)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("votes for nobody"), "{e:?}");
 
     // The real leader's Hello comes last and wins.
     let leader_node = c.node(leader).node.clone();
