@@ -35,26 +35,34 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// this long is not a client in a hurry.
 const HANDSHAKE_LIMIT_BUSY: Duration = Duration::from_secs(1);
 /// Most TLS handshakes in progress at once on one listener. When all are taken, a new
-/// connection takes the place of the oldest handshake of the address holding the most places:
-/// silent connections (256 of them held every place for 10 s each and locked every new client
-/// out: issue 33 finding 12) cannot keep a client that completes its handshake in milliseconds
-/// from being served, and a flood from one address evicts only its own handshakes (a client
-/// behind the same address as a flood still competes with it, as in finding 12's fix).
+/// connection takes a place from the handshakes that have not sent a byte yet if any do (a
+/// client sends its ClientHello as soon as it connects; a silent connection is an idle or
+/// hostile one: 256 of them held every place for 10 s each and locked every new client out,
+/// issue 33 finding 12), and among those (or, when all have spoken, among all) the oldest of
+/// the source holding the most places — so a flood from one address evicts only its own. When
+/// every source holds one place (a flood from many networks), the oldest silent one makes
+/// way, or, all having spoken, one drawn at random: no rule an attacker can time (the
+/// newest-first tie-break it replaces let each arrival evict the client just before it).
 const MAX_HANDSHAKES: usize = 256;
+
+/// One handshake in progress: its source, whether it sent a byte yet, what tells it to stop.
+struct Place {
+    source: Option<IpAddr>,
+    spoke: bool,
+    give_up: tokio::sync::oneshot::Sender<()>,
+}
 
 /// The handshakes in progress on one listener, oldest first: each can be told to give up.
 #[derive(Default)]
 struct Handshakes {
     next: u64,
-    pending: std::collections::BTreeMap<u64, (Option<IpAddr>, tokio::sync::oneshot::Sender<()>)>,
-    /// The handshakes of each remote address (`None`: unknown), oldest first.
-    by_source: std::collections::HashMap<Option<IpAddr>, std::collections::BTreeSet<u64>>,
+    pending: std::collections::BTreeMap<u64, Place>,
     evicted: u64,
 }
 
 impl Handshakes {
     /// A place for a new handshake from `source`: its number and what tells it to give up,
-    /// and how long it may take. Takes a place of the largest holder when all are taken.
+    /// and how long it may take. Takes another's place when all are taken ([`MAX_HANDSHAKES`]).
     fn start(
         &mut self,
         source: Option<IpAddr>,
@@ -66,61 +74,64 @@ impl Handshakes {
             true => HANDSHAKE_LIMIT_BUSY,
             false => HANDSHAKE_LIMIT,
         };
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (give_up, rx) = tokio::sync::oneshot::channel();
         self.next += 1;
         let source = source.map(network_of);
-        self.pending.insert(self.next, (source, tx));
-        self.by_source.entry(source).or_default().insert(self.next);
+        let place = Place {
+            source,
+            spoke: false,
+            give_up,
+        };
+        self.pending.insert(self.next, place);
         (self.next, rx, limit)
     }
 
-    /// Tells a handshake to give up: the oldest of the source holding the most places (of two
-    /// holding as many, the one whose oldest is older) — unless every source holds one place
-    /// (a flood from many networks), when the newest gives up: ties among single places are
-    /// broken against the one that has waited least, not the client that waited longest.
+    /// Handshake `id`'s client sent its first bytes.
+    fn spoke(&mut self, id: u64) {
+        if let Some(place) = self.pending.get_mut(&id) {
+            place.spoke = true;
+        }
+    }
+
+    /// Tells one handshake to give up (see [`MAX_HANDSHAKES`] for which). A scan of at most
+    /// [`MAX_HANDSHAKES`] places, only when all are taken.
     fn evict(&mut self) {
-        let largest = self
-            .by_source
-            .iter()
-            .filter_map(|(source, ids)| {
-                Some((ids.len(), std::cmp::Reverse(*ids.first()?), *source))
-            })
+        let silent = self.pending.values().any(|p| !p.spoke);
+        let candidates = || self.pending.iter().filter(|(_, p)| !silent || !p.spoke);
+        // Per source: how many places, and its oldest (the map iterates oldest first).
+        let mut held = std::collections::HashMap::<Option<IpAddr>, (usize, u64)>::new();
+        for (id, place) in candidates() {
+            held.entry(place.source).or_insert((0, *id)).0 += 1;
+        }
+        let largest = held
+            .values()
+            .map(|(n, oldest)| (*n, std::cmp::Reverse(*oldest)))
             .max();
-        let Some((held, std::cmp::Reverse(oldest), _)) = largest else {
-            return;
+        let id = match largest {
+            None => return,
+            Some((n, std::cmp::Reverse(oldest))) if n > 1 || silent => oldest,
+            Some(_) => {
+                let at = rand::random_range(0..self.pending.len());
+                match self.pending.keys().nth(at) {
+                    Some(id) => *id,
+                    None => return,
+                }
+            }
         };
-        let id = match held {
-            1 => match self.pending.keys().next_back() {
-                Some(newest) => *newest,
-                None => return,
-            },
-            _ => oldest,
-        };
-        if let Some((_, give_up)) = self.remove(id) {
-            let _ = give_up.send(());
+        if let Some(place) = self.pending.remove(&id) {
+            let _ = place.give_up.send(());
             self.evicted += 1;
             if self.evicted.is_power_of_two() {
                 tracing::warn!(
                     evicted = self.evicted,
-                    "TLS handshakes in progress at the limit: the largest holder's oldest made way"
+                    "TLS handshakes in progress at the limit: one made way for a new connection"
                 );
             }
         }
     }
 
-    fn remove(&mut self, id: u64) -> Option<(Option<IpAddr>, tokio::sync::oneshot::Sender<()>)> {
-        let (source, give_up) = self.pending.remove(&id)?;
-        if let Some(ids) = self.by_source.get_mut(&source) {
-            ids.remove(&id);
-            if ids.is_empty() {
-                self.by_source.remove(&source);
-            }
-        }
-        Some((source, give_up))
-    }
-
     fn finished(&mut self, id: u64) {
-        self.remove(id);
+        self.pending.remove(&id);
     }
 }
 
@@ -370,7 +381,13 @@ pub fn incoming(
             let (id, give_up, limit) = lock(&handshakes).start(remote.map(|a| a.ip()));
             let (tx, handshakes) = (tx.clone(), handshakes.clone());
             tokio::spawn(async move {
-                let handshake = tokio::time::timeout(limit, acceptor.accept(tcp));
+                let handshake = tokio::time::timeout(limit, async {
+                    // Waits for the client's first bytes (its ClientHello) without taking
+                    // them: until then this place is among the first to make way.
+                    let _ = tcp.peek(&mut [0u8; 1]).await;
+                    lock(&handshakes).spoke(id);
+                    acceptor.accept(tcp).await
+                });
                 tokio::select! {
                     done = handshake => match done {
                         Ok(Ok(s)) => {
@@ -469,15 +486,18 @@ mod tests {
         assert!(lone.try_recv().is_ok());
     }
 
-    /// Review of issue 33's change (F8): when every source holds one place (a flood from
-    /// many networks), the tie among the largest holders went to the oldest place: the
-    /// client that had waited longest. Now, among sources that hold a place each, the newest
-    /// place makes way: the handshakes furthest along keep theirs.
+    /// Review of issue 33's change (F8), then its review (33c, MED 6): when every source
+    /// holds one place (a flood from many networks), the tie went first to the oldest place
+    /// (the client that had waited longest), then to the newest (a client that had just
+    /// arrived, evicted by the next arrival). Now silent connections make way first, oldest
+    /// first, and among handshakes that all spoke, a random one.
     #[test]
-    fn a_flood_from_many_networks_does_not_evict_the_longest_waiting_client() {
-        let mut h = Handshakes::default();
-        let (_, mut client, _) = h.start(Some([192, 0, 2, 7].into()));
+    fn a_flood_from_many_networks_evicts_silent_connections_and_no_client_by_its_timing() {
         let source = |i: u32| Some(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        // A client that sent its ClientHello before the flood keeps its place.
+        let mut h = Handshakes::default();
+        let (id, mut client, _) = h.start(Some([192, 0, 2, 7].into()));
+        h.spoke(id);
         for i in 0..MAX_HANDSHAKES as u32 - 1 {
             h.start(source(i));
         }
@@ -486,8 +506,45 @@ mod tests {
         }
         assert!(
             client.try_recv().is_err(),
-            "a flood of one place per network evicted the longest-waiting client"
+            "a flood of one silent place per network evicted a client that spoke"
         );
         assert_eq!(h.pending.len(), MAX_HANDSHAKES);
+
+        // A client arriving into a full table of silent places, before its ClientHello
+        // arrives, outlives the next arrivals: the older silent places go first.
+        let mut h = Handshakes::default();
+        for i in 0..MAX_HANDSHAKES as u32 {
+            h.start(source(i));
+        }
+        let (_, mut newcomer, _) = h.start(Some([192, 0, 2, 8].into()));
+        for i in 0..MAX_HANDSHAKES as u32 - 1 {
+            h.start(source(200_000 + i));
+        }
+        assert!(
+            newcomer.try_recv().is_err(),
+            "the next arrival evicted a client that had just connected"
+        );
+
+        // When every place spoke, which one makes way is drawn: the newest is not singled out.
+        let mut newest_evicted = 0;
+        for round in 0..200u32 {
+            let mut h = Handshakes::default();
+            let mut last = None;
+            for i in 0..MAX_HANDSHAKES as u32 {
+                let (id, rx, _) = h.start(source(round * 1_000 + i));
+                h.spoke(id);
+                last = Some(rx);
+            }
+            let (id, _, _) = h.start(source(999_999));
+            h.spoke(id);
+            if last.unwrap().try_recv().is_ok() {
+                newest_evicted += 1;
+            }
+            assert_eq!(h.pending.len(), MAX_HANDSHAKES);
+        }
+        assert!(
+            newest_evicted < 20,
+            "the newest made way {newest_evicted} times of 200"
+        );
     }
 }
