@@ -156,6 +156,16 @@ async fn run(
     wake: Arc<tokio::sync::Notify>,
     failed: Arc<std::sync::atomic::AtomicU64>,
 ) {
+    // However this task ends (a panic included), nobody waits on its queue any more.
+    struct Closes<T>(std::sync::Weak<Lanes<T>>);
+    impl<T> Drop for Closes<T> {
+        fn drop(&mut self) {
+            if let Some(lanes) = self.0.upgrade() {
+                lanes.close();
+            }
+        }
+    }
+    let _closes = Closes(queue.clone());
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {

@@ -33,6 +33,8 @@ struct State<T> {
     /// The lanes with items, in turn order.
     turns: VecDeque<u64>,
     len: usize,
+    /// Its consumer is gone (`close`): pushes drop their item at once.
+    closed: bool,
 }
 
 impl<T> Lanes<T> {
@@ -45,6 +47,7 @@ impl<T> Lanes<T> {
                 lanes: HashMap::new(),
                 turns: VecDeque::new(),
                 len: 0,
+                closed: false,
             }),
             drained: Notify::new(),
             wake: wake.clone(),
@@ -67,6 +70,9 @@ impl<T> Lanes<T> {
             room.as_mut().enable();
             {
                 let mut s = self.state();
+                if s.closed {
+                    return; // the item is dropped: a waiter on it learns it never went
+                }
                 let held = s.lanes.get(&lane).map_or(0, VecDeque::len);
                 if held < self.per_lane && s.len < self.total {
                     let queue = s.lanes.entry(lane).or_default();
@@ -120,6 +126,23 @@ impl<T> Lanes<T> {
     }
 }
 
+impl<T> Lanes<T> {
+    /// The consumer is gone (it ended, or panicked): drops every item held and every later
+    /// one, and wakes the pushers waiting for room, so none waits for a consumer that will
+    /// never come (an item's own waiter sees it dropped).
+    pub fn close(&self) {
+        let dropped = {
+            let mut s = self.state();
+            s.closed = true;
+            s.turns.clear();
+            s.len = 0;
+            std::mem::take(&mut s.lanes)
+        };
+        drop(dropped); // outside the lock: an item's drop may run code
+        self.drained.notify_waiters();
+    }
+}
+
 impl<T> Drop for Lanes<T> {
     fn drop(&mut self) {
         self.wake.notify_one();
@@ -129,6 +152,31 @@ impl<T> Drop for Lanes<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A consumer that died (a panic) left pushers waiting for room, and a barrier's waiter
+    /// for an answer, for ever (review 33c, LOW 11): closed, the queue drops what it held and
+    /// takes nothing more.
+    #[tokio::test]
+    async fn a_closed_queue_drops_its_items_and_frees_its_pushers() {
+        let (q, _wake) = Lanes::new(1, 10);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        q.push(1, tx).await;
+        let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
+        let pusher = {
+            let q = q.clone();
+            tokio::spawn(async move { q.push(1, tx2).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!pusher.is_finished(), "the lane is full: it waits");
+        q.close();
+        tokio::time::timeout(std::time::Duration::from_secs(5), pusher)
+            .await
+            .expect("a pusher still waited after close")
+            .unwrap();
+        assert!(rx.await.is_err(), "a held item was not dropped");
+        assert!(rx2.await.is_err(), "a later item was not dropped");
+        assert!(!q.has_items());
+    }
 
     /// The review of issue 33 (finding 12's fix): one queue, first come first served, so a
     /// stream acking a backlog delayed every other stream's acks by the time it took to
