@@ -799,6 +799,7 @@ mod access;
 mod attempts;
 mod change;
 mod deliver;
+mod forms;
 mod misfire;
 mod replicas;
 mod restore;
