@@ -35,19 +35,28 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 /// this long is not a client in a hurry.
 const HANDSHAKE_LIMIT_BUSY: Duration = Duration::from_secs(1);
 /// Most TLS handshakes in progress at once on one listener. When all are taken, a new
-/// connection takes a place from the handshakes that have not sent a byte yet if any do (a
-/// client sends its ClientHello as soon as it connects; a silent connection is an idle or
-/// hostile one: 256 of them held every place for 10 s each and locked every new client out,
-/// issue 33 finding 12), and among those (or, when all have spoken, among all) the oldest of
-/// the source holding the most places — so a flood from one address evicts only its own. When
-/// every source holds one place (a flood from many networks), the oldest silent one makes
-/// way, or, all having spoken, one drawn at random: no rule an attacker can time (the
-/// newest-first tie-break it replaces let each arrival evict the client just before it).
+/// connection takes the place of one in progress, chosen so that no flood can aim at a client:
+/// - the source (address, or IPv6 /64) holding the most places gives up one of its own — its
+///   oldest that has not sent a byte, else its oldest — so a flood from one address evicts
+///   only its own handshakes (256 silent connections held every place for 10 s each and
+///   locked every new client out: issue 33 finding 12), however it behaves;
+/// - when every source holds one place (a flood from many networks), a connection that has
+///   sent nothing for [`SILENT_AFTER`] makes way, the oldest first (a client sends its
+///   ClientHello as soon as it connects); failing that, one drawn at random — no rule an
+///   attacker can time (the newest-first tie-break it replaces let each arrival evict the
+///   client just before it; its first replacement, "silent first", evicted a client whose
+///   first bytes the node had not read yet).
 const MAX_HANDSHAKES: usize = 256;
 
-/// One handshake in progress: its source, whether it sent a byte yet, what tells it to stop.
+/// How long a connection may send nothing before it counts as silent: longer than a
+/// client's ClientHello takes to arrive after the connection (half a round trip).
+const SILENT_AFTER: Duration = Duration::from_millis(250);
+
+/// One handshake in progress: its source, when it came, whether it sent a byte yet, and what
+/// tells it to give up.
 struct Place {
     source: Option<IpAddr>,
+    at: std::time::Instant,
     spoke: bool,
     give_up: tokio::sync::oneshot::Sender<()>,
 }
@@ -67,8 +76,17 @@ impl Handshakes {
         &mut self,
         source: Option<IpAddr>,
     ) -> (u64, tokio::sync::oneshot::Receiver<()>, Duration) {
+        self.start_at(source, std::time::Instant::now())
+    }
+
+    /// [`Handshakes::start`] at `now`.
+    fn start_at(
+        &mut self,
+        source: Option<IpAddr>,
+        now: std::time::Instant,
+    ) -> (u64, tokio::sync::oneshot::Receiver<()>, Duration) {
         if self.pending.len() >= MAX_HANDSHAKES {
-            self.evict();
+            self.evict(now);
         }
         let limit = match self.pending.len() >= MAX_HANDSHAKES / 2 {
             true => HANDSHAKE_LIMIT_BUSY,
@@ -76,9 +94,9 @@ impl Handshakes {
         };
         let (give_up, rx) = tokio::sync::oneshot::channel();
         self.next += 1;
-        let source = source.map(network_of);
         let place = Place {
-            source,
+            source: source.map(network_of),
+            at: now,
             spoke: false,
             give_up,
         };
@@ -95,26 +113,39 @@ impl Handshakes {
 
     /// Tells one handshake to give up (see [`MAX_HANDSHAKES`] for which). A scan of at most
     /// [`MAX_HANDSHAKES`] places, only when all are taken.
-    fn evict(&mut self) {
-        let silent = self.pending.values().any(|p| !p.spoke);
-        let candidates = || self.pending.iter().filter(|(_, p)| !silent || !p.spoke);
-        // Per source: how many places, and its oldest (the map iterates oldest first).
-        let mut held = std::collections::HashMap::<Option<IpAddr>, (usize, u64)>::new();
-        for (id, place) in candidates() {
-            held.entry(place.source).or_insert((0, *id)).0 += 1;
+    fn evict(&mut self, now: std::time::Instant) {
+        // Per source: how many places, its oldest, and its oldest silent one (the map
+        // iterates oldest first).
+        let mut held =
+            std::collections::HashMap::<Option<IpAddr>, (usize, u64, Option<u64>)>::new();
+        for (id, place) in &self.pending {
+            let entry = held.entry(place.source).or_insert((0, *id, None));
+            entry.0 += 1;
+            if !place.spoke && entry.2.is_none() {
+                entry.2 = Some(*id);
+            }
         }
         let largest = held
             .values()
-            .map(|(n, oldest)| (*n, std::cmp::Reverse(*oldest)))
+            .map(|(n, oldest, silent)| (*n, std::cmp::Reverse(*oldest), *silent))
             .max();
         let id = match largest {
             None => return,
-            Some((n, std::cmp::Reverse(oldest))) if n > 1 || silent => oldest,
+            Some((n, std::cmp::Reverse(oldest), silent)) if n > 1 => silent.unwrap_or(oldest),
             Some(_) => {
-                let at = rand::random_range(0..self.pending.len());
-                match self.pending.keys().nth(at) {
-                    Some(id) => *id,
-                    None => return,
+                let silent = self
+                    .pending
+                    .iter()
+                    .find(|(_, p)| !p.spoke && now.saturating_duration_since(p.at) >= SILENT_AFTER);
+                match silent {
+                    Some((id, _)) => *id,
+                    None => {
+                        let at = rand::random_range(0..self.pending.len());
+                        match self.pending.keys().nth(at) {
+                            Some(id) => *id,
+                            None => return,
+                        }
+                    }
                 }
             }
         };
@@ -486,23 +517,26 @@ mod tests {
         assert!(lone.try_recv().is_ok());
     }
 
-    /// Review of issue 33's change (F8), then its review (33c, MED 6): when every source
-    /// holds one place (a flood from many networks), the tie went first to the oldest place
-    /// (the client that had waited longest), then to the newest (a client that had just
-    /// arrived, evicted by the next arrival). Now silent connections make way first, oldest
-    /// first, and among handshakes that all spoke, a random one.
+    /// Review of issue 33's change (F8), then its reviews (33c MED 6, 33d MED 2): when every
+    /// source holds one place (a flood from many networks), the tie went first to the oldest
+    /// place (the client that had waited longest), then to the newest (a client that had just
+    /// arrived, evicted by the next arrival), then to any silent place (a client whose first
+    /// bytes were not read yet). Now a flood's own places go first when it holds more than
+    /// one, else places silent for a while, else one drawn at random.
     #[test]
     fn a_flood_from_many_networks_evicts_silent_connections_and_no_client_by_its_timing() {
         let source = |i: u32| Some(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        let t0 = std::time::Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
         // A client that sent its ClientHello before the flood keeps its place.
         let mut h = Handshakes::default();
-        let (id, mut client, _) = h.start(Some([192, 0, 2, 7].into()));
+        let (id, mut client, _) = h.start_at(Some([192, 0, 2, 7].into()), t0);
         h.spoke(id);
         for i in 0..MAX_HANDSHAKES as u32 - 1 {
-            h.start(source(i));
+            h.start_at(source(i), t0);
         }
         for i in 0..4 * MAX_HANDSHAKES as u32 {
-            h.start(source(100_000 + i));
+            h.start_at(source(100_000 + i), ms(1_000 + 2 * u64::from(i)));
         }
         assert!(
             client.try_recv().is_err(),
@@ -510,19 +544,37 @@ mod tests {
         );
         assert_eq!(h.pending.len(), MAX_HANDSHAKES);
 
-        // A client arriving into a full table of silent places, before its ClientHello
-        // arrives, outlives the next arrivals: the older silent places go first.
+        // A client arriving into a full table of silent places, before its first bytes are
+        // read, outlives the next arrivals: the places silent for a while go first.
         let mut h = Handshakes::default();
         for i in 0..MAX_HANDSHAKES as u32 {
-            h.start(source(i));
+            h.start_at(source(i), t0);
         }
-        let (_, mut newcomer, _) = h.start(Some([192, 0, 2, 8].into()));
+        let (_, mut newcomer, _) = h.start_at(Some([192, 0, 2, 8].into()), ms(1_000));
         for i in 0..MAX_HANDSHAKES as u32 - 1 {
-            h.start(source(200_000 + i));
+            h.start_at(source(200_000 + i), ms(1_000 + 2 * u64::from(i)));
         }
         assert!(
             newcomer.try_recv().is_err(),
             "the next arrival evicted a client that had just connected"
+        );
+
+        // A flood from one address whose connections each send a byte evicts its own, never a
+        // client whose first bytes were not read yet.
+        let mut h = Handshakes::default();
+        let flood = Some([10, 0, 0, 66].into());
+        for _ in 0..MAX_HANDSHAKES - 1 {
+            let (id, _, _) = h.start_at(flood, t0);
+            h.spoke(id);
+        }
+        let (_, mut quiet, _) = h.start_at(Some([192, 0, 2, 9].into()), ms(1));
+        for _ in 0..MAX_HANDSHAKES {
+            let (id, _, _) = h.start_at(flood, ms(2));
+            h.spoke(id);
+        }
+        assert!(
+            quiet.try_recv().is_err(),
+            "a speaking flood evicted a client"
         );
 
         // When every place spoke, which one makes way is drawn: the newest is not singled out.
@@ -531,11 +583,11 @@ mod tests {
             let mut h = Handshakes::default();
             let mut last = None;
             for i in 0..MAX_HANDSHAKES as u32 {
-                let (id, rx, _) = h.start(source(round * 1_000 + i));
+                let (id, rx, _) = h.start_at(source(round * 1_000 + i), t0);
                 h.spoke(id);
                 last = Some(rx);
             }
-            let (id, _, _) = h.start(source(999_999));
+            let (id, _, _) = h.start_at(source(999_999), ms(1));
             h.spoke(id);
             if last.unwrap().try_recv().is_ok() {
                 newest_evicted += 1;

@@ -56,17 +56,28 @@ impl Node {
             Some((_, _, true)) => return Ok(self.members()),
             // A learner (perhaps added by an AddNode that a leader change cut short, perhaps
             // wiped since): a Hello again, which a wiped one needs before it takes Raft calls
-            // (`storage/admission.rs`); to promote it, it must first hold the log.
+            // (`storage/admission.rs`). To promote it, it must first hold the log — and the
+            // leader's record of what it holds may predate a wipe (openraft 0.9 keeps its
+            // `matching` on a conflict), so it is removed and added afresh: the catch-up wait
+            // then counts what it holds now, not what it held (review 33d LOW 8).
             Some(_) => {
-                self.hello(id, &addr).await?;
+                let _gate = self.levels.gate.lock().await; // see `Levels::gate`
                 if !voter {
+                    self.hello(id, &addr).await?;
                     return Ok(self.members());
                 }
-                self.wait_caught_up(id, &addr).await?
+                let ids = BTreeSet::from([id]);
+                self.raft
+                    .change_membership(ChangeMembers::RemoveNodes(ids), false)
+                    .await
+                    .map_err(membership_error)?;
+                self.hello(id, &addr).await?;
+                self.add_learner(id, &addr).await?
             }
             None => {
                 // A node that cannot be one of us (another bucket width) is refused before it
                 // is a member, with the reason; an empty one takes this cluster's width here.
+                let _gate = self.levels.gate.lock().await; // see `Levels::gate`
                 self.hello(id, &addr).await?;
                 self.add_learner(id, &addr).await?
             }

@@ -236,25 +236,22 @@ impl Gate {
     }
 
     /// On a leader that has not yet applied an entry of its own term: waits (within
-    /// [`CATCH_UP`], in one of the [`MAX_CATCHING_UP`] places) until it has, so the access
-    /// state it decides from holds everything its predecessor acknowledged — a key created,
-    /// one revoked, auth turned on (`node/leading.rs`). A leader that has not caught up by then
-    /// (no place to wait in, or a backlog longer than the wait) answers UNAVAILABLE, never a
-    /// decision: a client must not be told a valid key is unknown, nor let through by a state
-    /// its predecessor already changed.
+    /// [`CATCH_UP`]) until it has, so the access state it decides from holds everything its
+    /// predecessor acknowledged — a key created, one revoked, auth turned on
+    /// (`node/leading.rs`). A leader that has not caught up by then (a backlog longer than the
+    /// wait) answers UNAVAILABLE, never a decision: a client must not be told a valid key is
+    /// unknown, nor be let through by a state its predecessor already changed. Every call
+    /// waits, unlike a follower's wait for one key (no places): the window closes for all at
+    /// once (usually within milliseconds of the election), nothing a caller sends keeps it
+    /// open, and the node's request limit bounds the waiters.
     async fn until_caught_up_as_leader(&self) -> Result<(), Status> {
-        let not_yet = || {
-            Status::unavailable(
-                "this node was just elected leader and is still applying its predecessor's \
-                 entries: it cannot check the call's credentials yet; retry shortly",
-            )
-        };
-        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
-            return Err(not_yet());
-        };
         match self.node.until_applied_own_term(CATCH_UP).await {
             true => Ok(()),
-            false => Err(not_yet()),
+            false => Err(super::forward::not_applied_status(
+                "this node was just elected leader and is still applying its predecessor's \
+                 entries: it cannot check the call's credentials yet; send it again"
+                    .into(),
+            )),
         }
     }
 
@@ -313,9 +310,14 @@ impl Gate {
             }
             _ => {}
         }
-        if self.node.leads_behind_its_term() {
+        let mut view = self.node.leader_view();
+        if view.leads && !view.caught_up {
             self.until_caught_up_as_leader().await?;
+            view = self.node.leader_view();
         }
+        // For the router: a call judged elsewhere than on this term's caught-up leader (on a
+        // follower that is elected while the call waits) is looked at again before it runs.
+        req.extensions_mut().insert(JudgedAt(view.judging_term()));
         let state = self.store().access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
@@ -489,6 +491,35 @@ impl Around for Arc<Gate> {
                 None => response,
             })
         })
+    }
+}
+
+/// The term whose caught-up leader this node was when its gate judged a call (None: it was
+/// not one — a follower, a candidate), in the call's extensions for the router.
+#[derive(Debug, Clone, Copy)]
+pub struct JudgedAt(pub Option<u64>);
+
+/// Whether a call's principal, judged by this node's gate when it was not yet this term's
+/// caught-up leader, still holds against the access state it has now applied as leader: auth
+/// still off, or the same key unrevoked and unchanged. A follower elected while the call
+/// waited would otherwise run it past an acknowledged SetAuth(on) or revocation.
+pub fn still_holds(principal: Option<&Principal>, state: &AccessState) -> Result<(), Status> {
+    if !state.enabled {
+        return Ok(());
+    }
+    match principal {
+        Some(Principal::Bootstrap) => Ok(()),
+        Some(Principal::Key(k)) => match state.keys.get(&k.id) {
+            Some(now) if now == k => Ok(()),
+            Some(_) => Err(super::forward::not_applied_status(
+                "the call's API key changed while the call waited for a leader: send it again"
+                    .into(),
+            )),
+            None => Err(Status::unauthenticated(Unauthenticated::Unknown.message())),
+        },
+        Some(Principal::Anyone) | None => {
+            Err(Status::unauthenticated(Unauthenticated::Missing.message()))
+        }
     }
 }
 

@@ -173,6 +173,9 @@ async fn on_leader<S: Inner>(
                 return not_applied_status(msg.into()).into_http();
             }
             Leader::Me => {
+                if let Err(s) = judged_here(node, &parts).await {
+                    return s.into_http();
+                }
                 let req = rebuild(&parts, message.clone(), false, timeout);
                 let resp = super::layer::call(inner.clone(), req).await;
                 // Leadership moved under the call: the next leader may take it, if it did
@@ -241,6 +244,28 @@ async fn on_leader<S: Inner>(
     }
 }
 
+/// A call this node's gate judged when it was not this term's caught-up leader (a follower,
+/// elected while the call waited for a leader) runs here only once this node has applied its
+/// predecessors' entries and the call's principal still holds against them
+/// (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not bypassed.
+async fn judged_here(node: &Node, parts: &http::request::Parts) -> Result<(), Status> {
+    let Some(super::auth::JudgedAt(judged)) = parts.extensions.get().copied() else {
+        return Ok(()); // not judged by the gate: an open method
+    };
+    let view = node.leader_view();
+    if view.caught_up && judged == Some(view.term) {
+        return Ok(());
+    }
+    if !node.until_applied_own_term(Duration::from_secs(1)).await {
+        return Err(not_applied_status(
+            "this node was just elected leader and is still applying its predecessor's \
+             entries: send the call again"
+                .into(),
+        ));
+    }
+    super::auth::still_holds(parts.extensions.get(), &node.store.access())
+}
+
 /// Whether the call in `message` (one gRPC frame) may be sent twice (DESIGN 9). A compressed
 /// or malformed frame is not looked into: not safe.
 fn retry_safe(path: &str, message: &[u8]) -> bool {
@@ -261,7 +286,7 @@ fn not_applied(resp: &http::Response<Body>) -> bool {
 }
 
 /// UNAVAILABLE for a call this node refused without doing anything.
-fn not_applied_status(msg: String) -> Status {
+pub(super) fn not_applied_status(msg: String) -> Status {
     let mut s = Status::unavailable(msg);
     let one = tonic::metadata::MetadataValue::from_static("1");
     s.metadata_mut().insert(NOT_APPLIED_HEADER, one);

@@ -161,6 +161,11 @@ async fn run(
     impl<T> Drop for Closes<T> {
         fn drop(&mut self) {
             if let Some(lanes) = self.0.upgrade() {
+                // Only a panic ends this task while its node runs: a bug, said loudly.
+                tracing::error!(
+                    "the ack coalescer stopped while its node runs: stream and push acks are \
+                     dropped (their timers are delivered again) until the node restarts"
+                );
                 lanes.close();
             }
         }

@@ -50,35 +50,60 @@ pub const LEVEL_HEADER: &str = "x-timerdb-level";
 /// The header every peer call and answer carries: the sender's tzdb version.
 pub const TZDB_HEADER: &str = "x-timerdb-tzdb";
 
+/// How long what a peer advertised counts for the leader's choices (several heartbeats): a
+/// peer not heard from since (down, maybe being replaced by another build) counts as the
+/// oldest again.
+const FRESH: Duration = Duration::from_secs(3);
+
+/// What one peer advertised, and when.
+#[derive(Debug)]
+struct Heard {
+    level: u32,
+    tzdb: Option<String>,
+    at: std::time::Instant,
+}
+
 /// The level (and tzdb version) each peer last advertised to this node.
 #[derive(Debug, Default)]
 pub struct Levels {
-    heard: Mutex<HashMap<NodeId, (u32, Option<String>)>>,
+    heard: Mutex<HashMap<NodeId, Heard>>,
+    /// Held by the level raiser from its read of the members to its entry's commit, and by
+    /// AddNode from its Hello to the learner's entry in the membership: a node of an older
+    /// build is either refused by the committed level or counted by the raiser, never neither.
+    pub gate: tokio::sync::Mutex<()>,
 }
 
 impl Levels {
     /// `node` answered (or called) with `metadata`.
     pub fn heard(&self, node: NodeId, metadata: &tonic::metadata::MetadataMap) {
         let tzdb = metadata.get(TZDB_HEADER).and_then(|v| v.to_str().ok());
-        let seen = (of(metadata), tzdb.map(str::to_string));
-        let mut heard = self.heard.lock().expect("levels");
-        if heard.get(&node) != Some(&seen) {
-            heard.insert(node, seen);
-        }
+        let seen = Heard {
+            level: of(metadata),
+            tzdb: tzdb.map(str::to_string),
+            at: std::time::Instant::now(),
+        };
+        self.heard.lock().expect("levels").insert(node, seen);
     }
 
-    /// The lowest level among `members` (0 for one never heard from) and `own`, this node's.
+    /// A call to `node` failed: what it advertised no longer counts (it may be restarting as
+    /// another build).
+    pub fn forget(&self, node: NodeId) {
+        self.heard.lock().expect("levels").remove(&node);
+    }
+
+    /// The lowest level among `members` (0 for one not heard from within [`FRESH`]) and
+    /// `own`, this node's.
     pub fn lowest(&self, own: u32, me: NodeId, members: impl IntoIterator<Item = NodeId>) -> u32 {
         let heard = self.heard.lock().expect("levels");
         members
             .into_iter()
             .filter(|id| *id != me)
-            .map(|id| heard.get(&id).map_or(0, |h| h.0))
+            .map(|id| fresh(&heard, id).map_or(0, |h| h.level))
             .fold(own, u32::min)
     }
 
-    /// Whether every member among `members` advertised `own` as its tzdb version (one never
-    /// heard from, or of a build before the header, did not).
+    /// Whether every member among `members` advertised `own` as its tzdb version within
+    /// [`FRESH`] (one not heard from, or of a build before the header, did not).
     pub fn same_tzdb(
         &self,
         own: &str,
@@ -89,7 +114,7 @@ impl Levels {
         members
             .into_iter()
             .filter(|id| *id != me)
-            .all(|id| heard.get(&id).and_then(|h| h.1.as_deref()) == Some(own))
+            .all(|id| fresh(&heard, id).and_then(|h| h.tzdb.as_deref()) == Some(own))
     }
 
     /// The newest entry forms node `me`, of level `own`, may propose among `members` when
@@ -115,7 +140,7 @@ impl Levels {
     ) -> Option<(NodeId, String)> {
         let heard = self.heard.lock().expect("levels");
         members.into_iter().filter(|id| *id != me).find_map(|id| {
-            let tzdb = heard.get(&id)?.1.as_ref()?;
+            let tzdb = heard.get(&id)?.tzdb.as_ref()?;
             (tzdb != own).then(|| (id, tzdb.clone()))
         })
     }
@@ -135,7 +160,7 @@ pub struct LevelRaiser {
 }
 
 /// How often the raiser looks.
-const RAISE_PERIOD: Duration = Duration::from_secs(1);
+const RAISE_PERIOD: Duration = Duration::from_millis(250);
 
 impl LevelRaiser {
     /// Runs until `shutdown` turns true, raising the level while this node leads.
@@ -148,18 +173,37 @@ impl LevelRaiser {
 
     async fn lead(&self) {
         loop {
-            let heard = self.levels.lowest(self.own, self.id, members(&self.raft));
-            if heard > self.store.committed_level() {
-                self.hold.pass().await;
-                let cmd = Command::RaiseLevel { level: heard };
-                match self.raft.client_write(cmd.into()).await {
-                    Ok(_) => tracing::info!(level = heard, "every member reads level: committed"),
-                    Err(e) => tracing::warn!(error = %e, "level raiser: not committed"),
-                }
-            }
+            self.raise().await;
             tokio::time::sleep(RAISE_PERIOD).await;
         }
     }
+
+    /// Commits the lowest level every member advertised, if above the committed one. The
+    /// members and what they advertised are read after the hold (a leadership transfer may
+    /// keep it closed for seconds) and under the gate AddNode also takes.
+    async fn raise(&self) {
+        if self.levels.lowest(self.own, self.id, members(&self.raft))
+            <= self.store.committed_level()
+        {
+            return; // the usual case: nothing to do, nothing locked
+        }
+        self.hold.pass().await;
+        let _gate = self.levels.gate.lock().await;
+        let heard = self.levels.lowest(self.own, self.id, members(&self.raft));
+        if heard <= self.store.committed_level() {
+            return;
+        }
+        let cmd = Command::RaiseLevel { level: heard };
+        match self.raft.client_write(cmd.into()).await {
+            Ok(_) => tracing::info!(level = heard, "every member reads level: committed"),
+            Err(e) => tracing::warn!(error = %e, "level raiser: not committed"),
+        }
+    }
+}
+
+/// What `id` advertised, if within [`FRESH`].
+fn fresh(heard: &HashMap<NodeId, Heard>, id: NodeId) -> Option<&Heard> {
+    heard.get(&id).filter(|h| h.at.elapsed() < FRESH)
 }
 
 /// The ids of `raft`'s members (voters and learners).
@@ -362,5 +406,8 @@ mod tests {
         );
         levels.heard(3, &md);
         assert!(levels.same_tzdb("2025b", 1, [1, 2, 3]));
+        levels.forget(3);
+        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "a failed call forgets");
+        assert!(!levels.same_tzdb("2025b", 1, [1, 2, 3]));
     }
 }

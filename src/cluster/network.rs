@@ -203,6 +203,7 @@ impl PeerClient {
             Rpc::Snapshot => client.install_snapshot(request).await,
         }
         .map_err(|s| {
+            self.levels.0.forget(self.target);
             if s.code() == tonic::Code::FailedPrecondition {
                 // It will not take part until someone fixes it: say why, loudly.
                 tracing::error!(target = self.target, addr = %self.addr, "peer refuses: {}", s.message());

@@ -88,12 +88,16 @@ impl Node {
         })
     }
 
-    /// Whether this node leads and has not yet applied an entry of its term (one borrow of
-    /// the metrics: asked on every call with auth on).
-    pub fn leads_behind_its_term(&self) -> bool {
+    /// Whether this node leads, whether it applied an entry of its term, and the term (one
+    /// borrow of the metrics: asked on every call).
+    pub fn leader_view(&self) -> LeaderView {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
-        m.current_leader == Some(self.id) && !caught_up(&m)
+        LeaderView {
+            leads: m.current_leader == Some(self.id) && m.state == openraft::ServerState::Leader,
+            caught_up: caught_up(&m),
+            term: m.current_term,
+        }
     }
 
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.
@@ -101,6 +105,21 @@ impl Node {
         let mut metrics = self.raft.metrics();
         let waited = tokio::time::timeout(within, metrics.wait_for(caught_up)).await;
         matches!(waited, Ok(Ok(_)))
+    }
+}
+
+/// What [`Node::leader_view`] saw.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderView {
+    pub leads: bool,
+    pub caught_up: bool,
+    pub term: u64,
+}
+
+impl LeaderView {
+    /// The term, if this node was its leader and had applied an entry of it.
+    pub fn judging_term(&self) -> Option<u64> {
+        (self.leads && self.caught_up).then_some(self.term)
     }
 }
 

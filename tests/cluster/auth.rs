@@ -808,3 +808,43 @@ async fn a_new_leader_does_not_forget_that_auth_was_turned_on() {
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     c.shutdown().await;
 }
+
+/// A call that reached a follower while no leader was known was judged there, against the
+/// follower's applied access state, and ran unchecked once that follower was elected: past an
+/// acknowledged SetAuth(on) its apply had not reached (review 33d, MED 1). Sent to both
+/// followers at once, whichever is elected judges its call again.
+#[tokio::test]
+async fn a_call_waiting_at_a_follower_that_is_elected_is_judged_again() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    settle(&c).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let held: Vec<_> = others
+        .iter()
+        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .collect();
+    enable(&c, leader).await;
+    let mut clients = Vec::new();
+    for id in &others {
+        clients.push(timers(&c, *id, None).await);
+    }
+    c.stop(leader).await;
+    let calls = clients.into_iter().map(|mut client| {
+        tokio::spawn(async move {
+            client
+                .schedule(crate::harness::schedule_req(
+                    "bypass",
+                    crate::harness::now_ms() + 60_000,
+                ))
+                .await
+        })
+    });
+    let calls: Vec<_> = calls.collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(held);
+    for call in calls {
+        let e = call.await.unwrap().unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    }
+    c.shutdown().await;
+}

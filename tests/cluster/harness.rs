@@ -105,7 +105,33 @@ impl TestCluster {
             cluster.nodes.insert(id, Some(node));
         }
         cluster.leader().await;
+        cluster.settle_level().await;
         cluster
+    }
+
+    /// When every node runs this build's feature level, waits until the leader committed it
+    /// (its `RaiseLevel` entry, `cluster/level.rs`), so a test that counts log entries from
+    /// here does not count that one.
+    async fn settle_level(&self) {
+        let level = timerdb::cluster::level::LEVEL;
+        let ids = self.running();
+        if ids
+            .iter()
+            .any(|id| self.node(*id).node.config.level < level)
+        {
+            return;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while ids
+            .iter()
+            .any(|id| self.node(*id).node.store.committed_level() < level)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the feature level was never committed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub fn config(&self, id: u64) -> NodeConfig {

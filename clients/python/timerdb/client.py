@@ -7,8 +7,9 @@ leaves its outcome open or says "not now" (UNAVAILABLE, DEADLINE_EXCEEDED, CANCE
 is sent again, to the next node, after an exponential backoff with jitter, if the call is
 idempotent: Schedule creating a timer, ScheduleBatch, an unconditional Cancel, Ack, Get, List
 and the namespace reads (`timerdb.idempotent`). Other calls (Reschedule, Nack, Redrive,
-conditional calls, policy changes) are sent once and their failure raised as it is: an
-unknown outcome the caller must judge.
+conditional calls, policy changes) are sent again only when the node said it did nothing
+(`x-timerdb-not-applied`: not proposed, e.g. no leader yet); any other failure is raised as it
+is: an unknown outcome the caller must judge.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from timerdb.v1 import timerdb_pb2 as pb
 from timerdb.v1 import timerdb_pb2_grpc as rpc
 
 T = TypeVar("T")
+
+# Set by a node on an UNAVAILABLE answer to a call it did not propose: safe to send again.
+NOT_APPLIED = "x-timerdb-not-applied"
 
 TRANSIENT = frozenset(
     {
@@ -175,7 +179,7 @@ class Client:
 
     def call(self, idempotent: bool, fn: Callable[[_Node, float, tuple], T]) -> T:
         """Runs `fn(node, timeout, metadata)`, retried under the policy if `idempotent`."""
-        retry = self._retry if idempotent else NEVER
+        retry = self._retry
         started = time.monotonic()
         attempt = 0
         while True:
@@ -184,8 +188,10 @@ class Client:
                 return fn(self._nodes[i], self._timeout, self._metadata)
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
+                trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+                did_nothing = any(k == NOT_APPLIED for k, _ in (trailers or ()))
             attempt += 1
-            if code not in TRANSIENT:
+            if code not in TRANSIENT or not (idempotent or did_nothing):
                 raise TimerdbError(code, details)
             self._passed_over(i)
             pause = retry.backoff(attempt)

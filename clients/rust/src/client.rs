@@ -20,6 +20,9 @@ use crate::pb::{namespaces_client::NamespacesClient, timers_client::TimersClient
 use crate::retry::{transient, Retry};
 use crate::Result;
 
+/// The metadata key a node sets on an UNAVAILABLE answer to a call it did not propose.
+pub const NOT_APPLIED: &str = "x-timerdb-not-applied";
+
 /// A client of one cluster (cheap to clone: clones share connections and what was learned).
 #[derive(Clone)]
 pub struct Client {
@@ -164,10 +167,7 @@ impl Client {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let retry = match idempotent {
-            true => self.inner.retry,
-            false => Retry::never(),
-        };
+        let retry = self.inner.retry;
         let started = Instant::now();
         let mut attempt = 0;
         loop {
@@ -182,7 +182,10 @@ impl Client {
                 )),
             };
             attempt += 1;
-            if !transient(status.code()) {
+            // A call that is not idempotent is sent again only when the node said it did
+            // nothing (not proposed: no leader yet, a leader still catching up).
+            let did_nothing = status.metadata().contains_key(NOT_APPLIED);
+            if !transient(status.code()) || !(idempotent || did_nothing) {
                 return Err(status);
             }
             self.passed_over(i);

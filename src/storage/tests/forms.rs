@@ -4,13 +4,17 @@
 //! pins everything beneath them (review 33c, MED 5: a nested variant added to a form of
 //! level 1 was invisible to that test).
 //!
-//! A line changed while the command that made it did not: older builds can no longer read
-//! that form — put the new variant last, or give the changed form a new level. A new command
-//! in the list: add its line with `TIMERDB_BLESS=1 cargo test --lib forms`.
+//! The golden file holds entries' bytes themselves (written once, never rewritten): each must
+//! still decode to the same form and encode to the same bytes (review 33d, LOW 5: lines keyed
+//! by a workload other tests edit could be re-blessed over a real change). Every `Command`
+//! variant has examples (an exhaustive match says so), and the enums they carry have one per
+//! variant where the determinism workload reaches none (push outcomes, lease acks, roles).
+//! A new variant: `TIMERDB_BLESS=1 cargo test --lib forms` appends its examples; a changed
+//! line means older builds can no longer read that form — put the new variant last, or give
+//! the changed form a new level.
 
 use super::*;
 use crate::namespace::{Misfire, MisfireAction, Policy, PushTarget};
-use crate::storage::Fnv64;
 use crate::timer::SeriesChange;
 
 /// The forms a build writes: the mixed workload of the determinism tests, and each newer form
@@ -84,40 +88,198 @@ fn forms() -> Vec<Command> {
         }],
     });
     cmds.push(Command::RaiseLevel { level: 1 });
+    // Forms the workload holds only inside a Multi, or only as their newer form.
+    for when in [When::At(T0 + 5), When::After(40)] {
+        cmds.push(Command::Reschedule {
+            now_ms: T0,
+            key: TimerKey::new("ns", "r"),
+            when,
+        });
+    }
+    cmds.push(Command::UpsertSeries {
+        now_ms: T0,
+        spec: spec.clone(),
+        cond: Default::default(),
+    });
+    // Push outcomes, every variant of the attempt record's enums.
+    use crate::timer::{AttemptRecord, Channel, LeaseRef, Outcome};
+    let outcomes = [
+        Outcome::Acked,
+        Outcome::Nacked,
+        Outcome::Expired,
+        Outcome::InFlight,
+        Outcome::Http(503),
+        Outcome::Grpc(14),
+        Outcome::Timeout,
+        Outcome::Connection,
+        Outcome::Misfired,
+    ];
+    for (n, outcome) in outcomes.into_iter().enumerate() {
+        cmds.push(Command::Pushed {
+            now_ms: T0,
+            key: TimerKey::new("ns", "p"),
+            attempt: 1 + n as u32,
+            ok: n == 0,
+            dead: n == 1,
+            retry_after_ms: 250,
+            record: AttemptRecord {
+                at_ms: T0,
+                attempt: 1 + n as u32,
+                channel: [Channel::Push, Channel::Subscribe][n % 2],
+                outcome,
+                latency_ms: 12,
+                detail: "detail".into(),
+            },
+        });
+    }
+    cmds.push(Command::PauseNamespace {
+        name: "ns".into(),
+        paused: true,
+    });
+    cmds.push(Command::Purge {
+        now_ms: T0,
+        namespace: "ns".into(),
+        through: crate::wheel::Slot { bucket: 9, seq: 2 },
+    });
+    cmds.push(Command::Acks {
+        now_ms: T0,
+        leases: vec![LeaseRef {
+            namespace: "ns".into(),
+            to: crate::wheel::Slot { bucket: 3, seq: 1 },
+        }],
+        acks: vec![(TimerKey::new("ns", "a"), 2)],
+    });
+    cmds.push(Command::Access(crate::auth::AccessChange::PutKey(
+        crate::auth::Key {
+            id: "rd".into(),
+            name: "reader".into(),
+            secret_sha256: None,
+            cert_name: Some("reader.example".into()),
+            roles: vec![crate::auth::Role::parse("read:orders*").unwrap()],
+            created_ms: T0,
+        },
+    )));
     cmds
 }
 
-fn line(i: usize, cmd: &Command) -> String {
-    let mut h = Fnv64::new();
-    h.write(&crate::storage::encode(cmd));
-    format!("{i} {} {} {:016x}", cmd.name(), cmd.level(), h.finish())
+/// The index of `cmd`'s variant: an exhaustive match, so a new variant needs an example.
+fn variant(cmd: &Command) -> usize {
+    match cmd {
+        Command::Schedule { .. } => 0,
+        Command::ScheduleBatch { .. } => 1,
+        Command::Cancel { .. } => 2,
+        Command::Reschedule { .. } => 3,
+        Command::Fire { .. } => 4,
+        Command::Deliver { .. } => 5,
+        Command::Ack { .. } => 6,
+        Command::Acks { .. } => 7,
+        Command::Nack { .. } => 8,
+        Command::Pushed { .. } => 9,
+        Command::PauseNamespace { .. } => 10,
+        Command::Redrive { .. } => 11,
+        Command::PutNamespace { .. } => 12,
+        Command::Purge { .. } => 13,
+        Command::Multi(_) => 14,
+        Command::Access(_) => 15,
+        Command::ScheduleSeries { .. } => 16,
+        Command::PauseSeries { .. } => 17,
+        Command::ScheduleWith { .. } => 18,
+        Command::CancelIf { .. } => 19,
+        Command::RescheduleIf { .. } => 20,
+        Command::UpsertSeries { .. } => 21,
+        Command::SetNamespace { .. } => 22,
+        Command::ConfigureNamespace { .. } => 23,
+        Command::ZoneRules { .. } => 24,
+        Command::FireWithZones { .. } => 25,
+        Command::RaiseLevel { .. } => 26,
+    }
 }
 
+/// How many examples of each variant the golden file keeps.
+const PER_VARIANT: usize = 9;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The golden file holds the bytes of older builds' entries themselves: each must decode to
+/// the same form and encode to the same bytes, whatever the examples here become. A variant
+/// without a line fails (its example is appended with `TIMERDB_BLESS=1`; lines already there
+/// are never rewritten).
 #[test]
 fn every_entry_form_keeps_its_encoding() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/src/storage/tests/forms.golden"
     );
-    let now: Vec<String> = forms()
-        .iter()
-        .enumerate()
-        .map(|(i, c)| line(i, c))
-        .collect();
-    if std::env::var_os("TIMERDB_BLESS").is_some() {
-        std::fs::write(path, now.join("\n") + "\n").unwrap();
+    let all: std::collections::BTreeSet<usize> = forms().iter().map(variant).collect();
+    assert_eq!(
+        all.len(),
+        27,
+        "a Command variant has no example in forms(): {all:?}"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut covered = std::collections::BTreeSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut parts = line.split(' ');
+        let (Some(name), Some(level), Some(bytes)) = (parts.next(), parts.next(), parts.next())
+        else {
+            panic!("forms.golden line {}: not `name level hex`", n + 1)
+        };
+        let bytes = unhex(bytes);
+        let cmd: Command = crate::storage::decode(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "forms.golden line {} ({name}) no longer decodes: {e}",
+                n + 1
+            )
+        });
+        assert_eq!(cmd.name(), name, "line {} decodes to another form", n + 1);
+        assert_eq!(
+            cmd.level().to_string(),
+            level,
+            "line {}: its level moved",
+            n + 1
+        );
+        assert_eq!(
+            crate::storage::encode(&cmd),
+            bytes,
+            "line {} ({name}): this build encodes it otherwise, so older builds no longer read \
+             what it writes (see forms.rs)",
+            n + 1
+        );
+        covered.insert(variant(&cmd));
+    }
+    let missing: Vec<Command> = {
+        let mut taken = std::collections::HashMap::<usize, usize>::new();
+        forms()
+            .into_iter()
+            .filter(|c| !covered.contains(&variant(c)))
+            .filter(|c| {
+                let n = taken.entry(variant(c)).or_default();
+                *n += 1;
+                *n <= PER_VARIANT
+            })
+            .collect()
+    };
+    if missing.is_empty() {
+        assert_eq!(covered, all, "forms.golden lacks a variant forms() has");
         return;
     }
-    let pinned = std::fs::read_to_string(path).expect("forms.golden (TIMERDB_BLESS=1 makes it)");
-    let pinned: Vec<&str> = pinned.lines().collect();
-    for (i, line) in now.iter().enumerate() {
-        match pinned.get(i) {
-            Some(was) => assert_eq!(
-                was, line,
-                "the encoding of form {i} changed: older builds no longer read it (see forms.rs)"
-            ),
-            None => panic!("form {i} is not pinned: {line} (TIMERDB_BLESS=1, see forms.rs)"),
-        }
+    if std::env::var_os("TIMERDB_BLESS").is_none() {
+        let names: Vec<&str> = missing.iter().map(Command::name).collect();
+        panic!("forms without a pinned example: {names:?} (TIMERDB_BLESS=1, see forms.rs)");
     }
-    assert_eq!(pinned.len(), now.len(), "forms were removed from the list");
+    let mut text = text;
+    for cmd in &missing {
+        let bytes = crate::storage::encode(cmd);
+        text += &format!("{} {} {}\n", cmd.name(), cmd.level(), hex(&bytes));
+    }
+    std::fs::write(path, text).unwrap();
 }
