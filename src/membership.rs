@@ -56,30 +56,30 @@ impl Node {
             Some((_, _, true)) => return Ok(self.members()),
             // A learner (perhaps added by an AddNode that a leader change cut short, perhaps
             // wiped since): a Hello again, which a wiped one needs before it takes Raft calls
-            // (`storage/admission.rs`). To promote it, it must first hold the log — and the
-            // leader's record of what it holds may predate a wipe (openraft 0.9 keeps its
-            // `matching` on a conflict), so it is removed and added afresh: the catch-up wait
-            // then counts what it holds now, not what it held (review 33d LOW 8).
+            // (`storage/admission.rs`); to promote it, it must first hold the log. (The leader's
+            // record of what a wiped learner holds may predate the wipe — openraft 0.9 keeps
+            // its `matching` on a conflict — so the wait can pass early: known, guarantees.md.)
             Some(_) => {
-                let _gate = self.levels.gate.lock().await; // see `Levels::gate`
-                if !voter {
+                {
+                    let _gate = self.levels.gate.lock().await; // see `Levels::gate`
                     self.hello(id, &addr).await?;
+                }
+                if !voter {
                     return Ok(self.members());
                 }
-                let ids = BTreeSet::from([id]);
-                self.raft
-                    .change_membership(ChangeMembers::RemoveNodes(ids), false)
-                    .await
-                    .map_err(membership_error)?;
-                self.hello(id, &addr).await?;
-                self.add_learner(id, &addr).await?
+                self.wait_caught_up(id, &addr).await?
             }
             None => {
-                // A node that cannot be one of us (another bucket width) is refused before it
-                // is a member, with the reason; an empty one takes this cluster's width here.
-                let _gate = self.levels.gate.lock().await; // see `Levels::gate`
-                self.hello(id, &addr).await?;
-                self.add_learner(id, &addr).await?
+                // A node that cannot be one of us (another bucket width, an older build) is
+                // refused before it is a member, with the reason; an empty one takes this
+                // cluster's width here. The gate is held until the learner is in the
+                // membership (the level raiser then counts it), not through its catch-up.
+                {
+                    let _gate = self.levels.gate.lock().await; // see `Levels::gate`
+                    self.hello(id, &addr).await?;
+                    self.add_learner(id, &addr).await?;
+                }
+                self.wait_caught_up(id, &addr).await?
             }
         }
         if voter {
@@ -118,13 +118,13 @@ impl Node {
         };
         // Not openraft's blocking add: it calls a learner caught up within
         // `replication_lag_threshold` entries, and with entries of up to 10,000 timers a
-        // learner that has nothing is "caught up" with a short log. Instead: wait until it holds
-        // every entry the log had once it was added (a snapshot counts).
+        // learner that has nothing is "caught up" with a short log. Instead the caller waits
+        // until it holds every entry the log had once it was added (a snapshot counts).
         self.raft
             .add_learner(id, node, false)
             .await
             .map_err(membership_error)?;
-        self.wait_caught_up(id, addr).await
+        Ok(())
     }
 
     /// Waits until learner `id` holds every entry the log has now.

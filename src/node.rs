@@ -410,14 +410,25 @@ impl Node {
         };
         let mut count = 0;
         loop {
-            let page = self.list(&query).await?;
-            let keys: Vec<TimerKey> = page.timers.into_iter().map(|t| t.key).collect();
-            if !keys.is_empty() {
-                count += self.redrive_keys(keys).await?.0.len() as u64;
-            }
-            match page.next_after {
-                Some(after) => query.after = Some(after),
-                None => return Ok(count),
+            let chunk = async {
+                let page = self.list(&query).await?;
+                let keys: Vec<TimerKey> = page.timers.into_iter().map(|t| t.key).collect();
+                if !keys.is_empty() {
+                    count += self.redrive_keys(keys).await?.0.len() as u64;
+                }
+                Ok::<_, Error>(page.next_after)
+            };
+            match chunk.await {
+                Ok(Some(after)) => query.after = Some(after),
+                Ok(None) => return Ok(count),
+                // Once a chunk applied, a failure is not "nothing happened": the call is not
+                // one to repeat blindly (review 33e, LOW-MED 4).
+                Err(e) if count > 0 => {
+                    return Err(Error::OutcomeUnknown(format!(
+                        "{count} timers were redriven, then: {e}"
+                    )))
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -624,7 +635,14 @@ fn unexpected(r: Response) -> Error {
 /// A failed proposal as the caller sees it.
 pub fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Error::NotLeader,
+        // openraft answers this both for a write it refused (never appended) and for one it
+        // had appended and then truncated when leadership moved — which a node that holds it
+        // may still commit (with five voters or more, or across a joint configuration). The
+        // two cannot be told apart here, so not "not applied": the forwarder sends it again
+        // only if it is safe to repeat (review 33e, MED 3).
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Error::Unavailable(
+            "leadership moved while the call was being proposed: it may or may not apply".into(),
+        ),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             Error::Internal(e.to_string())
         }

@@ -480,14 +480,21 @@ impl Around for Arc<Gate> {
                 Ok(req) => req,
                 Err(status) => return Ok(status.into_http()),
             };
-            let key = match req.extensions().get::<Principal>() {
-                Some(Principal::Key(key)) => Some(key.clone()),
+            use super::revocable::Watched;
+            // A node-local call (the streams) let in while auth was off ends when it is
+            // turned on; leader calls are short, and judged again if they wait for a leader
+            // (`forward.rs`).
+            let local = methods::rule_of(req.uri().path())
+                .is_some_and(|r| r.route == methods::Route::Local);
+            let watched = match req.extensions().get::<Principal>() {
+                Some(Principal::Key(key)) => Some(Watched::Key(key.clone())),
+                Some(Principal::Anyone) if local => Some(Watched::AuthOff),
                 _ => None,
             };
             let response = super::layer::call(inner, req).await;
-            Ok(match key {
-                // An open call ends when its key is revoked (api/revocable.rs).
-                Some(key) => super::revocable::wrap(response, gate.store(), &key),
+            Ok(match watched {
+                // An open call ends when what let it in is gone (api/revocable.rs).
+                Some(watched) => super::revocable::wrap(response, gate.store(), watched),
                 None => response,
             })
         })
@@ -517,9 +524,10 @@ pub fn still_holds(principal: Option<&Principal>, state: &AccessState) -> Result
             )),
             None => Err(Status::unauthenticated(Unauthenticated::Unknown.message())),
         },
-        Some(Principal::Anyone) | None => {
-            Err(Status::unauthenticated(Unauthenticated::Missing.message()))
-        }
+        // Judged while auth was off, its credentials were not read: judged afresh on a resend.
+        Some(Principal::Anyone) | None => Err(super::forward::not_applied_status(
+            "auth was turned on while the call waited for a leader: send it again".into(),
+        )),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Answers that stop when their caller's key is revoked.
+//! Answers that stop when their caller's key is revoked (or, for a stream opened while auth was
+//! off, when auth is turned on).
 //!
 //! The auth layer checks a credential when a call starts. A unary call ends a moment later, but
 //! a Subscribe or Consume stream may run for days: without more, a key revoked while its stream
@@ -24,19 +25,38 @@ use super::layer::BoxFuture;
 use crate::auth::Key;
 use crate::storage::Store;
 
-/// A response body that ends with UNAUTHENTICATED once `key` is revoked.
+/// What an open call was let in as, and so what ends it.
+pub enum Watched {
+    /// An API key: the call ends when the key is revoked.
+    Key(Key),
+    /// Nobody (auth was off): the call ends when auth is turned on — a stream opened before
+    /// an acknowledged SetAuth(on), or judged by a follower that had not applied it yet and
+    /// was then elected, must not go on delivering to a caller without a key.
+    AuthOff,
+}
+
+/// A response body that ends with UNAUTHENTICATED once what let it in no longer holds.
 pub struct Revocable {
     inner: Body,
-    /// Resolves when the key has been revoked (never, while it stands).
+    /// Resolves when the key has been revoked, or auth turned on (never, while it stands).
     revoked: BoxFuture<()>,
     /// The trailers were sent: the body is over.
     done: bool,
-    key: String,
+    /// Why it ended, for the status.
+    why: String,
 }
 
 impl Revocable {
-    pub fn new(inner: Body, store: Store, key: &Key) -> Revocable {
-        let id = key.id.clone();
+    pub fn new(inner: Body, store: Store, watched: Watched) -> Revocable {
+        let why = match &watched {
+            Watched::Key(key) => format!(
+                "the API key {} ({}) was revoked while this call was open",
+                key.id, key.name
+            ),
+            Watched::AuthOff => {
+                "auth was turned on while this call was open: call again with an API key".into()
+            }
+        };
         let revoked = Box::pin(async move {
             let changes = store.access_changes();
             loop {
@@ -44,7 +64,11 @@ impl Revocable {
                 tokio::pin!(next);
                 next.as_mut().enable();
                 let state = store.access();
-                if state.enabled && !state.keys.contains_key(&id) {
+                let gone = match &watched {
+                    Watched::Key(key) => !state.keys.contains_key(&key.id),
+                    Watched::AuthOff => true,
+                };
+                if state.enabled && gone {
                     return;
                 }
                 next.await;
@@ -54,7 +78,7 @@ impl Revocable {
             inner,
             revoked,
             done: false,
-            key: format!("{} ({})", key.id, key.name),
+            why,
         }
     }
 }
@@ -74,12 +98,9 @@ impl hyper::body::Body for Revocable {
             self.done = true;
             // Dropping the inner body ends the handler's stream now, not at the next message.
             self.inner = Body::empty();
-            let status = Status::unauthenticated(format!(
-                "the API key {} was revoked while this call was open",
-                self.key
-            ));
+            let status = Status::unauthenticated(self.why.clone());
             crate::metrics::auth_denied("(open stream)", "revoked");
-            tracing::warn!(key = self.key, "an open call ended: its key was revoked");
+            tracing::warn!("an open call ended: {}", self.why);
             return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
@@ -115,9 +136,13 @@ fn trailers(status: &Status) -> http::HeaderMap {
 }
 
 /// Wraps `response`'s body so that it stops when `key` is revoked (see the module).
-pub fn wrap(response: http::Response<Body>, store: &Store, key: &Key) -> http::Response<Body> {
+pub fn wrap(
+    response: http::Response<Body>,
+    store: &Store,
+    watched: Watched,
+) -> http::Response<Body> {
     let (parts, body) = response.into_parts();
-    let body = Revocable::new(body, store.clone(), key);
+    let body = Revocable::new(body, store.clone(), watched);
     http::Response::from_parts(parts, Body::new(body))
 }
 
@@ -142,7 +167,7 @@ mod tests {
             roles: Vec::new(),
             created_ms: 0,
         };
-        let wrapped = Revocable::new(Body::empty(), store.clone(), &key);
+        let wrapped = Revocable::new(Body::empty(), store.clone(), Watched::Key(key.clone()));
         assert!(
             wrapped.is_end_stream(),
             "a trailers-only answer must stay one"
@@ -150,7 +175,7 @@ mod tests {
         let full = Revocable::new(
             Body::new(http_body_util::Full::new(Bytes::from("x"))),
             store,
-            &key,
+            Watched::Key(key),
         );
         assert!(!full.is_end_stream());
     }

@@ -50,9 +50,11 @@ pub const LEVEL_HEADER: &str = "x-timerdb-level";
 /// The header every peer call and answer carries: the sender's tzdb version.
 pub const TZDB_HEADER: &str = "x-timerdb-tzdb";
 
-/// How long what a peer advertised counts for the leader's choices (several heartbeats): a
-/// peer not heard from since (down, maybe being replaced by another build) counts as the
-/// oldest again.
+/// How long what a peer advertised counts towards raising the committed level (several
+/// heartbeats): a member not heard from since (down, perhaps being replaced by another build)
+/// does not let the level rise. The leader's other choices (which Fire form, whether a zoned
+/// series may be written) go by the last thing each member advertised, however old: a member
+/// down for a moment must not turn a settled cluster back to the older forms (review 33e).
 const FRESH: Duration = Duration::from_secs(3);
 
 /// What one peer advertised, and when.
@@ -61,6 +63,8 @@ struct Heard {
     level: u32,
     tzdb: Option<String>,
     at: std::time::Instant,
+    /// A call to it failed since: it does not count towards a raise until heard again.
+    failed: bool,
 }
 
 /// The level (and tzdb version) each peer last advertised to this node.
@@ -81,29 +85,51 @@ impl Levels {
             level: of(metadata),
             tzdb: tzdb.map(str::to_string),
             at: std::time::Instant::now(),
+            failed: false,
         };
         self.heard.lock().expect("levels").insert(node, seen);
     }
 
-    /// A call to `node` failed: what it advertised no longer counts (it may be restarting as
-    /// another build).
+    /// A call to `node` failed: what it advertised does not count towards a raise until it
+    /// answers again (it may be restarting as another build).
     pub fn forget(&self, node: NodeId) {
-        self.heard.lock().expect("levels").remove(&node);
+        if let Some(h) = self.heard.lock().expect("levels").get_mut(&node) {
+            h.failed = true;
+        }
     }
 
-    /// The lowest level among `members` (0 for one not heard from within [`FRESH`]) and
-    /// `own`, this node's.
+    /// The lowest level among `members` (0 for one never heard from) and `own`, this node's,
+    /// by what each last advertised.
     pub fn lowest(&self, own: u32, me: NodeId, members: impl IntoIterator<Item = NodeId>) -> u32 {
         let heard = self.heard.lock().expect("levels");
-        members
-            .into_iter()
-            .filter(|id| *id != me)
-            .map(|id| fresh(&heard, id).map_or(0, |h| h.level))
+        let others = members.into_iter().filter(|id| *id != me);
+        others
+            .map(|id| heard.get(&id).map_or(0, |h| h.level))
             .fold(own, u32::min)
     }
 
-    /// Whether every member among `members` advertised `own` as its tzdb version within
-    /// [`FRESH`] (one not heard from, or of a build before the header, did not).
+    /// [`Levels::lowest`], counting only members heard within [`FRESH`] with no failed call
+    /// since (the others as 0): the level a raise may commit.
+    pub fn lowest_fresh(
+        &self,
+        own: u32,
+        me: NodeId,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> u32 {
+        let heard = self.heard.lock().expect("levels");
+        let others = members.into_iter().filter(|id| *id != me);
+        others
+            .map(|id| {
+                heard
+                    .get(&id)
+                    .filter(|h| !h.failed && h.at.elapsed() < FRESH)
+                    .map_or(0, |h| h.level)
+            })
+            .fold(own, u32::min)
+    }
+
+    /// Whether every member among `members` advertised `own` as its tzdb version, the last
+    /// time it was heard (one never heard from, or of a build before the header, did not).
     pub fn same_tzdb(
         &self,
         own: &str,
@@ -114,7 +140,7 @@ impl Levels {
         members
             .into_iter()
             .filter(|id| *id != me)
-            .all(|id| fresh(&heard, id).and_then(|h| h.tzdb.as_deref()) == Some(own))
+            .all(|id| heard.get(&id).and_then(|h| h.tzdb.as_deref()) == Some(own))
     }
 
     /// The newest entry forms node `me`, of level `own`, may propose among `members` when
@@ -182,14 +208,14 @@ impl LevelRaiser {
     /// members and what they advertised are read after the hold (a leadership transfer may
     /// keep it closed for seconds) and under the gate AddNode also takes.
     async fn raise(&self) {
-        if self.levels.lowest(self.own, self.id, members(&self.raft))
+        if (self.levels).lowest_fresh(self.own, self.id, members(&self.raft))
             <= self.store.committed_level()
         {
             return; // the usual case: nothing to do, nothing locked
         }
         self.hold.pass().await;
         let _gate = self.levels.gate.lock().await;
-        let heard = self.levels.lowest(self.own, self.id, members(&self.raft));
+        let heard = (self.levels).lowest_fresh(self.own, self.id, members(&self.raft));
         if heard <= self.store.committed_level() {
             return;
         }
@@ -199,11 +225,6 @@ impl LevelRaiser {
             Err(e) => tracing::warn!(error = %e, "level raiser: not committed"),
         }
     }
-}
-
-/// What `id` advertised, if within [`FRESH`].
-fn fresh(heard: &HashMap<NodeId, Heard>, id: NodeId) -> Option<&Heard> {
-    heard.get(&id).filter(|h| h.at.elapsed() < FRESH)
 }
 
 /// The ids of `raft`'s members (voters and learners).
@@ -406,8 +427,19 @@ mod tests {
         );
         levels.heard(3, &md);
         assert!(levels.same_tzdb("2025b", 1, [1, 2, 3]));
+        assert_eq!(levels.lowest_fresh(1, 1, [1, 2, 3]), 1);
         levels.forget(3);
-        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 0, "a failed call forgets");
-        assert!(!levels.same_tzdb("2025b", 1, [1, 2, 3]));
+        assert_eq!(
+            levels.lowest_fresh(1, 1, [1, 2, 3]),
+            0,
+            "a failed call: no raise until heard again"
+        );
+        assert_eq!(levels.lowest(1, 1, [1, 2, 3]), 1, "but the forms stay");
+        assert!(
+            levels.same_tzdb("2025b", 1, [1, 2, 3]),
+            "and so does the Fire form"
+        );
+        levels.heard(3, &md);
+        assert_eq!(levels.lowest_fresh(1, 1, [1, 2, 3]), 1);
     }
 }

@@ -782,14 +782,7 @@ async fn a_leader_behind_a_new_key() -> (
 /// once it has applied an entry of its own term (review 33c, LOW 10: it read "auth off").
 #[tokio::test]
 async fn a_new_leader_does_not_forget_that_auth_was_turned_on() {
-    let mut c = TestCluster::start(3).await;
-    let leader = c.leader().await;
-    settle(&c).await;
-    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
-    let held: Vec<_> = others
-        .iter()
-        .map(|id| c.node(*id).node.store.apply_hold.close())
-        .collect();
+    let (mut c, leader, _, held) = followers_held().await;
     enable(&c, leader).await;
     c.stop(leader).await;
     let next = c.leader().await;
@@ -815,28 +808,24 @@ async fn a_new_leader_does_not_forget_that_auth_was_turned_on() {
 /// followers at once, whichever is elected judges its call again.
 #[tokio::test]
 async fn a_call_waiting_at_a_follower_that_is_elected_is_judged_again() {
-    let mut c = TestCluster::start(3).await;
-    let leader = c.leader().await;
-    settle(&c).await;
-    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
-    let held: Vec<_> = others
-        .iter()
-        .map(|id| c.node(*id).node.store.apply_hold.close())
-        .collect();
+    let (mut c, leader, others, held) = followers_held().await;
     enable(&c, leader).await;
     let mut clients = Vec::new();
     for id in &others {
         clients.push(timers(&c, *id, None).await);
     }
     c.stop(leader).await;
+    // Each call is refused, or answered "send it again" (judged while auth was off, its
+    // credentials were never read) and then refused when sent again.
     let calls = clients.into_iter().map(|mut client| {
         tokio::spawn(async move {
-            client
-                .schedule(crate::harness::schedule_req(
-                    "bypass",
-                    crate::harness::now_ms() + 60_000,
-                ))
-                .await
+            let req = || crate::harness::schedule_req("bypass", crate::harness::now_ms() + 60_000);
+            match client.schedule(req()).await {
+                Err(e) if e.metadata().contains_key("x-timerdb-not-applied") => {
+                    client.schedule(req()).await
+                }
+                other => other,
+            }
         })
     });
     let calls: Vec<_> = calls.collect();
@@ -845,6 +834,62 @@ async fn a_call_waiting_at_a_follower_that_is_elected_is_judged_again() {
     for call in calls {
         let e = call.await.unwrap().unwrap_err();
         assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    }
+    c.shutdown().await;
+}
+
+/// A settled three-node cluster whose followers' apply is held (until the returned guards
+/// drop): (cluster, leader, followers, guards). What the leader commits next reaches no
+/// follower's applied state.
+async fn followers_held() -> (
+    TestCluster,
+    u64,
+    Vec<u64>,
+    Vec<timerdb::cluster::hold::Closed>,
+) {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    settle(&c).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let held: Vec<_> = others
+        .iter()
+        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .collect();
+    (c, leader, others, held)
+}
+
+/// A stream opened while auth was off ends when auth is turned on (review 33e, MED 2: only
+/// streams opened with a key were watched, so a keyless Subscribe — opened before SetAuth(on),
+/// or judged by a follower that had not applied it and was then elected — went on delivering).
+#[tokio::test]
+async fn a_stream_opened_while_auth_was_off_ends_when_it_is_turned_on() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    settle(&c).await;
+    let mut streams = Vec::new();
+    for node in c.running() {
+        let mut t = timers(&c, node, None).await;
+        let sub = pb::SubscribeRequest {
+            namespace: "open".into(),
+            ..Default::default()
+        };
+        streams.push((node, t.subscribe(sub).await.unwrap().into_inner()));
+    }
+    enable(&c, leader).await;
+    for (node, mut stream) in streams {
+        let end = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("node {node}: the stream went on after SetAuth(on)"));
+        let e = end.expect_err("the stream ended without an error");
+        assert_eq!(e.code(), Code::Unauthenticated, "node {node}: {e:?}");
+        assert!(e.message().contains("auth was turned on"), "{e:?}");
     }
     c.shutdown().await;
 }
