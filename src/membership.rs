@@ -358,7 +358,7 @@ fn membership_error(e: WriteError) -> Error {
         // "not the leader" may come after part of it committed, so it is not "nothing happened"
         // (which would let a forwarder send it again).
         other => match crate::node::write_error(other) {
-            Error::NotLeader => Error::OutcomeUnknown(
+            Error::NotLeader | Error::Unavailable(_) => Error::OutcomeUnknown(
                 "leadership moved during the membership change, which may be done in part: \
                  read the members (Cluster.Status) before trying again"
                     .into(),

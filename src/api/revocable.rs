@@ -44,17 +44,21 @@ pub struct Revocable {
     done: bool,
     /// Why it ended, for the status.
     why: String,
+    /// It watched a key (else: auth off).
+    watched_key: bool,
 }
 
 impl Revocable {
     pub fn new(inner: Body, store: Store, watched: Watched) -> Revocable {
+        let watched_key = matches!(watched, Watched::Key(_));
         let why = match &watched {
             Watched::Key(key) => format!(
                 "the API key {} ({}) was revoked while this call was open",
                 key.id, key.name
             ),
             Watched::AuthOff => {
-                "auth was turned on while this call was open: call again with an API key".into()
+                "auth was turned on while this call was open: open it again (with an API key)"
+                    .into()
             }
         };
         let revoked = Box::pin(async move {
@@ -79,6 +83,7 @@ impl Revocable {
             revoked,
             done: false,
             why,
+            watched_key,
         }
     }
 }
@@ -98,7 +103,12 @@ impl hyper::body::Body for Revocable {
             self.done = true;
             // Dropping the inner body ends the handler's stream now, not at the next message.
             self.inner = Body::empty();
-            let status = Status::unauthenticated(self.why.clone());
+            let status = match self.watched_key {
+                true => Status::unauthenticated(self.why.clone()),
+                // Let in while auth was off, its caller's credentials were never read: a
+                // caller with a key reconnects and is judged afresh, one without is refused.
+                false => super::forward::not_applied_status(self.why.clone()),
+            };
             crate::metrics::auth_denied("(open stream)", "revoked");
             tracing::warn!("an open call ended: {}", self.why);
             return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));

@@ -144,7 +144,8 @@ impl Levels {
     }
 
     /// The newest entry forms node `me`, of level `own`, may propose among `members` when
-    /// `committed` is the committed level: the higher of that and the lowest level heard,
+    /// `committed` is the committed level: the higher of that and the lowest level heard
+    /// lately ([`Levels::lowest_fresh`]: a member down may be coming back as an older build),
     /// never above its own.
     pub fn proposable(
         &self,
@@ -153,7 +154,7 @@ impl Levels {
         me: NodeId,
         members: impl IntoIterator<Item = NodeId>,
     ) -> u32 {
-        self.lowest(own, me, members).max(committed).min(own)
+        self.lowest_fresh(own, me, members).max(committed).min(own)
     }
 
     /// A member among `members` whose advertised tzdb version is not `own`, and its version

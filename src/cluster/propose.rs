@@ -215,6 +215,12 @@ async fn write(
     cmd: Command,
     map_err: fn(RaftWriteError) -> crate::Error,
 ) -> Result<Response> {
+    // Not leading now (a hand-off while the batch waited at the hold): openraft would refuse
+    // it before appending, but its refusal cannot be told from a truncation after an append
+    // (`node::write_error`), so say "not the leader" here, where nothing was proposed.
+    if raft.metrics().borrow().state != openraft::ServerState::Leader {
+        return Err(crate::Error::NotLeader);
+    }
     match tokio::time::timeout(ANSWER_TIMEOUT, raft.client_write(cmd.into())).await {
         Ok(r) => r.map(|r| r.data).map_err(map_err),
         Err(_) => {
