@@ -12,13 +12,22 @@
 #                                     binary OLD (built from an older commit), side by side
 #   scripts/bench.sh --quick          one run of each, smaller sizes (a few minutes; a smoke test)
 #   scripts/bench.sh --no-pending --no-redis
+#   scripts/bench.sh --gate           the performance gate (issue 34): builds the reference commit
+#                                     (bench/gate-ref) in its own worktree and target dir against
+#                                     the cached RocksDB, runs the quick profile of every gated
+#                                     workload with it and with HEAD alternately (3 runs each),
+#                                     and fails when a median of HEAD is worse beyond the noise
+#                                     measured (scripts/gate.py). Every issue's note carries its
+#                                     table. Env: TIMERDB_GATE_DIR (default ~/.cache/timerdb-gate),
+#                                     GATE_RUNS (3).
 #   scripts/bench.sh -- fire --fire-rates 5000      anything after -- goes to timerdb-bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 pending=1 redis=1 extra=() compare=()
+quick=0 pending=1 redis=1 extra=() compare=() gate=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --gate) gate=1 ;;
     --compare) shift; compare=(--compare "$1") ;;
     --no-pending) pending=0 ;;
     --no-redis) redis=0 ;;
@@ -34,6 +43,25 @@ BIN="${CARGO_TARGET_DIR:-target}/release"
 out=bench-results
 mkdir -p "$out"
 
+if [ "$gate" = 1 ]; then
+  ref=$(cat bench/gate-ref)
+  dir=${TIMERDB_GATE_DIR:-$HOME/.cache/timerdb-gate}
+  src="$dir/src-$ref"
+  echo "== the gate's reference: $ref, built in $src (its own target dir, the cached RocksDB)"
+  mkdir -p "$dir"
+  [ -d "$src" ] || git worktree add --detach "$src" "$ref"
+  # The reference may predate .cargo/config.toml's RocksDB settings: name the archive here.
+  archive=$(readlink -f .rocksdb)
+  (cd "$src" && ROCKSDB_LIB_DIR="$archive" ROCKSDB_STATIC=1 \
+    CARGO_TARGET_DIR="$dir/target" cargo build --release --bin timerd)
+  echo "== gate: schedule, batch, fire 20,000/s, burst, naive, push, failover: reference vs HEAD, alternating"
+  "$BIN/timerdb-bench" schedule batch fire burst naive push failover --runs "${GATE_RUNS:-3}" \
+    --window 5s --in-flight 1,200 --batch-sizes 1000 --fire-rates 20000 --push-rates 20000 \
+    --burst 200000 --naive-rates 500 --compare "$dir/target/release/timerd" \
+    --json "$out/gate.json" | tee "$out/gate.md"
+  python3 scripts/gate.py "$out/gate.json" | tee "$out/gate-verdict.md"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ ${#extra[@]} -gt 0 ]; then
   exec "$BIN/timerdb-bench" --json "$out/custom.json" "${extra[@]}"
 fi

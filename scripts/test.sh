@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+echo "== the performance gate's verdict catches a planted slide (scripts/gate.py; the gate itself: scripts/bench.sh --gate)"
+python3 scripts/gate.py --self-test
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
