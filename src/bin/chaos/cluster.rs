@@ -45,6 +45,9 @@ pub struct ProcCluster {
     credential: Credential,
     /// More `timerd` flags, for every node.
     extra: Vec<String>,
+    /// The `timerd` binary takes `--push-allow-private` (builds before it, run as a benchmark's
+    /// reference, refuse flags they do not know).
+    push_flag: bool,
 }
 
 /// The `timerd` binary to run: `given`, or the one built next to this executable.
@@ -56,6 +59,12 @@ pub fn timerd_path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
             .context("no parent dir")?
             .join("timerd")),
     }
+}
+
+/// Whether `timerd --help` names `flag` (a reference build may predate it).
+fn takes_flag(timerd: &Path, flag: &str) -> bool {
+    let help = Command::new(timerd).arg("--help").output();
+    help.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -106,6 +115,7 @@ impl ProcCluster {
             secure,
             credential: Credential::default(),
             extra: extra.to_vec(),
+            push_flag: takes_flag(timerd, "--push-allow-private"),
         };
         if tmpfs {
             c.tmpfs = mount_tmpfs(&c.data_dir(DISK_NODE))?;
@@ -154,7 +164,7 @@ impl ProcCluster {
             .arg(dial.join(","))
             .arg(format!("--clock-offset-ms={}", node.skew_ms))
             // The push receiver listens on loopback.
-            .arg("--push-allow-private=true")
+            .args(self.push_flag.then_some("--push-allow-private=true"))
             .arg("--fault")
             .arg(&self.fault)
             .args(self.secure.iter().flat_map(|s| s.node_args(id)))
