@@ -7,7 +7,8 @@ Which way is worse comes from the unit: a rate ("/s") is worse lower; a time, a 
 of errors is worse higher. The noise of a metric is the larger relative spread
 ((max - min) / median) of its runs in either build, and at least --floor (10 % by default):
 on this shared 2-core machine one run can be off by that much for no reason of ours. A metric
-measured by one build only, or with a zero median, is shown and not judged.
+measured by one build only (the reference may predate a workload: f71a9fa has no push), or with
+a zero or missing median, is shown and not judged.
 
     scripts/gate.py bench-results/gate.json            table + verdict, exit 1 on a regression
     scripts/gate.py --self-test                        proves the verdict catches a planted slide
@@ -24,6 +25,7 @@ def worse_when_higher(unit: str) -> bool:
 
 
 def noise(runs, floor):
+    runs = [r for r in runs if r is not None]
     if len(runs) < 2:
         return floor
     med = statistics.median(runs)
@@ -43,7 +45,14 @@ def judge(rows, floor):
     regressions = 0
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
-        if a is None or b is None or a["median"] == 0:
+        if (a is not None and b is not None and a["median"] == 0 and b["median"]
+                and worse_when_higher(a["unit"])):
+            # None before, some now (errors, timers not delivered): worse whatever the noise.
+            regressions += 1
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} ({a['unit']}) | 0 | "
+                         f"{b['median']:.4g} | | | WORSE |")
+            continue
+        if a is None or b is None or not a["median"] or b["median"] is None:
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | "
                          f"{a['median'] if a else '—'} | {b['median'] if b else '—'} | | | not judged |")
             continue
@@ -75,6 +84,9 @@ def self_test(floor):
     noisy = [row("old", "rate", "timers/s", [100, 60, 140]), row("new", "rate", "timers/s", [80, 70, 90])]
     _, n = judge(noisy, floor)
     assert n == 0, "a difference inside the measured noise was judged worse"
+    errors = [row("old", "errors", "calls", [0, 0, 0]), row("new", "errors", "calls", [0, 3, 5])]
+    _, n = judge(errors, floor)
+    assert n == 1, "errors where the reference had none were not judged worse"
     print("gate.py self-test: a planted slide is caught, equal and noisy builds pass")
 
 
