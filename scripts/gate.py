@@ -43,8 +43,15 @@ def judge(rows, floor):
         "|---|---|---|---:|---:|---:|---:|---|",
     ]
     regressions = 0
+    # A configuration a build could not run (a metric without a median: the reference has no
+    # push) is shown, not judged: its zeros mean "did not run", not "no lateness".
+    missing = {k[:2] for k, r in list(old.items()) + list(new.items()) if r["median"] is None}
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
+        if key[:2] in missing:
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | "
+                         f"{a['median'] if a else '—'} | {b['median'] if b else '—'} | | | not run by both |")
+            continue
         if (a is not None and b is not None and a["median"] == 0 and b["median"]
                 and worse_when_higher(a["unit"])):
             # None before, some now (errors, timers not delivered): worse whatever the noise.
