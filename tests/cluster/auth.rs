@@ -760,11 +760,7 @@ async fn a_leader_behind_a_new_key() -> (
     let leader = c.leader().await;
     let admin = enable(&c, leader).await;
     settle(&c).await;
-    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
-    let held: Vec<_> = others
-        .iter()
-        .map(|id| c.node(*id).node.store.apply_hold.close())
-        .collect();
+    let (others, held) = hold_followers(&c, leader);
     let (_, token) = create_key(&c, leader, Some(&admin), "fresh", &["read:*"]).await;
     c.stop(leader).await;
     let next = c.leader().await;
@@ -850,12 +846,18 @@ async fn followers_held() -> (
     let c = TestCluster::start(3).await;
     let leader = c.leader().await;
     settle(&c).await;
+    let (others, held) = hold_followers(&c, leader);
+    (c, leader, others, held)
+}
+
+/// Holds the apply of every node of `c` but `leader`: (those nodes, the guards).
+fn hold_followers(c: &TestCluster, leader: u64) -> (Vec<u64>, Vec<timerdb::cluster::hold::Closed>) {
     let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
-    let held: Vec<_> = others
+    let held = others
         .iter()
         .map(|id| c.node(*id).node.store.apply_hold.close())
         .collect();
-    (c, leader, others, held)
+    (others, held)
 }
 
 /// A stream opened while auth was off ends when auth is turned on (review 33e, MED 2: only

@@ -30,6 +30,20 @@ async fn lead_with_1(c: &TestCluster) {
     assert_eq!(c.leader().await, 1);
 }
 
+/// `node` proposes a PutNamespace as `ConfigureNamespace` (level 1), and it commits.
+async fn puts_a_namespace_in_the_newer_form(node: &timerdb::node::Node) {
+    let entry = node
+        .namespace_entry("upgrading".into(), Policy::default(), None)
+        .unwrap();
+    assert!(
+        matches!(entry, Command::ConfigureNamespace { .. }),
+        "{entry:?}"
+    );
+    node.put_namespace("upgrading".into(), Policy::default(), None)
+        .await
+        .unwrap();
+}
+
 fn series(id: &str) -> pb::ScheduleRequest {
     pb::ScheduleRequest {
         namespace: "upgrading".into(),
@@ -84,16 +98,7 @@ async fn an_upgraded_leader_writes_what_older_members_read_until_all_are_upgrade
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let entry = node
-        .namespace_entry("upgrading".into(), Policy::default(), None)
-        .unwrap();
-    assert!(
-        matches!(entry, Command::ConfigureNamespace { .. }),
-        "{entry:?}"
-    );
-    node.put_namespace("upgrading".into(), Policy::default(), None)
-        .await
-        .unwrap();
+    puts_a_namespace_in_the_newer_form(&node).await;
     let mut client = c.client(1).await;
     client.schedule(series("after")).await.unwrap();
     c.converged().await;
@@ -166,16 +171,7 @@ async fn a_committed_level_holds_for_a_leader_that_never_heard_a_member() {
     tokio::time::sleep(Duration::from_millis(300)).await; // heartbeats answered
     assert_eq!(node.levels.lowest(LEVEL, leader, [1, 2, 3]), 0, "3 unheard");
     assert_eq!(node.cluster_level(), LEVEL);
-    let entry = node
-        .namespace_entry("upgrading".into(), Policy::default(), None)
-        .unwrap();
-    assert!(
-        matches!(entry, Command::ConfigureNamespace { .. }),
-        "{entry:?}"
-    );
-    node.put_namespace("upgrading".into(), Policy::default(), None)
-        .await
-        .unwrap();
+    puts_a_namespace_in_the_newer_form(&node).await;
 
     // A node of an older build is not added.
     let addr = c.join_with(4, |n| n.level = 0).await;
