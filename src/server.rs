@@ -120,6 +120,7 @@ pub async fn start_with(
         schedule_tokens: Default::default(),
         levels,
         writes: Default::default(),
+        quorum_lost: crate::node::quorum_watch(&raft),
     });
 
     let bootstrap_token = node.config.auth_bootstrap_token()?;

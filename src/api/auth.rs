@@ -279,10 +279,11 @@ impl Gate {
 
     /// Lets `req` through (with its principal in its extensions) or refuses it.
     async fn check(&self, mut req: http::Request<Body>) -> Result<http::Request<Body>, Status> {
-        let path = req.uri().path().to_string();
-        let Some(rule) = methods::rule_of(&path) else {
+        let Some(rule) = methods::rule_of(req.uri().path()) else {
+            let path = req.uri().path();
             return Err(Status::unimplemented(format!("no method {path}")));
         };
+        let path = rule.path;
         // A forwarded call skips what the member that forwarded it already did (a stream's
         // ack filter at the client's edge; the retry to the next leader), so only a member may
         // say a call is forwarded.

@@ -139,16 +139,16 @@ async fn on_leader<S: Inner>(
 ) -> http::Response<Body> {
     let node = &router.node;
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
-    let path = req.uri().path().to_string();
     let deferred = req
         .extensions()
         .get::<super::auth::LeaderDecides>()
         .is_some();
-    let limit = match deferred {
-        true => super::auth::DEFERRED_MESSAGE_BYTES.min(methods::message_limit(&path)),
-        false => methods::message_limit(&path),
-    };
     let (parts, body) = req.into_parts();
+    let path = parts.uri.path();
+    let limit = match deferred {
+        true => super::auth::DEFERRED_MESSAGE_BYTES.min(methods::message_limit(path)),
+        false => methods::message_limit(path),
+    };
     let message = match read_message(body, limit).await {
         Ok(m) => m,
         Err(status) if deferred && status.code() == Code::ResourceExhausted => {
@@ -160,7 +160,9 @@ async fn on_leader<S: Inner>(
         }
         Err(status) => return status.into_http(),
     };
-    let safe = retry_safe(&path, &message) || crate::sim::planted("retry-unsafe");
+    // Decoded only when an answer asks whether the call may be sent again: most calls are
+    // answered at the first attempt, and the handler decodes the message anyway.
+    let safe = || retry_safe(path, &message) || crate::sim::planted("retry-unsafe");
     let timeout = timeout.unwrap_or(node.config.write_timeout + Duration::from_secs(1));
     let deadline = Instant::now() + node.config.leader_wait;
     let mut last = String::from("no leader is known");
@@ -181,7 +183,7 @@ async fn on_leader<S: Inner>(
                 // Leadership moved under the call: the next leader may take it, if it did
                 // nothing here or may be repeated.
                 match retry_status(&resp) {
-                    Some(s) if !forwarded && (safe || not_applied(&resp)) => {
+                    Some(s) if !forwarded && (not_applied(&resp) || safe()) => {
                         last = s.message().to_string()
                     }
                     _ => return resp,
@@ -207,7 +209,7 @@ async fn on_leader<S: Inner>(
                     Err(e) => last = format!("leader {id} at {addr}: {}", crate::error::chain(&e)),
                     Ok(()) => match tower::Service::call(&mut channel, req).await {
                         Ok(resp) => match unknown_outcome(&resp) {
-                            Some(s) if safe || not_applied(&resp) => {
+                            Some(s) if not_applied(&resp) || safe() => {
                                 last = format!("leader {id} at {addr}: {}", s.message())
                             }
                             Some(s) => {
@@ -219,7 +221,7 @@ async fn on_leader<S: Inner>(
                         // The connection broke under the call: the outcome is unknown.
                         Err(e) => {
                             let why = format!("leader {id} at {addr}: {}", crate::error::chain(&e));
-                            if !safe {
+                            if !safe() {
                                 return outcome_unknown(&why).into_http();
                             }
                             last = why;

@@ -239,6 +239,11 @@ pub fn rule_of(path: &str) -> Option<&'static Rule> {
     RULES.iter().find(|r| r.path == path)
 }
 
+/// Where `path`'s rule is in [`RULES`].
+pub fn index_of(path: &str) -> Option<usize> {
+    RULES.iter().position(|r| r.path == path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

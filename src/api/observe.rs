@@ -43,7 +43,11 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let method = req.uri().path().to_string();
+        let known = super::methods::index_of(req.uri().path());
+        let method = match known {
+            Some(_) => String::new(), // the metrics keep the known methods' names
+            None => req.uri().path().to_string(),
+        };
         let started = Instant::now();
         let call = self.inner.call(req);
         Box::pin(async move {
@@ -57,8 +61,25 @@ where
                     .map_or(tonic::Code::Ok, tonic::Code::from),
                 Err(_) => tonic::Code::Unknown,
             };
-            crate::metrics::grpc(&method, code, started.elapsed());
+            match known {
+                Some(i) if code == tonic::Code::Ok => {
+                    let (calls, seconds) = ok_series(i);
+                    calls.increment(1);
+                    seconds.record(started.elapsed().as_secs_f64());
+                }
+                Some(i) => crate::metrics::grpc(super::methods::RULES[i].path, code, started.elapsed()),
+                None => crate::metrics::grpc(&method, code, started.elapsed()),
+            }
             result
         })
     }
+}
+
+/// The OK series of the method at `i` in `methods::RULES`, looked up in the registry at its
+/// first call and kept.
+fn ok_series(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
+    type Series = std::sync::OnceLock<(metrics::Counter, metrics::Histogram)>;
+    static OK: std::sync::OnceLock<Vec<Series>> = std::sync::OnceLock::new();
+    let all = OK.get_or_init(|| super::methods::RULES.iter().map(|_| Series::new()).collect());
+    all[i].get_or_init(|| crate::metrics::grpc_series(super::methods::RULES[i].path, tonic::Code::Ok))
 }
