@@ -289,7 +289,7 @@ impl Gate {
         // say a call is forwarded.
         if req.headers().contains_key(super::forward::FORWARDED_HEADER) {
             if let Err(why) = self.peer(req.extensions().get::<ConnInfo>()) {
-                denied(&path, "not_peer", None);
+                denied(path, "not_peer", None);
                 return Err(Status::unauthenticated(format!(
                     "{} marks a call a member forwarded, and this caller is no member: {why}",
                     super::forward::FORWARDED_HEADER
@@ -302,7 +302,7 @@ impl Gate {
                 return match self.peer(req.extensions().get::<ConnInfo>()) {
                     Ok(()) => Ok(req),
                     Err(why) => {
-                        denied(&path, "not_peer", None);
+                        denied(path, "not_peer", None);
                         Err(Status::unauthenticated(format!(
                             "{path} is for the cluster's members only: {why}"
                         )))
@@ -346,7 +346,7 @@ impl Gate {
         let principal = match found {
             Ok(p) => p,
             Err(why) => {
-                denied(&path, why.reason(), None);
+                denied(path, why.reason(), None);
                 return Err(Status::unauthenticated(why.message()));
             }
         };
@@ -354,7 +354,7 @@ impl Gate {
             Access::Open | Access::Peer | Access::Authenticated => {}
             Access::Admin => {
                 if !principal.is_admin() {
-                    denied(&path, "not_admin", Some(&principal));
+                    denied(path, "not_admin", Some(&principal));
                     return Err(Status::permission_denied(format!(
                         "{} is not an admin: {path} needs the admin role",
                         principal.describe()
@@ -364,9 +364,9 @@ impl Gate {
             Access::Namespace(permission, names) => {
                 let (parts, body) = req.into_parts();
                 let first =
-                    super::first::first_message(body, methods::message_limit(&path)).await?;
+                    super::first::first_message(body, methods::message_limit(path)).await?;
                 if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
-                    denied(&path, "no_permission", Some(&principal));
+                    denied(path, "no_permission", Some(&principal));
                     return Err(Status::permission_denied(format!(
                         "{} may not {} in namespace {namespace:?}",
                         principal.describe(),

@@ -67,7 +67,9 @@ where
                     calls.increment(1);
                     seconds.record(started.elapsed().as_secs_f64());
                 }
-                Some(i) => crate::metrics::grpc(super::methods::RULES[i].path, code, started.elapsed()),
+                Some(i) => {
+                    crate::metrics::grpc(super::methods::RULES[i].path, code, started.elapsed())
+                }
                 None => crate::metrics::grpc(&method, code, started.elapsed()),
             }
             result
@@ -80,6 +82,12 @@ where
 fn ok_series(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
     type Series = std::sync::OnceLock<(metrics::Counter, metrics::Histogram)>;
     static OK: std::sync::OnceLock<Vec<Series>> = std::sync::OnceLock::new();
-    let all = OK.get_or_init(|| super::methods::RULES.iter().map(|_| Series::new()).collect());
-    all[i].get_or_init(|| crate::metrics::grpc_series(super::methods::RULES[i].path, tonic::Code::Ok))
+    let all = OK.get_or_init(|| {
+        super::methods::RULES
+            .iter()
+            .map(|_| Series::new())
+            .collect()
+    });
+    all[i]
+        .get_or_init(|| crate::metrics::grpc_series(super::methods::RULES[i].path, tonic::Code::Ok))
 }

@@ -122,6 +122,7 @@ impl Subscription {
             namespace: self.namespace.clone(),
             id,
             attempt: delivery.attempt,
+            wait_applied: false,
         }));
     }
 

@@ -3,8 +3,9 @@
 //!   in a namespace with a 1 s retention, fire together, are delivered and acked, and are
 //!   purged; the figure is the keys the three state machines wrote (`Cluster.Status`'s
 //!   `state_machine_keys_written`) divided by N and by the number of nodes.
-//! - `naive`: a consumer written the simplest way: one stream, and each delivery handled and
-//!   acked before the next is read. `unary` acks with a unary Ack call and waits for it;
+//! - `naive`: consumers written the simplest way (`--naive-consumers`, 2 by default, sharing
+//!   the namespace): each one stream, and each delivery handled and acked before the next is
+//!   read. `unary` acks with a unary Ack call and waits for it;
 //!   `stream` acks on the delivery stream itself (`Consume`), without waiting. Timers fall due
 //!   at a steady rate; the figures are the rate the consumer kept and how late it first saw
 //!   each timer.
@@ -163,8 +164,19 @@ pub async fn naive(
     let ns = format!("naive-{}", now_ms());
     let total = rate * opts.window.as_secs();
     let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
-    let client = target.timers(leader, 1)?.remove(0);
-    let mut consumer = tokio::spawn(consume(client, ns.clone(), total, mode, seen.clone()));
+    // The consumers share the namespace's deliveries; each stops once `total` distinct
+    // timers were seen by any of them.
+    let consumers: Vec<_> = target
+        .timers(leader, opts.naive_consumers.max(1))?
+        .into_iter()
+        .map(|client| tokio::spawn(consume(client, ns.clone(), total, mode, seen.clone())))
+        .collect();
+    let mut consumer = tokio::spawn(async move {
+        for c in consumers {
+            c.await??;
+        }
+        anyhow::Ok(())
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (count, late_sends) = crate::fire::produce(target, opts, &ns, leader, rate).await?;
     // A consumer slower than the rate does not finish: it is measured as far as it got.
@@ -183,8 +195,9 @@ pub async fn naive(
     let seen: Vec<Seen> = std::mem::take(&mut *seen.lock().unwrap())
         .into_values()
         .collect();
-    if finished && mode == AckMode::Stream {
-        // Sent, not answered: wait until the cluster has applied them all.
+    if finished {
+        // Stream acks are sent, not answered, and unary ones answered once queued: wait
+        // until the cluster has applied them all.
         let acked = wait_none(
             target,
             leader,
@@ -193,7 +206,7 @@ pub async fn naive(
             Duration::from_secs(60),
         )
         .await?;
-        anyhow::ensure!(acked, "not every stream ack was applied within 60 s");
+        anyhow::ensure!(acked, "not every ack was applied within 60 s");
     }
     let mut late = histogram();
     let mut early = 0;
@@ -248,6 +261,7 @@ async fn consume(
                         namespace: ns.clone(),
                         id: t.id.clone(),
                         attempt: d.attempt,
+                        wait_applied: false,
                     };
                     client.ack(ack).await?;
                     note(&mut seen.lock().unwrap(), t, recv_us);

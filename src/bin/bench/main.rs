@@ -110,6 +110,9 @@ struct Args {
     /// How the naive consumer acks each delivery.
     #[arg(long, value_enum, default_value = "unary")]
     naive_ack: life::AckMode,
+    /// Naive consumers (each its own connection and Subscribe stream, sharing the timers).
+    #[arg(long, default_value_t = 2)]
+    naive_consumers: usize,
     /// Recurring timers the recur workload creates (one configuration each).
     #[arg(long, value_delimiter = ',', default_value = "100000")]
     recur_series: Vec<u64>,
@@ -161,6 +164,7 @@ pub struct Opts {
     pub payload_bytes: usize,
     pub load_batch: usize,
     pub naive_ack: life::AckMode,
+    pub naive_consumers: usize,
     pub consumer_ack: consume::AckWith,
     pub recur_period: Duration,
 }
@@ -195,6 +199,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         payload_bytes: args.payload_bytes,
         load_batch: args.load_batch,
         naive_ack: args.naive_ack,
+        naive_consumers: args.naive_consumers,
         consumer_ack: args.consumer_ack,
         recur_period: args.recur_period,
     };
@@ -221,6 +226,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         let old_opts = Opts {
             consumer_ack: consume::AckWith::Batch,
             naive_ack: life::AckMode::Unary,
+            naive_consumers: 2,
             ..opts.clone()
         };
         builds = vec![

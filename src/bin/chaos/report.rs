@@ -135,9 +135,15 @@ impl Totals {
             .iter()
             .filter(|d| d.path == AckPath::Stream)
             .count();
+        let queued = r
+            .history
+            .deliveries
+            .iter()
+            .filter(|d| d.path == AckPath::Queued)
+            .count();
         println!(
             "  redeliveries (attempt > 1): {redeliveries}; deliveries acked on their stream \
-             (Consume): {on_stream}"
+             (Consume): {on_stream}; by a unary Ack answered once queued: {queued}"
         );
         let mut unknown: Vec<&str> = r
             .history

@@ -67,6 +67,7 @@ pub async fn settle(
             namespace,
             id,
             attempt,
+            wait_applied: true,
         };
         timers
             .ack(req)
