@@ -363,8 +363,7 @@ impl Gate {
             }
             Access::Namespace(permission, names) => {
                 let (parts, body) = req.into_parts();
-                let first =
-                    super::first::first_message(body, methods::message_limit(path)).await?;
+                let first = super::first::first_message(body, methods::message_limit(path)).await?;
                 if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
                     denied(path, "no_permission", Some(&principal));
                     return Err(Status::permission_denied(format!(
