@@ -7,7 +7,8 @@ Timers are scheduled ahead (ScheduleBatch, 1/10 s of them at a time, `--lead` be
 due) by a producer thread. Prints the rate the consumers kept and how late each timer was first
 received (receipt time minus fire time; the cluster's nodes and this script share the clock).
 
-    scripts/bench.sh --naive-grpcio ADDR,ADDR,ADDR       (or run this with the test venv's python)
+    ~/.cache/timerdb-pyvenv/bin/python bench/naive_grpcio.py --connect ADDR,ADDR,ADDR
+    (the venv clients/python/test.sh makes, with grpcio)
 """
 import argparse
 import os

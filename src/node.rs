@@ -355,17 +355,7 @@ impl Node {
     }
 
     /// Acks delivery `attempt` of `key`: FIRED → ACKED (or the ACKED timer, for a retry).
-    /// Unless `wait_applied`, an ack of the timer's latest delivery (as this leader applied
-    /// it) is queued on the ack coalescer with the stream acks and answered at once, as the
-    /// ack will leave the timer (at least once: lost with this leader, the timer comes again
-    /// after its ack deadline); anything else waits for its own entry, whose answer says
-    /// exactly what it did.
-    pub async fn ack(&self, key: TimerKey, attempt: u32, wait_applied: bool) -> Result<Timer> {
-        if !wait_applied {
-            if let Some(timer) = self.ack_queued(&key, attempt).await? {
-                return Ok(timer);
-            }
-        }
+    pub async fn ack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
         let now_ms = self.now_ms();
         let cmd = Command::Ack {
             now_ms,
@@ -373,28 +363,6 @@ impl Node {
             attempt,
         };
         self.settle(cmd, &key, attempt).await
-    }
-
-    /// Queues an ack of `key`'s latest delivery `attempt` for the next shared ack entry, if
-    /// the timer as this leader applied it is FIRED at that attempt; the timer as the ack will
-    /// leave it (finished now, by this node's clock), or `None` if it is not.
-    async fn ack_queued(&self, key: &TimerKey, attempt: u32) -> Result<Option<Timer>> {
-        static LANE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-        let Some(mut timer) = self.store.get(key)? else {
-            return Ok(None);
-        };
-        if !crate::storage::ackable(&timer, attempt) {
-            return Ok(None);
-        }
-        // One lane for every unary ack of this node: taken in turns with the streams' lanes.
-        let lane = *LANE.get_or_init(crate::cluster::acks::new_lane);
-        self.acker
-            .ack(lane, crate::cluster::AckItem::One(key.clone(), attempt))
-            .await;
-        self.dispatcher.settled(key, attempt);
-        timer.state = TimerState::Acked;
-        timer.finished_at_ms = self.now_ms();
-        Ok(Some(timer))
     }
 
     /// Acks many deliveries in one command, each judged and answered alone. A failure of the

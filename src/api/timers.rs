@@ -229,7 +229,7 @@ impl timers_server::Timers for TimersService {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let timer = self.node().ack(key, attempt, req.wait_applied).await?;
+        let timer = self.node().ack(key, attempt).await?;
         Ok(Response::new(pb::AckResponse {
             timer: Some(timer.into()),
         }))

@@ -300,13 +300,6 @@ async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> boo
 /// them one by one (and no later than this before the lease's deadline).
 pub const HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// A lane of its own in the coalescer's queue, for one source of acks (a stream, a
-/// namespace's pusher, a node's unary acks).
-pub fn new_lane() -> u64 {
-    static LANES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    LANES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
 /// What one stream has sent and heard back: acks of a lease are held until every delivery of
 /// it was acked (then one lease ack goes out) or until [`HOLD`] has passed (then they go one by
 /// one). Deliveries that did not come in a whole lease are acked one by one at once.
@@ -341,9 +334,10 @@ impl StreamAcks {
     /// every delivery is answered within its request timeout, so that a lease waits for its
     /// last answer and is acked whole.
     pub fn with_hold(namespace: &str, hold: std::time::Duration) -> Self {
+        static LANES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         StreamAcks {
             namespace: namespace.to_string(),
-            lane: new_lane(),
+            lane: LANES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             hold,
             sent: Default::default(),
             held: Default::default(),

@@ -317,12 +317,6 @@ fn unchanged(timer: Timer) -> Response {
     }
 }
 
-/// Whether an ack of `attempt` would turn `timer` ACKED (its latest delivery, FIRED): the
-/// state machine's own rule, for a leader that answers such an ack before it applies.
-pub fn ackable(timer: &Timer, attempt: u32) -> bool {
-    timer.state != TimerState::Acked && refuse_attempt(timer, attempt, "ack").is_none()
-}
-
 /// Why `attempt` cannot be acked or nacked (`verb`) on `timer`, which is not ACKED; `None` if
 /// it is the latest delivery of a FIRED timer.
 fn refuse_attempt(timer: &Timer, attempt: u32, verb: &str) -> Option<String> {

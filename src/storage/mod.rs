@@ -57,7 +57,6 @@ use std::sync::Arc;
 use rocksdb::{ColumnFamilyDescriptor, Options, DB};
 
 pub use codec::{decode, encode, MAX_DECODE_BYTES};
-pub use deliver::ackable;
 pub use gc::IndexGc;
 pub use log_store::LogStore;
 pub use snapshot::{SnapshotStats, Snapshots};

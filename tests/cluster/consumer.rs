@@ -189,7 +189,6 @@ async fn ack_one(
             namespace: namespace.clone(),
             id: id.clone(),
             attempt,
-            wait_applied: true,
         };
         match client.ack(req).await {
             Ok(r) => {

@@ -378,7 +378,6 @@ async fn ack(
         namespace: NS.into(),
         id: id.into(),
         attempt,
-        wait_applied: true,
     };
     Ok(client.ack(req).await?.into_inner().timer.unwrap())
 }
@@ -562,7 +561,6 @@ async fn ack_batch_answers_each_ack_alone_and_refuses_a_bad_batch_whole() {
                 namespace: NS.into(),
                 id: id.to_string(),
                 attempt: *attempt,
-                wait_applied: true,
             })
             .collect(),
     };

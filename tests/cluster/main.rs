@@ -2,7 +2,6 @@
 //! real `timerd` processes in `process`, subscribers and acks in `delivery`). Each test is a
 //! sequence of named phases.
 
-mod ack;
 mod auth;
 mod backup;
 mod certs;

@@ -131,7 +131,6 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
                 namespace: t.namespace,
                 id: t.id,
                 attempt: d.attempt,
-                wait_applied: true,
             })
             .await
             .unwrap();

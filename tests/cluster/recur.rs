@@ -293,7 +293,6 @@ async fn overlap_skip_waits_for_the_previous_occurrence_to_be_acked() {
         namespace: NS.into(),
         id: first_timer.id.clone(),
         attempt: first.attempt,
-        wait_applied: true,
     })
     .await
     .unwrap();

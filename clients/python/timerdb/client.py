@@ -280,13 +280,9 @@ class Client:
             if not token:
                 return out
 
-    def ack(self, namespace: str, id: str, attempt: int, wait_applied: bool = True) -> pb.Timer:
-        """Acknowledges one delivery (retried: acking an acked timer succeeds again).
-
-        By default the answer comes once the ack is applied. With wait_applied=False it comes
-        as soon as the leader has checked and queued it (faster; lost with a failing leader,
-        in which case the timer is delivered again: see AckRequest.wait_applied)."""
-        req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt, wait_applied=wait_applied)
+    def ack(self, namespace: str, id: str, attempt: int) -> pb.Timer:
+        """Acknowledges one delivery (retried: acking an acked timer succeeds again)."""
+        req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt)
         return self.call(True, lambda n, t, m: n.timers.Ack(req, timeout=t, metadata=m)).timer
 
     def ack_batch(self, acks: Iterable[pb.AckRequest]) -> pb.AckBatchResponse:

@@ -122,7 +122,6 @@ impl Subscription {
             namespace: self.namespace.clone(),
             id,
             attempt: delivery.attempt,
-            wait_applied: false,
         }));
     }
 

@@ -356,7 +356,6 @@ async fn ack_batch(
             namespace: ns.into(),
             id: id.clone(),
             attempt: *attempt,
-            wait_applied: false,
         })
         .collect();
     let mut turn = 0;

@@ -261,7 +261,6 @@ async fn consume(
                         namespace: ns.clone(),
                         id: t.id.clone(),
                         attempt: d.attempt,
-                        wait_applied: false,
                     };
                     client.ack(ack).await?;
                     note(&mut seen.lock().unwrap(), t, recv_us);

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use timerdb::api::pb;
 
-use crate::workload::{AckPath, History, Kind, Op, Outcome};
+use crate::workload::{History, Kind, Op, Outcome};
 
 #[derive(Debug, Clone)]
 pub struct Violation {
@@ -412,15 +412,10 @@ fn early(f: &mut Findings, skews: &[SkewWindow], seen_ms: i64, what: String) {
     }
 }
 
-/// ACKED at most once: every successful Ack answer given once applied names the timer's one
-/// finished_at. (An answer given once the ack was queued names the leader's time of the
-/// answer, and the ack may be lost with that leader: `stream_acks` judges those.)
+/// ACKED at most once: every successful Ack answer names the timer's one finished_at.
 fn acks(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
-    for (id, attempt, o, queued) in &h.acks {
+    for (id, attempt, o) in &h.acks {
         let Outcome::Ok(got) = o else { continue };
-        if *queued {
-            continue;
-        }
         let Some(t) = timers.get(id) else {
             f.violate("ack of a missing timer", format!("{id} attempt {attempt}"));
             continue;
@@ -442,8 +437,8 @@ fn acks(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
 /// handover whose ack proposals openraft never answered — at least once, they came again.)
 pub const SETTLE_MS: i64 = 10_000;
 
-/// Stream acks (and unary acks answered once queued, which join them) take effect once the
-/// cluster is calm: a delivery acked so after healing is not delivered again. (Before healing a stream ack may be lost with its stream or
+/// Stream acks take effect once the cluster is calm: a delivery acked on its stream after
+/// healing is not delivered again. (Before healing a stream ack may be lost with its stream or
 /// its leader — at least once — and liveness only sees that the timer ends ACKED, which the
 /// other consumer's unary acks could do alone: a wedged ack path would go unseen.)
 fn stream_acks(f: &mut Findings, h: &History, healed_ms: i64) {
@@ -453,17 +448,16 @@ fn stream_acks(f: &mut Findings, h: &History, healed_ms: i64) {
         *a = (*a).max(d.attempt);
     }
     for d in &h.deliveries {
-        let judged = matches!(d.path, AckPath::Stream | AckPath::Queued)
-            && d.received_ms >= healed_ms + SETTLE_MS;
+        let judged =
+            d.path == crate::workload::AckPath::Stream && d.received_ms >= healed_ms + SETTLE_MS;
         if judged && latest[d.id.as_str()] > d.attempt {
             f.violate(
                 "stream ack not applied",
                 format!(
-                    "{}: attempt {} received and acked ({:?}) {} ms after healing, delivered \
-                     again as attempt {}",
+                    "{}: attempt {} received and acked on its stream {} ms after healing, \
+                     delivered again as attempt {}",
                     d.id,
                     d.attempt,
-                    d.path,
                     d.received_ms - healed_ms,
                     latest[d.id.as_str()]
                 ),

@@ -61,7 +61,7 @@ fn clean() -> (History, BTreeMap<String, pb::Timer>) {
     h.deliveries.push(seen("a", 7, T + 10));
     let acked = timer("a", pb::TimerState::Acked, 7);
     h.acks
-        .push(("a".into(), 1, Outcome::Ok(vec![acked.clone()]), false));
+        .push(("a".into(), 1, Outcome::Ok(vec![acked.clone()])));
     let mut timers = BTreeMap::new();
     timers.insert("a".to_string(), acked);
     timers.insert("c".to_string(), timer("c", pb::TimerState::Cancelled, 0));
@@ -107,8 +107,7 @@ fn each_broken_guarantee_is_reported() {
         ("acked more than once", |h, _| {
             let mut other = timer("a", pb::TimerState::Acked, 7);
             other.finished_at_ms += 1;
-            h.acks
-                .push(("a".into(), 1, Outcome::Ok(vec![other]), false));
+            h.acks.push(("a".into(), 1, Outcome::Ok(vec![other])));
         }),
         ("never delivered", |h, _| h.deliveries.clear()),
         ("refused schedule took effect", |h, t| {
@@ -195,38 +194,7 @@ fn a_stream_ack_after_healing_that_did_not_apply_is_reported() {
         "{:?}",
         f.violations
     );
-    // So is a unary Ack answered once queued: it joins the stream acks.
-    h.deliveries[0].path = AckPath::Queued;
-    let f = check(&h, &timers, &SAME, &[], HEALED);
-    assert_eq!(
-        kinds(&f),
-        vec!["stream ack not applied"],
-        "{:?}",
-        f.violations
-    );
-    // An ack by unary Ack answered once applied (its own answer is judged by `acks`) is not
-    // this rule's.
+    // An ack by unary Ack (its own answer is judged by `acks`) is not this rule's.
     h.deliveries[0].path = AckPath::Unary;
     assert!(kinds(&check(&h, &timers, &SAME, &[], HEALED)).is_empty());
-}
-
-#[test]
-fn a_queued_ack_answer_is_not_held_to_the_final_finished_at() {
-    // Answered once queued, it names the leader's time of the answer; the ack applied later
-    // (or, lost, another consumer's) sets the timer's finished_at.
-    let (mut h, timers) = clean();
-    let mut answered = timer("a", pb::TimerState::Acked, 7);
-    answered.finished_at_ms -= 3;
-    h.acks
-        .push(("a".into(), 1, Outcome::Ok(vec![answered.clone()]), true));
-    assert!(kinds(&check(&h, &timers, &SAME, &[], HEALED)).is_empty());
-    // Answered once applied, the same answer is a second ACKED.
-    h.acks.last_mut().unwrap().3 = false;
-    let f = check(&h, &timers, &SAME, &[], HEALED);
-    assert_eq!(
-        kinds(&f),
-        vec!["acked more than once"],
-        "{:?}",
-        f.violations
-    );
 }

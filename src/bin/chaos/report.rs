@@ -135,15 +135,9 @@ impl Totals {
             .iter()
             .filter(|d| d.path == AckPath::Stream)
             .count();
-        let queued = r
-            .history
-            .deliveries
-            .iter()
-            .filter(|d| d.path == AckPath::Queued)
-            .count();
         println!(
             "  redeliveries (attempt > 1): {redeliveries}; deliveries acked on their stream \
-             (Consume): {on_stream}; by a unary Ack answered once queued: {queued}"
+             (Consume): {on_stream}"
         );
         let mut unknown: Vec<&str> = r
             .history

@@ -79,9 +79,8 @@ pub struct Seen {
 pub struct History {
     pub ops: Vec<Op>,
     pub deliveries: Vec<Seen>,
-    /// (id, attempt, outcome, answered once queued rather than applied) of every Ack's final
-    /// answer.
-    pub acks: Vec<(String, u32, Outcome, bool)>,
+    /// (id, attempt, outcome) of every Ack's final answer.
+    pub acks: Vec<(String, u32, Outcome)>,
 }
 
 pub type Shared = Arc<Mutex<History>>;
@@ -303,29 +302,12 @@ fn schedule_req(id: &str, at: i64) -> pb::ScheduleRequest {
 }
 
 /// How a consumer acks: each delivery with a unary Ack of its own (through any node, after a
-/// Subscribe), or on the delivery stream itself (Consume): the paths reach the state machine
-/// through different code (the proposer directly, or the ack coalescer). The unary consumer
-/// asks half of its acks (by id) to be answered once applied (`Unary`) and lets the others be
-/// answered once queued (`Queued`: applied later with the stream acks, at least once).
+/// Subscribe), or on the delivery stream itself (Consume): the two paths reach the state
+/// machine through different code (the proposer directly, or the stream's ack coalescer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckPath {
     Unary,
-    Queued,
     Stream,
-}
-
-impl AckPath {
-    /// How the consumer of `self` acks the delivery of `id`.
-    fn of(self, id: &str) -> AckPath {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        id.hash(&mut h);
-        match self {
-            AckPath::Unary | AckPath::Queued if h.finish() % 2 == 1 => AckPath::Queued,
-            AckPath::Queued => AckPath::Unary,
-            other => other,
-        }
-    }
 }
 
 /// Runs one consumer until `stop`: subscribes through the nodes in turn (moving on when a
@@ -353,7 +335,7 @@ pub async fn consumer(
         let opened = tokio::select! {
             r = async {
                 match path {
-                    AckPath::Unary | AckPath::Queued => client.subscribe(sub).await,
+                    AckPath::Unary => client.subscribe(sub).await,
                     AckPath::Stream => {
                         let first = pb::ConsumeRequest { subscribe: Some(sub), acks: vec![] };
                         let _ = acks.send(first);
@@ -373,20 +355,17 @@ pub async fn consumer(
                 };
                 let Ok(Some(d)) = msg else { break };
                 let t = d.timer.unwrap_or_default();
-                let how = path.of(&t.id);
                 history.lock().unwrap().deliveries.push(Seen {
                     id: t.id.clone(),
                     attempt: d.attempt,
                     fire_index: t.fire_index,
                     fire_at_ms: t.fire_at_ms,
                     received_ms: now_ms(),
-                    path: how,
+                    path,
                 });
-                match how {
-                    AckPath::Unary | AckPath::Queued => {
-                        let (clients, history) = (clients.clone(), history.clone());
-                        let queued = how == AckPath::Queued;
-                        tokio::spawn(ack(clients, t.id, d.attempt, queued, history));
+                match path {
+                    AckPath::Unary => {
+                        tokio::spawn(ack(clients.clone(), t.id, d.attempt, history.clone()));
                     }
                     AckPath::Stream => {
                         let ack = pb::DeliveryAck {
@@ -407,13 +386,7 @@ pub async fn consumer(
 }
 
 /// Acks one delivery, through any node, retrying unknown outcomes for a while.
-async fn ack(
-    clients: Vec<(u64, TimersClient<Conn>)>,
-    id: String,
-    attempt: u32,
-    queued: bool,
-    history: Shared,
-) {
+async fn ack(clients: Vec<(u64, TimersClient<Conn>)>, id: String, attempt: u32, history: Shared) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut turn = attempt as usize;
     loop {
@@ -423,14 +396,13 @@ async fn ack(
             namespace: NAMESPACE.into(),
             id: id.clone(),
             attempt,
-            wait_applied: !queued,
         };
         let o = outcome(client.ack(request(req)).await, |r| {
             r.into_inner().timer.into_iter().collect()
         });
         let retry = matches!(o, Outcome::Unknown(..)) && tokio::time::Instant::now() < deadline;
         if !retry {
-            history.lock().unwrap().acks.push((id, attempt, o, queued));
+            history.lock().unwrap().acks.push((id, attempt, o));
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

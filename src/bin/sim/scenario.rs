@@ -455,7 +455,6 @@ async fn slow_consumer(
                     namespace: SPARSE.into(),
                     id: t.id,
                     attempt: d.attempt,
-                    wait_applied: true,
                 };
                 let _ = any.ack(ack).await;
             }
@@ -631,8 +630,8 @@ fn print_history(h: &History, timers: &BTreeMap<String, pb::Timer>, digests: &[(
             d.id, d.attempt, d.received_ms, d.path
         );
     }
-    for (id, attempt, o, queued) in &h.acks {
-        println!("acked {id} attempt {attempt} (answered once queued: {queued}): {o:?}");
+    for (id, attempt, o) in &h.acks {
+        println!("acked {id} attempt {attempt}: {o:?}");
     }
     for t in timers.values() {
         let done = [

@@ -67,7 +67,6 @@ pub async fn settle(
             namespace,
             id,
             attempt,
-            wait_applied: true,
         };
         timers
             .ack(req)

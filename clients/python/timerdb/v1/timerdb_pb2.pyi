@@ -384,16 +384,14 @@ class DeliveryAck(_message.Message):
     def __init__(self, id: _Optional[str] = ..., attempt: _Optional[int] = ..., nack: _Optional[bool] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("namespace", "id", "attempt", "wait_applied")
+    __slots__ = ("namespace", "id", "attempt")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
-    WAIT_APPLIED_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     id: str
     attempt: int
-    wait_applied: bool
-    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., attempt: _Optional[int] = ..., wait_applied: _Optional[bool] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("timer",)
