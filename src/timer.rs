@@ -712,6 +712,22 @@ impl Command {
     }
 }
 
+/// A one-line summary for logs (openraft 0.10 prints entries with it): the command's name,
+/// and how many a batch holds — never its timers, which may be thousands.
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::ScheduleBatch { specs, .. } => write!(f, "schedule_batch({})", specs.len()),
+            Command::Multi(cmds) => write!(f, "multi({})", cmds.len()),
+            Command::Acks { leases, acks, .. } => {
+                write!(f, "acks({} leases, {})", leases.len(), acks.len())
+            }
+            Command::Redrive { keys, .. } => write!(f, "redrive({})", keys.len()),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
 /// Why a command was rejected at apply time. Deterministic: every replica rejects alike.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Rejection {
@@ -901,5 +917,22 @@ mod tests {
         assert!(decoded);
         // The depth count is back to 0: a proper Multi decodes after a refused one.
         assert!(decode::<Command>(&empty).is_ok());
+    }
+
+    /// A log line names the command and counts a batch; it never lists the timers.
+    #[test]
+    fn a_command_displays_as_its_name_and_a_batch_as_its_size() {
+        let ack = Command::Ack {
+            now_ms: 1,
+            key: super::TimerKey::new("ns", "id"),
+            attempt: 1,
+        };
+        assert_eq!(ack.to_string(), "ack");
+        let batch = Command::ScheduleBatch {
+            now_ms: 1,
+            specs: Vec::new(),
+        };
+        assert_eq!(batch.to_string(), "schedule_batch(0)");
+        assert_eq!(Command::Multi(vec![ack, batch]).to_string(), "multi(2)");
     }
 }
