@@ -801,6 +801,7 @@ mod change;
 mod deliver;
 mod forms;
 mod misfire;
+mod raft_forms;
 mod replicas;
 mod restore;
 mod series;

@@ -1,0 +1,75 @@
+//! openraft's own types as this build stores them (the vote, log ids, entries, the membership
+//! the state machine keeps), pinned as bytes: the openraft 0.10 port (docs/openraft-0.10.md,
+//! C0a) must read every one of them back unchanged, or say which it cannot. Each must encode to
+//! the pinned bytes and decode to the same value.
+
+use std::collections::BTreeMap;
+
+use openraft::{BasicNode, Membership, StoredMembership, Vote};
+
+use super::*;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `value` encodes to `want` (hex) and decodes back to itself.
+fn pinned<T>(what: &str, value: &T, want: &str)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    let bytes = encode(value);
+    assert_eq!(
+        hex(&bytes),
+        want,
+        "{what}: the bytes this build writes changed"
+    );
+    let back: T = decode(&bytes).unwrap();
+    assert_eq!(&back, value, "{what}: does not decode to itself");
+}
+
+fn membership() -> Membership<u64, BasicNode> {
+    let nodes: BTreeMap<u64, BasicNode> = (1..=3)
+        .map(|id| (id, BasicNode::new(format!("127.0.0.1:710{id}"))))
+        .collect();
+    Membership::new(vec![[1, 2].into_iter().collect()], nodes)
+}
+
+#[test]
+fn openraft_types_keep_their_bytes() {
+    let log_id = LogId::new(CommittedLeaderId::new(3, 2), 42);
+    pinned("vote", &Vote::new(3, 2), VOTE);
+    pinned("committed vote", &Vote::new_committed(4, 1), COMMITTED_VOTE);
+    pinned("log id", &Some(log_id), LOG_ID);
+    pinned("no log id", &None::<LogId<u64>>, NO_LOG_ID);
+    let blank: Entry<TypeConfig> = Entry {
+        log_id,
+        payload: EntryPayload::Blank,
+    };
+    pinned("blank entry", &blank, BLANK);
+    let normal: Entry<TypeConfig> = Entry {
+        log_id,
+        payload: EntryPayload::Normal(Arc::new(Command::Cancel {
+            now_ms: 1_700_000_000_000,
+            key: TimerKey::new("ns", "id"),
+        })),
+    };
+    pinned("normal entry", &normal, NORMAL);
+    let change: Entry<TypeConfig> = Entry {
+        log_id,
+        payload: EntryPayload::Membership(membership()),
+    };
+    pinned("membership entry", &change, MEMBERSHIP);
+    let stored = StoredMembership::new(Some(log_id), membership());
+    pinned("stored membership", &stored, STORED_MEMBERSHIP);
+}
+
+// As 0.9.25 writes them (bincode, variable-length integers), 2026-11-27.
+const VOTE: &str = "030400";
+const COMMITTED_VOTE: &str = "040201";
+const LOG_ID: &str = "0103022a";
+const NO_LOG_ID: &str = "00";
+const BLANK: &str = "03022a00";
+const NORMAL: &str = "03022a0102fd00d0ca9f17030000026e73026964";
+const MEMBERSHIP: &str = "03022a020102010203010e3132372e302e302e313a37313031020e3132372e302e302e313a37313032030e3132372e302e302e313a37313033";
+const STORED_MEMBERSHIP: &str = "0103022a0102010203010e3132372e302e302e313a37313031020e3132372e302e302e313a37313032030e3132372e302e302e313a37313033";
