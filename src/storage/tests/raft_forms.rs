@@ -28,6 +28,26 @@ where
     assert_eq!(&back, value, "{what}: does not decode to itself");
 }
 
+/// A peer message: `value` encodes to `want` (hex), and those bytes decode to a message that
+/// encodes to them again (openraft's messages do not all compare).
+fn pinned_message<T>(what: &str, value: &T, want: &str)
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let bytes = encode(value);
+    assert_eq!(
+        hex(&bytes),
+        want,
+        "{what}: the bytes this build sends changed"
+    );
+    let back: T = decode(&bytes).unwrap();
+    assert_eq!(
+        hex(&encode(&back)),
+        want,
+        "{what}: does not decode to itself"
+    );
+}
+
 fn membership() -> Membership<u64, BasicNode> {
     let nodes: BTreeMap<u64, BasicNode> = (1..=3)
         .map(|id| (id, BasicNode::new(format!("127.0.0.1:710{id}"))))
@@ -64,6 +84,31 @@ fn openraft_types_keep_their_bytes() {
     pinned("stored membership", &stored, STORED_MEMBERSHIP);
 }
 
+/// The peer messages, as this build sends them: 0.10 changes VoteRequest (a
+/// `leadership_transfer` field), so a rolling upgrade needs these to translate
+/// (docs/openraft-0.10.md R6).
+#[test]
+fn openraft_peer_messages_keep_their_bytes() {
+    use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+    let log_id = LogId::new(CommittedLeaderId::new(3, 2), 42);
+    let append: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
+        vote: Vote::new_committed(3, 2),
+        prev_log_id: Some(log_id),
+        entries: vec![Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 2), 43),
+            payload: EntryPayload::Blank,
+        }],
+        leader_commit: Some(log_id),
+    };
+    pinned_message("append entries", &append, APPEND);
+    let answer: AppendEntriesResponse<u64> = AppendEntriesResponse::Success;
+    pinned_message("append answer", &answer, APPEND_ANSWER);
+    let vote = VoteRequest::new(Vote::new(4, 1), Some(log_id));
+    pinned_message("vote request", &vote, VOTE_REQUEST);
+    let granted = VoteResponse::new(Vote::new(4, 1), Some(log_id), true);
+    pinned_message("vote answer", &granted, VOTE_ANSWER);
+}
+
 // As 0.9.25 writes them (bincode, variable-length integers), 2026-11-27.
 const VOTE: &str = "030400";
 const COMMITTED_VOTE: &str = "040201";
@@ -73,3 +118,7 @@ const BLANK: &str = "03022a00";
 const NORMAL: &str = "03022a0102fd00d0ca9f17030000026e73026964";
 const MEMBERSHIP: &str = "03022a020102010203010e3132372e302e302e313a37313031020e3132372e302e302e313a37313032030e3132372e302e302e313a37313033";
 const STORED_MEMBERSHIP: &str = "0103022a0102010203010e3132372e302e302e313a37313031020e3132372e302e302e313a37313032030e3132372e302e302e313a37313033";
+const APPEND: &str = "0302010103022a0103022b000103022a";
+const APPEND_ANSWER: &str = "00";
+const VOTE_REQUEST: &str = "0401000103022a";
+const VOTE_ANSWER: &str = "040100010103022a";
