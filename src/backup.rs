@@ -14,9 +14,9 @@
 use std::time::Duration;
 use tokio::time::Instant;
 
-use openraft::Snapshot;
+use openraft::async_runtime::WatchReceiver as _;
 
-use crate::cluster::TypeConfig;
+use crate::cluster::Snapshot;
 use crate::node::Node;
 use crate::{Error, Result};
 
@@ -28,12 +28,12 @@ const POLL: Duration = Duration::from_millis(50);
 
 impl Node {
     /// A snapshot holding every write acknowledged before the call; this node must lead.
-    pub async fn backup(&self) -> Result<Snapshot<TypeConfig>> {
+    pub async fn backup(&self) -> Result<Snapshot> {
         self.read_barrier().await?;
         let need = self
             .raft
             .metrics()
-            .borrow()
+            .borrow_watched()
             .last_applied
             .map_or(0, |l| l.index);
         let deadline = Instant::now() + BUILD_WAIT;

@@ -13,12 +13,13 @@
 //! Whatever happens, the hold reopens and heartbeats resume; if nobody else took over, this
 //! node simply goes on leading. Writes wait at most about one lease plus an election.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 
-use crate::cluster::{network, NodeId};
+use crate::cluster::{network, NodeId, RaftMetrics};
 use crate::node::Node;
 use crate::{Error, Result};
 
@@ -34,7 +35,7 @@ impl Node {
     /// The members as this node knows them, in id order.
     pub fn members(&self) -> Vec<Member> {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         membership
@@ -98,7 +99,7 @@ impl Node {
     /// it could not apply the log it would be sent.
     async fn hello(&self, id: NodeId, addr: &str) -> Result<()> {
         let dial = self.config.dial_addr(id, addr);
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         let at = (id, dial.as_str());
         let level = network::hello(&self.config, at, &self.store, (term, &self.levels)).await?;
         let committed = self.store.committed_level();
@@ -129,7 +130,7 @@ impl Node {
 
     /// Waits until learner `id` holds every entry the log has now.
     async fn wait_caught_up(&self, id: NodeId, addr: &str) -> Result<()> {
-        let upto = self.raft.metrics().borrow().last_log_index;
+        let upto = self.raft.metrics().borrow_watched().last_log_index;
         match self.wait_matched(id, upto, CATCH_UP).await {
             Err(Error::Unavailable(_)) => Err(Error::Unavailable(format!(
                 "node {id} joined as a learner but did not catch up within {CATCH_UP:?}: \
@@ -223,7 +224,7 @@ impl Node {
     /// The voter other than this node with the most of the log.
     fn best_successor(&self) -> Result<NodeId> {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let voters: Vec<NodeId> = m
             .membership_config
             .membership()
@@ -240,7 +241,7 @@ impl Node {
     }
 
     async fn hand_over(&self, target: NodeId, addr: &str) -> Result<NodeId> {
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         self.wait_replicated(target).await?;
         // No AppendEntries go out now: once the lease has run out, the followers will vote.
         let lease = Duration::from_millis(self.config.raft.election_timeout_max_ms);
@@ -284,7 +285,7 @@ impl Node {
     ) -> Result<()> {
         let mut metrics = self.raft.metrics();
         let caught_up = async {
-            let m = metrics.wait_for(|m| {
+            let m = metrics.wait_until(|m| {
                 m.state != ServerState::Leader || matched(m, target) >= upto.or(m.last_log_index)
             });
             m.await.map(|m| m.state == ServerState::Leader)
@@ -307,7 +308,7 @@ impl Node {
         let mut metrics = self.raft.metrics();
         let me = self.id;
         let moved = async {
-            let m = metrics.wait_for(|m| m.current_leader.is_some_and(|l| l != me));
+            let m = metrics.wait_until(|m| m.current_leader.is_some_and(|l| l != me));
             m.await.ok().and_then(|m| m.current_leader)
         };
         tokio::time::timeout(within, moved).await.ok().flatten()
@@ -315,7 +316,7 @@ impl Node {
 }
 
 /// The last log index the leader knows `id` to hold (`None`: nothing yet, or not leading).
-fn matched(m: &RaftMetrics<NodeId, BasicNode>, id: NodeId) -> Option<u64> {
+fn matched(m: &RaftMetrics, id: NodeId) -> Option<u64> {
     let replication = m.replication.as_ref()?;
     replication.get(&id).cloned().flatten().map(|l| l.index)
 }
@@ -344,8 +345,8 @@ fn describe(members: &[Member]) -> String {
 }
 
 type WriteError = openraft::error::RaftError<
-    NodeId,
-    openraft::error::ClientWriteError<NodeId, openraft::BasicNode>,
+    crate::cluster::TypeConfig,
+    openraft::error::ClientWriteError<crate::cluster::TypeConfig>,
 >;
 
 fn membership_error(e: WriteError) -> Error {

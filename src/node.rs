@@ -6,14 +6,15 @@
 //! state machine). An apply-time `Rejected` becomes the matching error here, so callers see one
 //! error type. Nothing here knows about protobuf or forwarding.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft};
+use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft, TypeConfig};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
@@ -99,8 +100,11 @@ pub fn quorum_watch(raft: &Raft) -> tokio::sync::watch::Receiver<bool> {
         loop {
             let lost = quorum_lost(&metrics.borrow_and_update()).is_some();
             tx.send_if_modified(|was| std::mem::replace(was, lost) != lost);
+            // The age of the last quorum ack grows while the metrics stay still (an isolated
+            // leader publishes nothing new): look again at least every 100 ms.
             tokio::select! {
                 changed = metrics.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
                 _ = tx.closed() => return,
             }
         }
@@ -139,9 +143,10 @@ impl From<QuorumLost> for Error {
 
 /// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
 /// longer than [`QUORUM_LOST_AFTER`].
-fn quorum_lost(m: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> Option<QuorumLost> {
+fn quorum_lost(m: &crate::cluster::RaftMetrics) -> Option<QuorumLost> {
     let voters = m.membership_config.membership().voter_ids().count();
-    let since = m.millis_since_quorum_ack?;
+    // An absolute instant (openraft 0.10): the age is as of now, not of the last publication.
+    let since = openraft::Instant::elapsed(&*m.last_quorum_acked?).as_millis() as u64;
     (m.state == ServerState::Leader && voters > 1 && since > QUORUM_LOST_AFTER.as_millis() as u64)
         .then_some(QuorumLost(since))
 }
@@ -154,7 +159,7 @@ impl Node {
     pub fn leader(&self) -> Leader {
         // Called on every request: borrow the metrics, copy out only the leader's address.
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         match m.current_leader {
             Some(id) if id == self.id && m.state == ServerState::Leader => Leader::Me,
             Some(id) if id != self.id => match m.membership_config.membership().get_node(&id) {
@@ -196,7 +201,9 @@ impl Node {
     pub async fn read_barrier(&self) -> Result<()> {
         self.hold.pass().await;
         self.check_quorum()?;
-        let barrier = self.raft.ensure_linearizable();
+        let barrier = self
+            .raft
+            .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex);
         tokio::select! {
             r = tokio::time::timeout(self.config.write_timeout, barrier) => {
                 r.map_err(|_| Error::Unavailable("could not confirm leadership in time".into()))?
@@ -211,7 +218,7 @@ impl Node {
     /// [`QUORUM_LOST_AFTER`] (openraft 0.9 has no CheckQuorum: an isolated leader would keep
     /// taking proposals that can never commit, each waiting out the write timeout).
     fn check_quorum(&self) -> Result<()> {
-        let lost = quorum_lost(&self.raft.metrics().borrow());
+        let lost = quorum_lost(&self.raft.metrics().borrow_watched());
         match lost {
             Some(e) => Err(e.into()),
             None => Ok(()),
@@ -226,7 +233,7 @@ impl Node {
                 // Raft stopped: other errors will say so.
                 return std::future::pending().await;
             }
-            if let Some(lost) = quorum_lost(&self.raft.metrics().borrow()) {
+            if let Some(lost) = quorum_lost(&self.raft.metrics().borrow_watched()) {
                 return lost;
             }
             // Regained between the flag and this look: wait for the next loss.
@@ -268,7 +275,7 @@ impl Node {
     /// Takes `namespace`'s schedule-rate tokens for `n` timers, or refuses with the wait.
     fn check_schedule_rate(&self, namespace: &str, n: usize) -> Result<()> {
         let policy = self.store.namespace(namespace)?.policy;
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         let now_ms = self.now_ms();
         // Filled from when this node began to lead, as the dispatch buckets are.
         let since = self.dispatcher.leading_since(term).unwrap_or(now_ms);
@@ -284,7 +291,7 @@ impl Node {
     /// Gives back `n` schedule tokens [`Node::check_schedule_rate`] took.
     fn refund_schedule_rate(&self, namespace: &str, n: usize) {
         if let Ok(ns) = self.store.namespace(namespace) {
-            let term = self.raft.metrics().borrow().current_term;
+            let term = self.raft.metrics().borrow_watched().current_term;
             let now_ms = self.now_ms();
             self.schedule_tokens
                 .refund(namespace, n, &ns.policy, term, now_ms);
@@ -578,7 +585,7 @@ impl Node {
 
     /// This node's view of the cluster (local, not linearizable).
     pub fn status(&self) -> Result<NodeStatus> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let sm = self.store.meta()?;
         let members = self.members();
         Ok(NodeStatus {
@@ -660,16 +667,24 @@ fn unexpected(r: Response) -> Error {
 }
 
 /// A failed proposal as the caller sees it.
-pub fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> Error {
+pub fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
     match e {
         // openraft answers this both for a write it refused (never appended) and for one it
         // had appended and then truncated when leadership moved — which a node that holds it
         // may still commit (with five voters or more, or across a joint configuration). The
         // two cannot be told apart here, so not "not applied": the forwarder sends it again
         // only if it is safe to repeat (review 33e, MED 3).
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => Error::Unavailable(
+        // openraft 0.10 answers LogEntryDiscarded for the second case; until chaos has
+        // confirmed that ForwardToLeader now always means "never appended", both keep 0.9's
+        // reading (docs/openraft-0.10.md, C2).
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(_) | ClientWriteError::LogEntryDiscarded(_),
+        ) => Error::Unavailable(
             "leadership moved while the call was being proposed: it may or may not apply".into(),
         ),
+        RaftError::APIError(ClientWriteError::PreconditionFailed(e)) => {
+            Error::Internal(e.to_string())
+        }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             Error::Internal(e.to_string())
         }
@@ -677,10 +692,10 @@ pub fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::Basic
     }
 }
 
-fn read_error(e: RaftError<NodeId, CheckIsLeaderError<NodeId, openraft::BasicNode>>) -> Error {
+fn read_error(e: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>) -> Error {
     match e {
-        RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)) => Error::NotLeader,
-        RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(q)) => {
+        RaftError::APIError(LinearizableReadError::ForwardToLeader(_)) => Error::NotLeader,
+        RaftError::APIError(LinearizableReadError::QuorumNotEnough(q)) => {
             Error::Unavailable(format!("cannot reach a quorum: {q}"))
         }
         RaftError::Fatal(f) => Error::Unavailable(format!("raft stopped: {f}")),

@@ -3,6 +3,7 @@
 //! Apart from `metrics` (which names and exports every metric) because it reads a whole
 //! `Node`, which sits above `metrics` in the layering.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,7 @@ pub async fn sample_loop(node: Arc<Node>, mut shutdown: tokio::sync::watch::Rece
 }
 
 fn sample(node: &Node) {
-    let m = node.raft.metrics().borrow().clone();
+    let m = node.raft.metrics().borrow_watched().clone();
     let applied = m.last_applied.map_or(0, |l| l.index);
     let commit = node.committed.load(Ordering::Relaxed).max(applied);
     let last = m.last_log_index.unwrap_or(0);

@@ -9,6 +9,7 @@
 //! membership is safe (openraft); a node restarted on its data dir is already initialised and
 //! simply rejoins.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -353,7 +354,7 @@ impl RunningNode {
     /// node can make no more progress. `timerd` then exits non-zero so a supervisor restarts it.
     pub async fn failed(&self) -> String {
         let mut metrics = self.node.raft.metrics();
-        let why = match metrics.wait_for(|m| m.running_state.is_err()).await {
+        let why = match metrics.wait_until(|m| m.running_state.is_err()).await {
             Ok(m) => m.running_state.clone().err().map(|e| e.to_string()),
             Err(_) => None,
         };

@@ -29,6 +29,7 @@
 //! names a certificate user: the key bound to one of its names. A follower forwarding such a
 //! user's call names it in [`PRINCIPAL_HEADER`], which a node believes only from a peer.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 
 use prost::Message;
@@ -170,7 +171,7 @@ impl Gate {
     /// The addresses of the current members.
     fn members(&self) -> Vec<String> {
         let metrics = self.node.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let nodes = m.membership_config.membership().nodes();
         nodes.map(|(_, n)| n.addr.clone()).collect()
     }

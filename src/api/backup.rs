@@ -8,14 +8,13 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use openraft::Snapshot;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::pb;
-use crate::cluster::{NodeId, TypeConfig};
+use crate::cluster::{NodeId, Snapshot};
 
 /// Bytes per data message.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -24,7 +23,7 @@ const CHUNK_BYTES: usize = 1 << 20;
 pub type BackupStream = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, Status>> + Send>>;
 
 /// Streams `snap` (already open, so a newer snapshot cannot remove it from under us).
-pub fn stream(node_id: NodeId, snap: Snapshot<TypeConfig>) -> BackupStream {
+pub fn stream(node_id: NodeId, snap: Snapshot) -> BackupStream {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         if let Err(e) = send(node_id, snap, &tx).await {
@@ -39,7 +38,7 @@ pub fn stream(node_id: NodeId, snap: Snapshot<TypeConfig>) -> BackupStream {
 
 async fn send(
     node_id: NodeId,
-    snap: Snapshot<TypeConfig>,
+    snap: Snapshot,
     tx: &mpsc::Sender<Result<pb::BackupChunk, Status>>,
 ) -> std::io::Result<()> {
     let mut file = snap.snapshot;
@@ -50,7 +49,7 @@ async fn send(
         term: log_id.map_or(0, |l| l.leader_id.term),
         bytes,
         node_id,
-        snapshot_id: snap.meta.snapshot_id.clone(),
+        snapshot_id: file.id(),
     };
     let first = pb::BackupChunk {
         info: Some(info),

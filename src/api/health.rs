@@ -16,6 +16,7 @@
 //! It is sampled every `CHECK_EVERY` rather than on every metrics change, which under load is
 //! every apply.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +41,7 @@ const CHECK_EVERY: Duration = Duration::from_millis(200);
 /// Whether `node` should report SERVING, given the commit index it knew one check ago.
 pub fn serving(node: &Node, committed_before: u64) -> bool {
     let metrics = node.raft.metrics();
-    let m = metrics.borrow();
+    let m = metrics.borrow_watched();
     let has_leader = m.current_leader.is_some()
         && matches!(
             m.state,

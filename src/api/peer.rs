@@ -6,12 +6,14 @@
 //! A call from a node of another bucket width is FAILED_PRECONDITION, before anything is
 //! decoded or appended (`Store::adopt_width`).
 
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::raft::AppendEntriesRequest;
+use openraft_legacy::network_v1::{ChunkedSnapshotReceiver, InstallSnapshotRequest};
 use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
 use crate::cluster::network::{BUCKET_MS_HEADER, TERM_HEADER};
-use crate::cluster::{Raft, TypeConfig};
+use crate::cluster::{LogId, Raft, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
 
@@ -73,7 +75,7 @@ impl PeerService {
     /// (`storage/admission.rs` says what it takes from whom then).
     fn admitting(&self) -> bool {
         self.config.join
-            && (self.raft.metrics().borrow())
+            && (self.raft.metrics().borrow_watched())
                 .membership_config
                 .membership()
                 .nodes()
@@ -191,6 +193,33 @@ fn check_entries(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
     Ok(())
 }
 
+/// A snapshot's last log id is within its sender's leadership, and one past this node's commit
+/// is at a later index. openraft 0.10 panics (in release builds too) on a snapshot that breaks
+/// either — a forged or corrupted one — and a panic stops this node's Raft: bytes from the
+/// network are checked here instead. (A commit that moves on between this check and the
+/// install can only meet a snapshot that breaks the second rule if the snapshot is forged.)
+fn check_snapshot(
+    rpc: &InstallSnapshotRequest<TypeConfig>,
+    committed: Option<LogId>,
+) -> Result<(), Status> {
+    let bad = |why: String| Err(Status::invalid_argument(format!("InstallSnapshot: {why}")));
+    let Some(last) = rpc.meta.last_log_id else {
+        return Ok(());
+    };
+    if last.leader_id > rpc.vote.leader_id {
+        return bad(format!(
+            "the snapshot ends at {last}, past the sender's vote {}",
+            rpc.vote
+        ));
+    }
+    if let Some(c) = committed.filter(|c| last > *c && last.index <= c.index) {
+        return bad(format!(
+            "the snapshot ends at {last}, after this node's commit {c} but not at a later index"
+        ));
+    }
+    Ok(())
+}
+
 fn body<T: serde::de::DeserializeOwned>(req: Request<RaftMessage>) -> Result<T, Status> {
     decode(&req.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
@@ -212,7 +241,7 @@ impl raft_server::Raft for PeerService {
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let rpc: openraft::raft::VoteRequest<u64> = body(req)?;
+        let rpc: openraft::raft::VoteRequest<TypeConfig> = body(req)?;
         self.check_admitted(rpc.vote.leader_id().term)?;
         if self.admitting() {
             // A Hello came, entries not yet: this node becomes a learner first, which needs no
@@ -267,7 +296,7 @@ impl raft_server::Raft for PeerService {
         let term: u64 = body(req)?;
         let current = {
             let m = self.raft.metrics();
-            let m = m.borrow();
+            let m = m.borrow_watched();
             (m.current_term, m.state)
         };
         // Only a follower of the leader's term stands: a stale request changes nothing.
@@ -276,7 +305,7 @@ impl raft_server::Raft for PeerService {
             tracing::info!(term, "TimeoutNow: standing for election");
             self.raft
                 .trigger()
-                .elect()
+                .elect(false)
                 .await
                 .map_err(|e| Status::unavailable(format!("raft stopped: {e}")))?;
         }
@@ -288,8 +317,10 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let rpc: openraft::raft::InstallSnapshotRequest<TypeConfig> = body(req)?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = body(req)?;
         self.check_admitted(rpc.vote.leader_id().term)?;
+        let committed = self.raft.metrics().borrow_watched().local_committed;
+        check_snapshot(&rpc, committed)?;
         self.reply(&self.raft.install_snapshot(rpc).await)
     }
 }
@@ -297,13 +328,14 @@ impl raft_server::Raft for PeerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use crate::cluster::{log_id, Entry, Vote};
+    use openraft::EntryPayload;
 
     fn append(
         prev: Option<(u64, u64)>,
         entries: &[(u64, u64)],
     ) -> AppendEntriesRequest<TypeConfig> {
-        let id = |(term, index)| LogId::new(CommittedLeaderId::new(term, 1), index);
+        let id = |(term, index)| log_id(term, 1, index);
         AppendEntriesRequest {
             vote: Vote::new_committed(5, 1),
             prev_log_id: prev.map(id),
@@ -339,6 +371,48 @@ mod tests {
                 tonic::Code::InvalidArgument,
                 "{prev:?} {entries:?}"
             );
+        }
+    }
+
+    fn snapshot(vote_term: u64, last: Option<(u64, u64)>) -> InstallSnapshotRequest<TypeConfig> {
+        InstallSnapshotRequest {
+            vote: Vote::new_committed(vote_term, 1),
+            meta: openraft_legacy::network_v1::SnapshotMeta {
+                last_log_id: last.map(|(term, index)| log_id(term, 1, index)),
+                last_membership: Default::default(),
+                snapshot_id: "s".into(),
+            },
+            offset: 0,
+            data: Vec::new(),
+            done: true,
+        }
+    }
+
+    /// What openraft 0.10 panics on (release builds too) is refused before it gets there.
+    #[test]
+    fn snapshots_past_the_vote_or_the_commit_are_refused() {
+        let committed = Some(log_id(3, 1, 100));
+        for ok in [
+            None,
+            Some((5, 101)),
+            Some((3, 100)),
+            Some((3, 50)),
+            Some((2, 200)),
+        ] {
+            assert!(
+                check_snapshot(&snapshot(5, ok), committed).is_ok(),
+                "{ok:?}"
+            );
+        }
+        assert!(check_snapshot(&snapshot(5, Some((5, 7))), None).is_ok());
+        for bad in [
+            Some((6, 101)),
+            Some((5, 100)),
+            Some((4, 100)),
+            Some((4, 99)),
+        ] {
+            let e = check_snapshot(&snapshot(5, bad), committed).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
         }
     }
 }

@@ -27,6 +27,7 @@
 //! relays it re-subscribes at the new leader. The task ends when the client goes away or the
 //! node shuts down.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -616,10 +617,8 @@ async fn hand_over(mut sub: Subscription, tx: &Sink) -> End {
 }
 
 // These two drop the watch guards before returning, so the futures stay `Send`.
-async fn lost_leadership(
-    metrics: &mut watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
-) {
-    let _ = metrics.wait_for(|m| m.state != ServerState::Leader).await;
+async fn lost_leadership(metrics: &mut crate::cluster::MetricsRx) {
+    let _ = metrics.wait_until(|m| m.state != ServerState::Leader).await;
 }
 
 /// Resolves once the node is shutting down.

@@ -34,6 +34,7 @@
 //! Subscriptions are served only while this node leads; the API layer (`api::subscribe`) moves
 //! a stream to the new leader when leadership changes.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -552,7 +553,7 @@ impl DispatchLoop {
     async fn round(&self) -> Result<bool> {
         let now_ms = self.clock.now_ms();
         let waiting = |ns: &str| self.store.has_ready(ns).unwrap_or(false);
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         let plan = self.dispatcher.plan(now_ms, term, Some(&waiting));
         if plan.is_empty() {
             return Ok(false);

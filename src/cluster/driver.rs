@@ -17,6 +17,7 @@
 //! cancel-safe: a dropped proposal may still commit, which is harmless because the cursor only
 //! moves forward and only due timers fire), and the whole task ends on shutdown.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,12 +114,12 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
         };
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_for(leads) => if r.is_err() || stopped(&r.unwrap()) { break },
+            r = metrics.wait_until(leads) => if r.is_err() || stopped(&r.unwrap()) { break },
         }
         tracing::info!(id, "became leader: {what} starts");
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_for(|m| stopped(m) || m.state != ServerState::Leader) => {
+            r = metrics.wait_until(|m| stopped(m) || m.state != ServerState::Leader) => {
                 if r.is_err() || stopped(&r.unwrap()) { break }
             }
             _ = caught_up_then(raft, what, &mut lead) => {}
@@ -129,7 +130,7 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
     tracing::error!(id, "{what} stops: Raft has stopped");
 }
 
-type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
+type RaftMetrics = crate::cluster::RaftMetrics;
 
 /// Whether Raft has stopped for good (a fatal error, or shut down).
 pub fn stopped(m: &RaftMetrics) -> bool {
@@ -143,7 +144,10 @@ async fn caught_up_then<F: std::future::Future<Output = ()>>(
     what: &str,
     lead: &mut impl FnMut() -> F,
 ) {
-    match raft.ensure_linearizable().await {
+    match raft
+        .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)
+        .await
+    {
         Ok(_) => lead().await,
         Err(e) => {
             tracing::warn!(error = %e, "{what}: not yet able to read; retrying");
@@ -202,7 +206,7 @@ impl FireDriver {
     async fn fire(&self, now_ms: i64) -> bool {
         loop {
             self.hold.pass().await;
-            let term = self.raft.metrics().borrow().current_term;
+            let term = self.raft.metrics().borrow_watched().current_term;
             let plan = self.dispatcher.plan(now_ms, term, None);
             let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
             // One read of the membership for both questions (a Fire is proposed often).

@@ -20,6 +20,7 @@
 //! vote requests are then refused on the log check). A node that is not a voter, or the only
 //! one, keeps elections on.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,7 +55,7 @@ pub async fn run(config: Arc<NodeConfig>, raft: Raft, mut shutdown: watch::Recei
             _ = shutdown.wait_for(|stop| *stop) => break,
         }
         let voters: Vec<(NodeId, String)> = {
-            let m = raft.metrics().borrow().clone();
+            let m = raft.metrics().borrow_watched().clone();
             let membership = m.membership_config.membership().clone();
             membership
                 .voter_ids()

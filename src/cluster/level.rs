@@ -26,6 +26,7 @@
 //! build before the header), and never above its own. What was heard is node-local: it
 //! chooses which entry a leader proposes, never what a committed entry does (DESIGN 8).
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -231,7 +232,7 @@ impl LevelRaiser {
 /// The ids of `raft`'s members (voters and learners).
 pub fn members(raft: &super::Raft) -> Vec<NodeId> {
     let metrics = raft.metrics();
-    let m = metrics.borrow();
+    let m = metrics.borrow_watched();
     let ids = m.membership_config.membership().nodes().map(|(id, _)| *id);
     ids.collect()
 }

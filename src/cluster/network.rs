@@ -1,12 +1,14 @@
 //! The client side of the peer network: openraft's `RaftNetwork` over the internal
-//! `timerdb.v1.Raft` gRPC service.
+//! `timerdb.v1.Raft` gRPC service. openraft 0.10 calls a `RaftNetworkV2`; ours is still the v1
+//! trait (chunked snapshots, `openraft-legacy`), wrapped in its `Adapter`, so the wire is the
+//! one openraft 0.9 spoke.
 //!
 //! Each message is openraft's own request type, bincode-encoded in a `RaftMessage`; the reply is
 //! the bincode of `Result<response, RaftError>`, so a remote Raft error comes back typed.
 //!
 //! Transport failures are told apart, because openraft treats them differently. A peer that
 //! cannot be reached (connection refused or reset, peer down) is `Unreachable`: openraft backs
-//! off for 500 ms instead of hammering it. A peer that is reachable but did not answer in time
+//! off for 500 ms ([`PeerClient::backoff`]) instead of hammering it. A peer that is reachable but did not answer in time
 //! (the deadline passed) is a `Network` error, retried at once: openraft gives every
 //! AppendEntries one heartbeat (100 ms), a follower busy appending a large batch under load
 //! overruns it, and backing off for 500 ms each time stalled commits altogether (found by
@@ -18,15 +20,13 @@
 #![allow(clippy::result_large_err)]
 use std::time::Duration;
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::BasicNode;
+use openraft_legacy::network_v1::{
+    Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
+};
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::Channel;
 
@@ -53,13 +53,16 @@ pub struct Network {
     pub levels: std::sync::Arc<super::Levels>,
 }
 
-impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = PeerClient;
+/// What openraft calls: our v1 client, adapted (snapshots go in chunks).
+pub type PeerNetwork = Adapter<TypeConfig, PeerClient, crate::storage::SnapshotFile>;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerNetwork {
         let addr = self.config.dial_addr(target, &node.addr);
         let levels = (self.levels.clone(), self.config.clone());
-        PeerClient::new(target, &addr, self.store.clone(), levels)
+        Adapter::new(PeerClient::new(target, &addr, self.store.clone(), levels))
     }
 }
 
@@ -218,8 +221,8 @@ impl PeerClient {
 
     fn lift<Resp, E: std::error::Error>(
         &self,
-        outcome: Result<Result<Resp, RaftError<NodeId, E>>, Transport>,
-    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>> {
+        outcome: Result<Result<Resp, RaftError<TypeConfig, E>>, Transport>,
+    ) -> Result<Resp, RPCError<TypeConfig, RaftError<TypeConfig, E>>> {
         match outcome {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
@@ -232,9 +235,9 @@ impl PeerClient {
 /// A transport failure, classified for openraft (see the module essay).
 enum Transport {
     /// The peer cannot be reached: openraft backs off.
-    Unreachable(Unreachable),
+    Unreachable(Unreachable<TypeConfig>),
     /// The peer was reached but the call failed (too slow, a bad reply): retried at once.
-    Network(NetworkError),
+    Network(NetworkError<TypeConfig>),
 }
 
 impl Transport {
@@ -264,7 +267,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>>
+    {
         let outcome = self.call(Rpc::Append, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
     }
@@ -274,8 +278,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+        InstallSnapshotResponse<TypeConfig>,
+        RPCError<TypeConfig, RaftError<TypeConfig, InstallSnapshotError>>,
     > {
         let outcome = self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
@@ -283,11 +287,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>> {
         let outcome = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
+    }
+
+    /// 500 ms between tries once openraft backs off (an unreachable peer at once, a slow one
+    /// after many timeouts in a row), as openraft 0.9 did.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(Duration::from_millis(500)))
     }
 }
 

@@ -10,6 +10,7 @@
 //!
 //! The fire driver and the dispatcher propose directly: they already batch by design.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -72,8 +73,8 @@ impl Proposer {
 }
 
 pub type RaftWriteError = openraft::error::RaftError<
-    super::NodeId,
-    openraft::error::ClientWriteError<super::NodeId, openraft::BasicNode>,
+    super::TypeConfig,
+    openraft::error::ClientWriteError<super::TypeConfig>,
 >;
 
 async fn run(
@@ -218,7 +219,7 @@ async fn write(
     // Not leading now (a hand-off while the batch waited at the hold): openraft would refuse
     // it before appending, but its refusal cannot be told from a truncation after an append
     // (`node::write_error`), so say "not the leader" here, where nothing was proposed.
-    if raft.metrics().borrow().state != openraft::ServerState::Leader {
+    if raft.metrics().borrow_watched().state != openraft::ServerState::Leader {
         return Err(crate::Error::NotLeader);
     }
     match tokio::time::timeout(ANSWER_TIMEOUT, raft.client_write(cmd.into())).await {

@@ -11,6 +11,7 @@
 //! And a leader proposes an entry form only if every member advertised a feature level that
 //! reads it (`cluster/level.rs`); until then the older form of the same change.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::time::Duration;
 
 use super::Node;
@@ -23,7 +24,7 @@ impl Node {
     /// acknowledged before it was elected is applied).
     pub fn applied_own_term(&self) -> bool {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         caught_up(&m)
     }
 
@@ -92,7 +93,7 @@ impl Node {
     /// borrow of the metrics: asked on every call).
     pub fn leader_view(&self) -> LeaderView {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         LeaderView {
             leads: m.current_leader == Some(self.id) && m.state == openraft::ServerState::Leader,
             caught_up: caught_up(&m),
@@ -103,7 +104,7 @@ impl Node {
     /// Waits until [`Node::applied_own_term`] holds, for `within` at most; whether it does.
     pub async fn until_applied_own_term(&self, within: Duration) -> bool {
         let mut metrics = self.raft.metrics();
-        let waited = tokio::time::timeout(within, metrics.wait_for(caught_up)).await;
+        let waited = tokio::time::timeout(within, metrics.wait_until(caught_up)).await;
         matches!(waited, Ok(Ok(_)))
     }
 }
@@ -123,7 +124,7 @@ impl LeaderView {
     }
 }
 
-fn caught_up(m: &openraft::RaftMetrics<crate::cluster::NodeId, openraft::BasicNode>) -> bool {
+fn caught_up(m: &crate::cluster::RaftMetrics) -> bool {
     m.last_applied
         .is_some_and(|applied| applied.leader_id.term >= m.current_term)
 }

@@ -53,7 +53,7 @@ impl Node {
     /// The overview; with `by_state`, each namespace's timers are also counted by state (up to
     /// [`COUNT_BUDGET`] timers in all; the namespaces past it are marked partial).
     pub fn overview(&self, by_state: bool) -> Result<Overview> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let last = m.last_log_index.unwrap_or(0);
         let replication = m.replication.clone().unwrap_or_default();
         let members = self

@@ -19,9 +19,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use openraft::Entry;
-
-use crate::cluster::TypeConfig;
+use crate::cluster::Entry;
 
 /// Most encoded bytes of entries the cache keeps (their decoded size is some 2-3 times this).
 pub const CAP_BYTES: usize = 4 << 20;
@@ -35,7 +33,7 @@ pub struct LogCache {
 #[derive(Default)]
 struct Inner {
     /// (encoded size, entry), by consecutive index.
-    entries: VecDeque<(usize, Entry<TypeConfig>)>,
+    entries: VecDeque<(usize, Entry)>,
     bytes: usize,
 }
 
@@ -55,7 +53,7 @@ impl LogCache {
     /// Records entries just written to the log (consecutive, in order), with their encoded
     /// sizes. An entry that does not follow the cached ones (the first append after a restart,
     /// or after the cache was emptied) starts the cache afresh.
-    pub fn appended(&self, entries: impl IntoIterator<Item = (usize, Entry<TypeConfig>)>) {
+    pub fn appended(&self, entries: impl IntoIterator<Item = (usize, Entry)>) {
         let mut inner = self.inner.lock().expect("log cache lock");
         for (size, entry) in entries {
             let follows = match inner.entries.back() {
@@ -100,7 +98,7 @@ impl LogCache {
     /// every later index up to `end` or to the byte bound; `None` sends the read to RocksDB. `max_bytes` bounds the answer's encoded size
     /// (its first entry goes whatever its size), as [`super::log_store::MAX_APPEND_BYTES`]
     /// bounds replication.
-    pub fn get(&self, start: u64, end: u64, max_bytes: usize) -> Option<Vec<Entry<TypeConfig>>> {
+    pub fn get(&self, start: u64, end: u64, max_bytes: usize) -> Option<Vec<Entry>> {
         let inner = self.inner.lock().expect("log cache lock");
         let first = inner.first()?;
         if start < first || start >= end {
@@ -126,19 +124,21 @@ impl LogCache {
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    use openraft::EntryPayload;
+
+    use crate::cluster::log_id;
 
     use super::*;
 
-    fn entry(index: u64) -> (usize, Entry<TypeConfig>) {
+    fn entry(index: u64) -> (usize, Entry) {
         let e = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: log_id(1, 1, index),
             payload: EntryPayload::Blank,
         };
         (1 << 20, e)
     }
 
-    fn indexes(got: Option<Vec<Entry<TypeConfig>>>) -> Option<Vec<u64>> {
+    fn indexes(got: Option<Vec<Entry>>) -> Option<Vec<u64>> {
         got.map(|v| v.iter().map(|e| e.log_id.index).collect())
     }
 

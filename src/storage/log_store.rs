@@ -15,11 +15,14 @@
 //!   on the next append or purge; and at start the committed index is read as at most what
 //!   the log or the state machine holds, so a node that crashed in that window starts from
 //!   what it has and takes the snapshot again.
-//! - Nothing is appended behind a deferred purge: an append that comes while a snapshot is
-//!   being installed (a new leader's entries, or a resent snapshot's, which openraft appends
-//!   right after the snapshot's index) waits until the state machine has the snapshot, so the
-//!   log on disk never holds the entries after the snapshot without those before it. A crash
-//!   with such a hole left a node whose log openraft could not read back (issue 33 review).
+//! - No hole is appended behind a deferred purge: an append that would leave one (a new
+//!   leader's entries, or a resent snapshot's, which openraft appends right after the
+//!   snapshot's index, while the state machine still installs it) waits until the state
+//!   machine has the snapshot, so the log on disk never holds the entries after the snapshot
+//!   without those before it. A crash with such a hole left a node whose log openraft could
+//!   not read back (issue 33 review). An append that continues the log on disk goes on.
+//! - openraft 0.10 purges only once a snapshot's install is done, so a purge past the state
+//!   machine no longer comes from it; the deferral stays as a guard, and logs when it acts.
 //!
 //! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
 //! decoded entries when it holds them; RocksDB answers the rest.
@@ -28,39 +31,37 @@
 //! answers them all after one `SyncWAL`, so many concurrent appends cost one fsync. Callbacks
 //! are answered in append order, which openraft requires.
 
-// openraft's trait signatures fix these (large) error types; helpers return them as they are.
-#![allow(clippy::result_large_err)]
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
 use super::log_cache::LogCache;
 use super::meta::LAST_APPLIED;
 use super::{cf, codec, CF_LOG, CF_META, CF_RAFT};
-use crate::cluster::TypeConfig;
+use crate::cluster::{Entry, LogId, TypeConfig, Vote};
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
 
-type StResult<T> = Result<T, StorageError<u64>>;
+type StResult<T> = io::Result<T>;
 
 fn log_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn read_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
-    StorageIOError::read_logs(&e).into()
+fn read_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("reading the raft log: {e}"))
 }
 
-fn write_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
-    StorageIOError::write_logs(&e).into()
+fn write_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("writing the raft log: {e}"))
 }
 
 /// How long an append waits for a snapshot install to finish before it fails.
@@ -76,14 +77,14 @@ pub struct LogStore {
     /// The newest entries, decoded.
     cache: Arc<LogCache>,
     /// A purge openraft asked for past the state machine's applied index (see the invariants).
-    deferred: Arc<std::sync::Mutex<Option<LogId<u64>>>>,
+    deferred: Arc<std::sync::Mutex<Option<LogId>>>,
 }
 
 /// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
 /// closes the queue and joins the thread, so no detached thread outlives the store holding the
 /// database (a process exiting while a thread still closes RocksDB aborts in its destructors).
 struct Syncer {
-    queue: Option<mpsc::Sender<LogFlushed<TypeConfig>>>,
+    queue: Option<mpsc::Sender<IOFlushed<TypeConfig>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -124,15 +125,15 @@ impl LogStore {
         let raw = (self.db)
             .get_cf(cf(&self.db, CF_META), LAST_APPLIED)
             .map_err(read_err)?;
-        let applied: Option<LogId<u64>> = match raw {
-            Some(v) => codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?,
+        let applied: Option<LogId> = match raw {
+            Some(v) => codec::decode(&v).map_err(read_err)?,
             None => None,
         };
         Ok(applied.map_or(0, |l| l.index))
     }
 
     /// Purges up to `log_id` now if the state machine has applied that far, else defers it.
-    fn purge_or_defer(&self, log_id: LogId<u64>) -> StResult<()> {
+    fn purge_or_defer(&self, log_id: LogId) -> StResult<()> {
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         if self.applied_index()? < log_id.index {
             if deferred.is_none_or(|d| d < log_id) {
@@ -183,7 +184,7 @@ impl LogStore {
         }
     }
 
-    fn purge_now(&self, log_id: LogId<u64>) -> StResult<()> {
+    fn purge_now(&self, log_id: LogId) -> StResult<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
         batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
@@ -204,9 +205,7 @@ impl LogStore {
             .get_cf(cf(&self.db, CF_RAFT), key)
             .map_err(read_err)?;
         match raw {
-            Some(v) => codec::decode(&v)
-                .map(Some)
-                .map_err(|e| StorageIOError::read_logs(&e).into()),
+            Some(v) => codec::decode(&v).map(Some).map_err(read_err),
             None => Ok(None),
         }
     }
@@ -217,14 +216,13 @@ impl LogStore {
         self.db.write_opt(batch, &opts).map_err(write_err)
     }
 
-    fn last_log_id(&self) -> StResult<Option<LogId<u64>>> {
+    fn last_log_id(&self) -> StResult<Option<LogId>> {
         let mut iter = self.db.iterator_cf(cf(&self.db, CF_LOG), IteratorMode::End);
         match iter.next() {
             None => Ok(None),
             Some(item) => {
                 let (_, v) = item.map_err(read_err)?;
-                let entry: Entry<TypeConfig> =
-                    codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?;
+                let entry: Entry = codec::decode(&v).map_err(read_err)?;
                 Ok(Some(entry.log_id))
             }
         }
@@ -236,7 +234,7 @@ const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The group-commit loop: one `SyncWAL` for every burst of appends, callbacks in order.
 /// Runs until every `LogStore` clone is dropped.
-fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
     while let Ok(first) = rx.recv() {
         let mut waiting = vec![first];
         waiting.extend(rx.try_iter());
@@ -257,7 +255,7 @@ fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
                 Ok(()) => Ok(()),
                 Err(e) => Err(io::Error::other(e.to_string())),
             };
-            callback.log_io_completed(r);
+            callback.io_completed(r);
         }
     }
 }
@@ -266,7 +264,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> StResult<Vec<Entry<TypeConfig>>> {
+    ) -> StResult<Vec<Entry>> {
         let start = match range.start_bound() {
             Bound::Included(i) => *i,
             Bound::Excluded(i) => i + 1,
@@ -289,15 +287,22 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut entries = Vec::new();
         for item in iter {
             let (k, v) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
-                StorageIOError::<u64>::read_logs(&io::Error::other("corrupt log key"))
-            })?);
+            let index = u64::from_be_bytes(
+                k.as_ref()
+                    .try_into()
+                    .map_err(|_| read_err("corrupt log key"))?,
+            );
             if !range.contains(&index) {
                 break;
             }
-            entries.push(codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+            entries.push(codec::decode(&v).map_err(read_err)?);
         }
         Ok(entries)
+    }
+
+    /// The vote, as the log store saved it (the reader shares the database).
+    async fn read_vote(&mut self) -> StResult<Option<Vote>> {
+        self.get_meta(VOTE)
     }
 
     /// What replication sends in one AppendEntries: the entries of `[start, end)` up to
@@ -305,11 +310,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// every AppendEntries within one heartbeat or sends it again; a byte bound keeps a loaded
     /// follower able to take each one in time however large the entries (a ScheduleBatch entry
     /// can hold megabytes), where a count bound alone did not.
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> StResult<Vec<Entry<TypeConfig>>> {
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> StResult<Vec<Entry>> {
         let start = start.max(self.first_readable());
         if let Some(entries) = self.cache.get(start, end, MAX_APPEND_BYTES) {
             return Ok(entries);
@@ -322,14 +323,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let (mut entries, mut bytes) = (Vec::new(), 0usize);
         for item in iter {
             let (k, v) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(k.as_ref().try_into().map_err(|_| {
-                StorageIOError::<u64>::read_logs(&io::Error::other("corrupt log key"))
-            })?);
+            let index = u64::from_be_bytes(
+                k.as_ref()
+                    .try_into()
+                    .map_err(|_| read_err("corrupt log key"))?,
+            );
             if index >= end || (!entries.is_empty() && bytes + v.len() > MAX_APPEND_BYTES) {
                 break;
             }
             bytes += v.len();
-            entries.push(codec::decode(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+            entries.push(codec::decode(&v).map_err(read_err)?);
         }
         Ok(entries)
     }
@@ -342,7 +345,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> StResult<LogState<TypeConfig>> {
-        let stored: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
+        let stored: Option<LogId> = self.get_meta(LAST_PURGED)?;
         let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         let last_purged_log_id = stored.max(deferred);
         // Entries a deferred purge still keeps are behind it.
@@ -357,18 +360,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<u64>) -> StResult<()> {
+    async fn save_vote(&mut self, vote: &Vote) -> StResult<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(cf(&self.db, CF_RAFT), VOTE, codec::encode(vote));
         self.write_synced(batch)
-            .map_err(|_| StorageIOError::write_vote(&io::Error::other("vote write failed")).into())
+            .map_err(|e| io::Error::other(format!("writing the vote: {e}")))
     }
 
-    async fn read_vote(&mut self) -> StResult<Option<Vote<u64>>> {
-        self.get_meta(VOTE)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StResult<()> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> StResult<()> {
         let index = committed.map_or(0, |c| c.index);
         self.committed.fetch_max(index, Ordering::Relaxed);
         // Not synced: losing it on a crash only delays apply until the leader says it again.
@@ -379,8 +378,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// At most what this node can apply: a committed index past both its log and its state
     /// machine is what a crash during a snapshot install leaves (see the invariants).
-    async fn read_committed(&mut self) -> StResult<Option<LogId<u64>>> {
-        let Some(saved) = self.get_meta::<Option<LogId<u64>>>(COMMITTED)?.flatten() else {
+    async fn read_committed(&mut self) -> StResult<Option<LogId>> {
+        let Some(saved) = self.get_meta::<Option<LogId>>(COMMITTED)?.flatten() else {
             return Ok(None);
         };
         let applied = self.applied_index()?;
@@ -401,12 +400,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(held)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StResult<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StResult<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.settle_before_append().await?;
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if self
+            .deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            let next = self.last_log_id()?.map_or(0, |l| l.index + 1);
+            if entries.first().is_some_and(|e| e.log_id.index > next) {
+                self.settle_before_append().await?;
+            }
+        }
         let log = cf(&self.db, CF_LOG);
         let mut batch = WriteBatch::default();
         let mut written = Vec::new();
@@ -424,7 +434,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .db
                 .flush_wal(true)
                 .map_err(|e| io::Error::other(e.to_string()));
-            callback.log_io_completed(synced);
+            callback.io_completed(synced);
             return Ok(());
         }
         self.syncer
@@ -435,14 +445,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|_| write_err(io::Error::other("log syncer stopped")))
     }
 
-    async fn truncate(&mut self, log_id: LogId<u64>) -> StResult<()> {
-        self.cache.truncate(log_id.index);
+    /// Deletes every entry after `last_log_id` (all of them when `None`).
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StResult<()> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
+        self.cache.truncate(from);
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(
-            cf(&self.db, CF_LOG),
-            log_key(log_id.index),
-            log_key(u64::MAX),
-        );
+        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(from), log_key(u64::MAX));
         batch.delete_cf(cf(&self.db, CF_LOG), log_key(u64::MAX));
         self.write_synced(batch).inspect_err(|_| {
             // The log may still hold what the cache dropped: a cache that is not a suffix of
@@ -451,7 +459,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         })
     }
 
-    async fn purge(&mut self, log_id: LogId<u64>) -> StResult<()> {
+    async fn purge(&mut self, log_id: LogId) -> StResult<()> {
         self.purge_or_defer(log_id)
     }
 }

@@ -5,7 +5,7 @@
 //! each entry's effects, so what is on disk is always a consistent (effects, last_applied) pair.
 //! [`NsMeta`] rows are read and written by the entries that touch their namespace.
 
-use openraft::{BasicNode, LogId, StoredMembership};
+use crate::cluster::{LogId, StoredMembership};
 use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
@@ -70,8 +70,8 @@ impl NsMeta {
 /// Everything the state machine keeps beside the timers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SmMeta {
-    pub last_applied: Option<LogId<u64>>,
-    pub membership: StoredMembership<u64, BasicNode>,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
     pub progress: Progress,
 }
 

@@ -24,7 +24,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use openraft::{BasicNode, CommittedLeaderId, LogId, Membership, StoredMembership};
+use openraft::{BasicNode, Membership};
+
+use crate::cluster::{log_id, LogId, StoredMembership};
 use rocksdb::WriteOptions;
 use serde::Serialize;
 
@@ -74,7 +76,7 @@ pub fn inspect(path: &Path) -> Result<BackupSummary> {
         }
         match key.as_slice() {
             LAST_APPLIED => {
-                let id: Option<LogId<u64>> = codec::decode(&value)?;
+                let id: Option<LogId> = codec::decode(&value)?;
                 (s.index, s.term) = id.map_or((0, 0), |l| (l.index, l.leader_id.term));
             }
             PROGRESS => {
@@ -148,9 +150,11 @@ fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>)
     let db = open_db(dir, &gc)?;
     let snapshots = Snapshots::open(db.clone(), gc, dir.join("snapshot"))?;
     let rows = snapshots.load_rows(backup)?;
-    let applied = LogId::new(CommittedLeaderId::new(0, 0), index);
+    let applied = log_id(0, 0, index);
     let ids: BTreeSet<u64> = voters.keys().copied().collect();
-    let membership = StoredMembership::new(Some(applied), Membership::new(vec![ids], voters));
+    let membership = Membership::new(vec![ids], voters)
+        .map_err(|e| Error::InvalidArgument(format!("the restored membership: {e}")))?;
+    let membership = StoredMembership::new(Some(applied), membership);
     let meta = cf(&db, CF_META);
     let mut batch = rocksdb::WriteBatch::default();
     batch.put_cf(meta, LAST_APPLIED, codec::encode(&Some(applied)));
@@ -158,8 +162,8 @@ fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>)
     let mut synced = WriteOptions::default();
     synced.set_sync(true);
     db.write_opt(batch, &synced)?;
-    let snap = snapshots.build()?;
-    tracing::info!(rows, index, snapshot = %snap.snapshot_id, "restored backup");
+    snapshots.build()?;
+    tracing::info!(rows, index, "restored backup");
     drop(snapshots);
     db.flush()?;
     // The last handle: RocksDB closes here, before the directory is renamed.

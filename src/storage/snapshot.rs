@@ -26,17 +26,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use openraft::{
-    BasicNode, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError,
-    StoredMembership,
-};
+use openraft::RaftSnapshotBuilder;
 use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
 use super::snapshot_file::{RowReader, RowWriter, SnapshotFile};
 use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
-use crate::cluster::TypeConfig;
+use crate::cluster::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::{Error, Result};
 
 /// Key in the `raft` family: the id of a snapshot whose install has begun and not finished.
@@ -48,7 +45,7 @@ const INSTALL_BATCH_BYTES: usize = 8 << 20;
 /// What `CURRENT` holds.
 #[derive(Serialize, Deserialize)]
 struct Current {
-    meta: SnapshotMeta<u64, BasicNode>,
+    meta: SnapshotMeta,
     file: String,
 }
 
@@ -95,7 +92,7 @@ impl Snapshots {
     }
 
     /// The current snapshot, opened for reading.
-    pub async fn current(&self) -> Result<Option<Snapshot<TypeConfig>>> {
+    pub async fn current(&self) -> Result<Option<Snapshot>> {
         // Under the lock, so a build finishing meanwhile cannot remove the file between
         // reading its name and opening it.
         let (current, file) = {
@@ -109,13 +106,13 @@ impl Snapshots {
         };
         Ok(Some(Snapshot {
             meta: current.meta,
-            snapshot: Box::new(file),
+            snapshot: file,
         }))
     }
 
     /// Builds a snapshot of the state machine as it is now; blocking. It becomes `CURRENT`
     /// unless a newer one got there first.
-    pub(super) fn build(&self) -> Result<SnapshotMeta<u64, BasicNode>> {
+    pub(super) fn build(&self) -> Result<SnapshotMeta> {
         let part = self
             .dir
             .join(format!("building-{:016x}.part", rand::random::<u64>()));
@@ -137,20 +134,18 @@ impl Snapshots {
         }
         let (rows, bytes) = writer.finish()?;
         let meta_cf = cf(&self.db, CF_META);
-        let last_log_id: Option<LogId<u64>> = match snap.get_cf(meta_cf, LAST_APPLIED)? {
+        let last_log_id: Option<LogId> = match snap.get_cf(meta_cf, LAST_APPLIED)? {
             Some(v) => codec::decode(&v)?,
             None => None,
         };
-        let last_membership: StoredMembership<u64, BasicNode> =
-            match snap.get_cf(meta_cf, MEMBERSHIP)? {
-                Some(v) => codec::decode(&v)?,
-                None => StoredMembership::default(),
-            };
+        let last_membership: StoredMembership = match snap.get_cf(meta_cf, MEMBERSHIP)? {
+            Some(v) => codec::decode(&v)?,
+            None => StoredMembership::default(),
+        };
         let index = last_log_id.map_or(0, |l| l.index);
         let meta = SnapshotMeta {
             last_log_id,
             last_membership,
-            snapshot_id: format!("{index}-{:08x}", rand::random::<u32>()),
         };
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         if self
@@ -164,7 +159,7 @@ impl Snapshots {
             );
             return Ok(meta);
         }
-        let file = data_file_name(&meta.snapshot_id);
+        let file = data_file_name(&new_id(index));
         std::fs::rename(&part, self.dir.join(&file))?;
         self.write_current(&meta, &file)?;
         self.stats.built.fetch_add(1, Ordering::Relaxed);
@@ -174,16 +169,13 @@ impl Snapshots {
     }
 
     /// Installs the received snapshot file at `received` (already fsynced); blocking.
-    pub fn install(&self, meta: &SnapshotMeta<u64, BasicNode>, received: &Path) -> Result<u64> {
+    pub fn install(&self, meta: &SnapshotMeta, received: &Path) -> Result<u64> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let raft = cf(&self.db, CF_RAFT);
-        self.db.put_cf_opt(
-            raft,
-            INSTALLING,
-            codec::encode(&meta.snapshot_id),
-            &synced(),
-        )?;
-        let file = data_file_name(&meta.snapshot_id);
+        let id = new_id(meta.last_log_id.map_or(0, |l| l.index));
+        self.db
+            .put_cf_opt(raft, INSTALLING, codec::encode(&id), &synced())?;
+        let file = data_file_name(&id);
         std::fs::rename(received, self.dir.join(&file))?;
         self.write_current(meta, &file)?;
         let rows = self.load_rows(&self.dir.join(&file))?;
@@ -230,7 +222,8 @@ impl Snapshots {
         };
         let id: String = codec::decode(&v)?;
         match self.read_current()? {
-            Some(c) if c.meta.snapshot_id == id => {
+            // The file is named after the id (as it was when openraft 0.9 chose the id).
+            Some(c) if c.file == data_file_name(&id) => {
                 tracing::warn!(id, "an interrupted snapshot install: installing it again");
                 let rows = self.load_rows(&self.dir.join(&c.file))?;
                 tracing::info!(id, rows, "snapshot install finished");
@@ -252,7 +245,7 @@ impl Snapshots {
 
     /// Makes `file` the current snapshot (write, fsync, rename, fsync the directory), then
     /// removes older snapshot files. Callers hold the lock.
-    fn write_current(&self, meta: &SnapshotMeta<u64, BasicNode>, file: &str) -> Result<()> {
+    fn write_current(&self, meta: &SnapshotMeta, file: &str) -> Result<()> {
         let tmp = self.dir.join("CURRENT.tmp");
         let current = Current {
             meta: meta.clone(),
@@ -283,8 +276,14 @@ impl Snapshots {
     }
 }
 
-fn data_file_name(snapshot_id: &str) -> String {
-    format!("snap-{snapshot_id}.data")
+/// A snapshot file's id: its last index and a random part, so two snapshots of one index (a
+/// build and an install) never share a file.
+fn new_id(index: u64) -> String {
+    format!("{index}-{:08x}", rand::random::<u32>())
+}
+
+fn data_file_name(id: &str) -> String {
+    format!("snap-{id}.data")
 }
 
 fn synced() -> WriteOptions {
@@ -303,7 +302,7 @@ impl SnapshotBuilder {
         SnapshotBuilder { snapshots }
     }
 
-    async fn build(&self) -> Result<Snapshot<TypeConfig>> {
+    async fn build(&self) -> Result<Snapshot> {
         let snaps = self.snapshots.clone();
         let meta = crate::sim::blocking(move || snaps.build())
             .await
@@ -312,19 +311,19 @@ impl SnapshotBuilder {
         match self.snapshots.current().await? {
             Some(s) => Ok(s),
             None => Err(Error::Storage(format!(
-                "snapshot {} vanished after it was built",
-                meta.snapshot_id
+                "the snapshot at {:?} vanished after it was built",
+                meta.last_log_id
             ))),
         }
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(
-        &mut self,
-    ) -> std::result::Result<Snapshot<TypeConfig>, StorageError<u64>> {
+    type SnapshotData = SnapshotFile;
+
+    async fn build_snapshot(&mut self) -> std::io::Result<Snapshot> {
         self.build()
             .await
-            .map_err(|e| StorageIOError::<u64>::write_snapshot(None, &e).into())
+            .map_err(|e| std::io::Error::other(format!("building a snapshot: {e}")))
     }
 }

@@ -95,6 +95,13 @@ impl SnapshotFile {
         &self.path
     }
 
+    /// The snapshot's id: its file's name without `snap-` and `.data` (see `snapshot.rs`).
+    pub fn id(&self) -> String {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let name = name.strip_prefix("snap-").unwrap_or(&name);
+        name.strip_suffix(".data").unwrap_or(name).to_string()
+    }
+
     /// The file's size, from the open handle: still right after a newer snapshot unlinked it.
     pub async fn size(&self) -> io::Result<u64> {
         match &self.file {

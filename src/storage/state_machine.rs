@@ -16,11 +16,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, Snapshot, SnapshotMeta, StorageError,
-    StorageIOError, StoredMembership,
-};
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend};
 use rocksdb::WriteBatch;
 
 use super::apply::Applier;
@@ -29,12 +27,14 @@ use super::read::Reader;
 use super::snapshot::{SnapshotBuilder, Snapshots};
 use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
-use crate::cluster::{FireSignal, TypeConfig};
+use crate::cluster::{
+    Entry, FireSignal, LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
+};
 use crate::timer::Response;
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
-type StResult<T> = std::result::Result<T, StorageError<u64>>;
+type StResult<T> = std::io::Result<T>;
 
 /// The state machine openraft drives.
 pub struct StateMachine {
@@ -97,7 +97,7 @@ impl StateMachine {
         self.snapshots.clone()
     }
 
-    fn apply_entry(&mut self, entry: Entry<TypeConfig>) -> Result<Response> {
+    fn apply_entry(&mut self, entry: Entry) -> Result<Response> {
         if self.store.width_ms() == 0 {
             // A joining node learns the width from the first peer message, before any entry.
             return Err(Error::Storage(
@@ -240,26 +240,13 @@ fn recorded_width(store: &Store) -> Result<Option<u64>> {
     }
 }
 
-fn sm_err(e: Error) -> StorageError<u64> {
-    StorageIOError::<u64>::write_state_machine(&e).into()
-}
-
-impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = SnapshotBuilder;
-
-    async fn applied_state(
+impl StateMachine {
+    /// Applies committed entries in order, each as one write (see the invariants), and returns
+    /// their answers. What openraft's `apply` does, without the responders.
+    pub async fn apply_entries(
         &mut self,
-    ) -> StResult<(Option<LogId<u64>>, StoredMembership<u64, BasicNode>)> {
-        Ok((self.meta.last_applied, self.meta.membership.clone()))
-    }
-
-    // openraft fixes the (large) error type the closure returns.
-    #[allow(clippy::result_large_err)]
-    async fn apply<I>(&mut self, entries: I) -> StResult<Vec<Response>>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> StResult<Vec<Response>> {
         self.store.apply_hold.pass().await;
         off_the_runtime(|| {
             let mut responses = Vec::new();
@@ -267,7 +254,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 let log_id = entry.log_id;
                 let response = self.apply_entry(entry).map_err(|e| {
                     tracing::error!(%log_id, error = %e, "apply failed; the node must stop");
-                    StorageError::from(StorageIOError::apply(log_id, &e))
+                    std::io::Error::other(format!("applying the entry at {log_id}: {e}"))
                 })?;
                 self.store.trail(log_id.index).map_err(sm_err)?;
                 responses.push(response);
@@ -275,23 +262,46 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Ok(responses)
         })
     }
+}
+
+fn sm_err(e: Error) -> std::io::Error {
+    std::io::Error::other(format!("state machine: {e}"))
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotFile;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> StResult<(Option<LogId>, StoredMembership)> {
+        Ok((self.meta.last_applied, self.meta.membership.clone()))
+    }
+
+    /// Applies a run of committed entries. Each entry's answer goes to the client waiting for
+    /// it (the leader's own writes) once the whole run is applied, as under openraft 0.9: code
+    /// that sees a write answered may rely on the run's `last_applied` being on disk.
+    async fn apply<Strm>(&mut self, entries: Strm) -> StResult<()>
+    where
+        Strm: Stream<Item = StResult<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
+    {
+        let run: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        let (entries, responders): (Vec<_>, Vec<_>) = run.into_iter().unzip();
+        let responses = self.apply_entries(entries).await?;
+        for (responder, response) in responders.into_iter().zip(responses) {
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
+        }
+        Ok(())
+    }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder::new(self.snapshots.clone())
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StResult<Box<SnapshotFile>> {
-        let path = self.snapshots.incoming_path();
-        let file = SnapshotFile::create(path.clone())
-            .await
-            .map_err(|e| sm_err(e.into()))?;
-        Ok(Box::new(file))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, BasicNode>,
-        snapshot: Box<SnapshotFile>,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotFile,
     ) -> StResult<()> {
         let path = snapshot.finish().await.map_err(|e| sm_err(e.into()))?;
         // The snapshot records the cluster's width; peers checked it, and so does this, before
@@ -322,8 +332,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> StResult<Option<Snapshot<TypeConfig>>> {
+    async fn get_current_snapshot(&mut self) -> StResult<Option<Snapshot>> {
         self.snapshots.current().await.map_err(sm_err)
+    }
+}
+
+/// Where a snapshot sent in chunks (openraft's 0.9 wire, kept by `openraft-legacy`) is
+/// received: a new file beside the others, installed by `install_snapshot` when complete.
+impl openraft_legacy::network_v1::SnapshotReceiverFactory<TypeConfig> for StateMachine {
+    type SnapshotReceiver = SnapshotFile;
+
+    async fn begin_receiving_snapshot(&mut self) -> StResult<SnapshotFile> {
+        let path = self.snapshots.incoming_path();
+        SnapshotFile::create(path)
+            .await
+            .map_err(|e| sm_err(e.into()))
     }
 }
 

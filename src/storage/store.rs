@@ -701,7 +701,7 @@ impl Store {
             }
         }
         let applied = match snap.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)? {
-            Some(v) => codec::decode::<Option<openraft::LogId<u64>>>(&v)?.map_or(0, |l| l.index),
+            Some(v) => codec::decode::<Option<crate::cluster::LogId>>(&v)?.map_or(0, |l| l.index),
             None => 0,
         };
         Ok((applied, h.finish()))

@@ -1,6 +1,7 @@
 //! Consume on real clusters: acks on the delivery stream, through a follower, across a leader
 //! kill; and bad stream messages refused with a clear status.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -279,7 +280,14 @@ async fn a_dispatch_rate_limit_holds_for_streams_across_a_leader_kill() {
 async fn a_flood_of_made_up_acks_makes_no_log_entries() {
     let c = TestCluster::start(3).await;
     let (leader, follower) = (c.leader().await, c.follower().await);
-    let last_index = |c: &TestCluster| c.node(leader).node.raft.metrics().borrow().last_log_index;
+    let last_index = |c: &TestCluster| {
+        c.node(leader)
+            .node
+            .raft
+            .metrics()
+            .borrow_watched()
+            .last_log_index
+    };
     let made_up = |round: usize, n: usize| pb::ConsumeRequest {
         subscribe: None,
         acks: (0..n)

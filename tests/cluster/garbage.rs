@@ -83,9 +83,10 @@ async fn garbage_truncated_and_oversized_bodies_get_a_status_on_every_rpc() {
     // bytes (a real request, encoded, with the id's prefix swapped for the claim).
     let terabyte = {
         let marker = "marker-marker-marker";
-        let req = openraft::raft::InstallSnapshotRequest::<timerdb::cluster::TypeConfig> {
+        use openraft_legacy::network_v1::{InstallSnapshotRequest, SnapshotMeta};
+        let req = InstallSnapshotRequest::<timerdb::cluster::TypeConfig> {
             vote: openraft::Vote::new_committed(1, 1),
-            meta: openraft::SnapshotMeta {
+            meta: SnapshotMeta {
                 last_log_id: None,
                 last_membership: Default::default(),
                 snapshot_id: marker.into(),

@@ -1,6 +1,7 @@
 //! Test harness: real timerdb nodes (RocksDB in tempdirs, openraft, tonic on 127.0.0.1
 //! ephemeral ports) in this test process, plus gRPC clients to them.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -173,7 +174,13 @@ impl TestCluster {
                 .collect();
             if let [leader] = leaders[..] {
                 let agreed = running.iter().all(|id| {
-                    self.node(*id).node.raft.metrics().borrow().current_leader == Some(leader)
+                    self.node(*id)
+                        .node
+                        .raft
+                        .metrics()
+                        .borrow_watched()
+                        .current_leader
+                        == Some(leader)
                 });
                 if agreed {
                     return leader;

@@ -1,5 +1,6 @@
 //! In-process 3-node clusters: timing, cancel/reschedule, forwarding, failover, restart, races.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -353,7 +354,13 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
     // Phase 2: the follower returns, installs a snapshot, and ends identical.
     c.restart(follower).await;
     c.converged().await;
-    let snap = c.node(follower).node.raft.metrics().borrow().snapshot;
+    let snap = c
+        .node(follower)
+        .node
+        .raft
+        .metrics()
+        .borrow_watched()
+        .snapshot;
     assert!(snap.is_some(), "the follower caught up without a snapshot");
     assert_eq!(
         c.local_timer(follower, "s98").unwrap().state,

@@ -1,6 +1,7 @@
 //! Operations on in-process clusters: membership changes under load, leadership transfer,
 //! health and reflection.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,9 +220,10 @@ async fn hello(addr: &str, width: u64, term: u64) -> Result<(), tonic::Status> {
 /// An AppendEntries of one committed blank entry at `index` after none, with the bucket
 /// width header if `width` (a leader of a build before that header sends none).
 async fn append(addr: &str, index: u64, width: Option<u64>) -> Result<(), tonic::Status> {
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use openraft::EntryPayload;
     use timerdb::api::pb::raft_client::RaftClient;
-    let log_id = LogId::new(CommittedLeaderId::new(1, 9), index);
+    use timerdb::cluster::{log_id, Entry, Vote};
+    let log_id = log_id(1, 9, index);
     let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
         vote: Vote::new_committed(1, 9),
         prev_log_id: None,
@@ -417,7 +419,7 @@ async fn a_node_without_a_quorum_in_reach_does_not_campaign() {
         c.stop(id).await;
     }
     c.restart(1).await;
-    let term = |c: &TestCluster| c.node(1).node.raft.metrics().borrow().current_term;
+    let term = |c: &TestCluster| c.node(1).node.raft.metrics().borrow_watched().current_term;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = term(&c);
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -3,6 +3,7 @@
 //! certificate (a huge-term Vote and a TimeoutNow included), the peers on their own port, and
 //! certificates rotated under load.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -256,7 +257,10 @@ pub(crate) async fn peer_attack(
     use openraft::Vote;
     let mut raft = RaftClient::new(ch);
     let msg = |data: Vec<u8>| pb::RaftMessage { data };
-    let vote = openraft::raft::VoteRequest::<u64>::new(Vote::new(term + 1_000_000, 9), None);
+    let vote = openraft::raft::VoteRequest::<timerdb::cluster::TypeConfig>::new(
+        Vote::new(term + 1_000_000, 9),
+        None,
+    );
     let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
         vote: Vote::new_committed(term + 1_000_000, 9),
         prev_log_id: None,
@@ -305,7 +309,7 @@ fn views(c: &TestCluster) -> Vec<(Option<u64>, u64)> {
     c.running()
         .iter()
         .map(|id| {
-            let m = c.node(*id).node.raft.metrics().borrow().clone();
+            let m = c.node(*id).node.raft.metrics().borrow_watched().clone();
             (m.current_leader, m.current_term)
         })
         .collect()
@@ -408,7 +412,12 @@ async fn with_a_peer_port_the_client_port_refuses_raft_even_to_a_member() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let follower = *nodes.keys().find(|id| **id != leader).unwrap();
-    let term = nodes[&leader].node.raft.metrics().borrow().current_term;
+    let term = nodes[&leader]
+        .node
+        .raft
+        .metrics()
+        .borrow_watched()
+        .current_term;
     let ca = pki.cluster.pem();
     // On the client port: a member's own peer certificate is not even a client's (the
     // handshake refuses it), and a client's certificate does not reach Raft.
@@ -437,7 +446,12 @@ async fn with_a_peer_port_the_client_port_refuses_raft_even_to_a_member() {
         .unwrap();
     assert!(r.into_inner().created);
     assert_eq!(
-        nodes[&leader].node.raft.metrics().borrow().current_term,
+        nodes[&leader]
+            .node
+            .raft
+            .metrics()
+            .borrow_watched()
+            .current_term,
         term
     );
     for (_, n) in nodes {

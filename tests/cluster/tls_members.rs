@@ -3,6 +3,7 @@
 //! `--join`, as a wiped node comes back) still lets the leader add it; only a member may mark a
 //! call forwarded.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +71,7 @@ async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added()
     assert!(c.local_timer(4, "before-join").is_some());
 
     // Now it knows its members: the stranger is refused by it too.
-    let term = c.node(4).node.raft.metrics().borrow().current_term;
+    let term = c.node(4).node.raft.metrics().borrow_watched().current_term;
     refused_as_stranger(&pki, &stranger, &addr, term).await;
     c.shutdown().await;
 }
@@ -135,14 +136,17 @@ async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() 
         r
     };
     let ahead = term + 1_000;
-    let vote = openraft::raft::VoteRequest::<u64>::new(openraft::Vote::new(ahead, 9), None);
+    let vote = openraft::raft::VoteRequest::<timerdb::cluster::TypeConfig>::new(
+        openraft::Vote::new(ahead, 9),
+        None,
+    );
     let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
         vote: openraft::Vote::new_committed(ahead, 9),
         prev_log_id: None,
         entries: vec![],
         leader_commit: None,
     };
-    let enc = timerdb::storage::encode::<openraft::raft::VoteRequest<u64>>;
+    let enc = timerdb::storage::encode::<openraft::raft::VoteRequest<timerdb::cluster::TypeConfig>>;
     let e = raft.vote(with_width(enc(&vote))).await.unwrap_err();
     assert_eq!(
         e.code(),

@@ -28,9 +28,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+use openraft::EntryPayload;
 use timerdb::auth::{AccessChange, Key, Role};
-use timerdb::cluster::{FireSignal, TypeConfig};
+use timerdb::cluster::{log_id, Entry, FireSignal};
 use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::{self, decode, encode, IndexGc, StateMachine, Store};
@@ -422,9 +422,9 @@ fn series_spec(b: &mut Bytes) -> SeriesSpec {
     }
 }
 
-fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
+fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        log_id: log_id(1, 1, index),
         payload: EntryPayload::Normal(Arc::new(cmd)),
     }
 }
@@ -513,7 +513,7 @@ pub fn run(input: &[u8]) -> Verdict {
             .map(|(i, c)| entry(i as u64 + 1, c))
             .collect();
         let all = grouped
-            .apply(entries)
+            .apply_entries(entries)
             .await
             .map_err(|e| format!("apply failed: {e}"))?;
         if answers != all {
@@ -540,7 +540,7 @@ pub fn run(input: &[u8]) -> Verdict {
 /// Applies `cmd` as entry `index` of `sm`, alone.
 async fn apply_one(sm: &mut StateMachine, index: u64, cmd: &Command) -> Result<Response, String> {
     let mut r = sm
-        .apply([entry(index, cmd.clone())])
+        .apply_entries([entry(index, cmd.clone())])
         .await
         .map_err(|e| format!("apply of entry {index} ({}) failed: {e}", cmd.name()))?;
     r.pop().ok_or_else(|| "no answer".to_string())
@@ -554,11 +554,12 @@ async fn install(from: &mut StateMachine, to: &mut StateMachine) -> Result<(), S
         .build_snapshot()
         .await
         .map_err(|e| format!("building a snapshot: {e}"))?;
+    use openraft_legacy::network_v1::SnapshotReceiverFactory;
     let mut file = to
         .begin_receiving_snapshot()
         .await
         .map_err(|e| format!("receiving a snapshot: {e}"))?;
-    tokio::io::copy(&mut snapshot.snapshot, &mut *file)
+    tokio::io::copy(&mut snapshot.snapshot, &mut file)
         .await
         .map_err(|e| format!("copying a snapshot: {e}"))?;
     to.install_snapshot(&snapshot.meta, file)
@@ -652,7 +653,7 @@ pub fn seed_backup() -> Vec<Vec<u8>> {
         let entries: Vec<_> = (program(&seed_programs()[1]).into_iter().enumerate())
             .map(|(i, c)| entry(i as u64 + 1, c))
             .collect();
-        sm.apply(entries).await.ok()?;
+        sm.apply_entries(entries).await.ok()?;
         sm.get_snapshot_builder().await.build_snapshot().await.ok()
     });
     if built.is_none() {

@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
-};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::EntryPayload;
+use openraft_legacy::network_v1::InstallSnapshotRequest;
 use prost::Message;
 use timerdb::api::pb;
-use timerdb::cluster::TypeConfig;
+use timerdb::cluster::{log_id, Entry, TypeConfig, Vote};
 use timerdb::config::Limits;
 use timerdb::storage::{decode, encode};
 use timerdb::timer::{Command, TimerKey, TimerSpec, When};
@@ -66,12 +65,12 @@ fn peer(input: &[u8]) -> Verdict {
         r.map_or_else(|e| class_of(e, 3), |_| "ok".into())
     }
     let mut classes = vec![
-        o(decode::<VoteRequest<u64>>(input)),
+        o(decode::<VoteRequest<TypeConfig>>(input)),
         o(decode::<AppendEntriesRequest<TypeConfig>>(input)),
         o(decode::<InstallSnapshotRequest<TypeConfig>>(input)),
         o(decode::<u64>(input)),
-        o(decode::<VoteResponse<u64>>(input)),
-        o(decode::<AppendEntriesResponse<u64>>(input)),
+        o(decode::<VoteResponse<TypeConfig>>(input)),
+        o(decode::<AppendEntriesResponse<TypeConfig>>(input)),
     ];
     // Whatever decodes must survive a round trip: its encoding decodes to a value with the
     // same encoding. (Not the input's bytes: a varint may come in a longer form than the one
@@ -168,13 +167,13 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     };
     match target {
         "peer" => {
-            let entry = |i: u64, cmd: Command| Entry::<TypeConfig> {
-                log_id: LogId::new(CommittedLeaderId::new(3, 1), i),
+            let entry = |i: u64, cmd: Command| Entry {
+                log_id: log_id(3, 1, i),
                 payload: EntryPayload::Normal(Arc::new(cmd)),
             };
             let append = AppendEntriesRequest::<TypeConfig> {
                 vote: Vote::new_committed(3, 1),
-                prev_log_id: Some(LogId::new(CommittedLeaderId::new(3, 1), 9)),
+                prev_log_id: Some(log_id(3, 1, 9)),
                 entries: vec![
                     entry(
                         10,
@@ -191,11 +190,11 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                         },
                     ),
                 ],
-                leader_commit: Some(LogId::new(CommittedLeaderId::new(3, 1), 9)),
+                leader_commit: Some(log_id(3, 1, 9)),
             };
             vec![
                 encode(&append),
-                encode(&VoteRequest::<u64>::new(Vote::new(4, 2), None)),
+                encode(&VoteRequest::<TypeConfig>::new(Vote::new(4, 2), None)),
                 encode(&7u64),
             ]
         }

@@ -6,6 +6,7 @@
 //! dials node `j` at `10.i.0.j:7100` (its `--dial` map), so each directed link is an address of
 //! its own and a fault can cut `i → j` alone.
 
+use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -131,7 +132,7 @@ impl SimCluster {
     pub fn leader(&self) -> Option<Host> {
         let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
         for n in self.running() {
-            let m = self.node(n)?.node.raft.metrics().borrow().clone();
+            let m = self.node(n)?.node.raft.metrics().borrow_watched().clone();
             if let Some(l) = m.current_leader {
                 *votes.entry(l).or_default() += 1;
             }

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use openraft::storage::{RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine};
-use openraft::testing::{StoreBuilder, Suite};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, StorageError};
+use openraft::testing::log::{StoreBuilder, Suite};
+use openraft::EntryPayload;
 use tempfile::TempDir;
 
 use super::*;
-use crate::cluster::{FireSignal, TypeConfig};
+use crate::cluster::{log_id, Entry, FireSignal, LogId, StorageError, TypeConfig};
 use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::Wheel;
 use crate::Error;
@@ -18,7 +18,7 @@ use crate::Error;
 struct Builder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for Builder {
-    async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError<u64>> {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachine), StorageError> {
         let dir = TempDir::new().unwrap();
         let (log, sm) = open(&dir);
         Ok((dir, log, sm))
@@ -43,9 +43,9 @@ fn prefix_end_is_the_next_prefix() {
     assert_eq!(prefix_end(&[0, 1, 0xff]), vec![0, 2]);
 }
 
-#[test]
-fn openraft_storage_suite() {
-    Suite::test_all(Builder).unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite() {
+    Suite::test_all(Builder).await.unwrap();
 }
 
 /// AppendEntries are bounded in bytes: big entries go a few at a time, a huge one alone, and
@@ -70,7 +70,7 @@ async fn log_reads_for_replication_are_bounded_in_bytes() {
         db.put_cf(cf(db, CF_LOG), index.to_be_bytes(), encode(&e))
             .unwrap();
     }
-    let indexes = |v: Vec<Entry<TypeConfig>>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+    let indexes = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
     let cap = log_store::MAX_APPEND_BYTES;
     assert!(
         (2 * 700_000..3 * 700_000).contains(&cap),
@@ -98,9 +98,9 @@ async fn log_reads_for_replication_are_bounded_in_bytes() {
 
 const T0: i64 = 1_800_000_000_000;
 
-fn entry(index: u64, cmd: Command) -> Entry<TypeConfig> {
+fn entry(index: u64, cmd: Command) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        log_id: log_id(1, 1, index),
         payload: EntryPayload::Normal(cmd.into()),
     }
 }
@@ -161,7 +161,11 @@ impl Sm {
 
     async fn apply(&mut self, cmd: Command) -> Response {
         self.next += 1;
-        let mut r = self.sm.apply([entry(self.next - 1, cmd)]).await.unwrap();
+        let mut r = self
+            .sm
+            .apply_entries([entry(self.next - 1, cmd)])
+            .await
+            .unwrap();
         r.pop().unwrap()
     }
 
@@ -542,7 +546,7 @@ fn workload() -> Vec<Command> {
 
 /// Builds a snapshot of `sm` and installs it into a fresh replica.
 /// A snapshot of `sm` as it is now.
-async fn build_snapshot(sm: &mut StateMachine) -> openraft::Snapshot<TypeConfig> {
+async fn build_snapshot(sm: &mut StateMachine) -> crate::cluster::Snapshot {
     sm.get_snapshot_builder()
         .await
         .build_snapshot()
@@ -550,9 +554,7 @@ async fn build_snapshot(sm: &mut StateMachine) -> openraft::Snapshot<TypeConfig>
         .unwrap()
 }
 
-async fn replica_from_snapshot(
-    sm: &mut StateMachine,
-) -> (Sm, openraft::SnapshotMeta<u64, openraft::BasicNode>) {
+async fn replica_from_snapshot(sm: &mut StateMachine) -> (Sm, crate::cluster::SnapshotMeta) {
     let snap = build_snapshot(sm).await;
     let mut other = Sm::new();
     other
@@ -577,7 +579,7 @@ async fn apply_is_deterministic() {
         .enumerate()
         .map(|(i, c)| entry(i as u64 + 1, c))
         .collect();
-    let grouped = two.sm.apply(entries).await.unwrap();
+    let grouped = two.sm.apply_entries(entries).await.unwrap();
     assert_eq!(answers, grouped, "same log, different answers");
     let (d1, d2) = (one.store.digest().unwrap(), two.store.digest().unwrap());
     assert_eq!(d1, d2, "same log, different state");
@@ -597,7 +599,7 @@ async fn with_workload(dir: &TempDir) -> (StateMachine, (u64, u64)) {
         .enumerate()
         .map(|(i, c)| entry(i as u64 + 1, c))
         .collect();
-    sm.apply(entries).await.unwrap();
+    sm.apply_entries(entries).await.unwrap();
     let digest = sm.store.digest().unwrap();
     (sm, digest)
 }

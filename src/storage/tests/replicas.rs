@@ -37,7 +37,7 @@ impl Replicas {
         let a = self.steady.apply(cmd.clone()).await;
         let b = self
             .disturbed()
-            .apply([entry(index, cmd.clone())])
+            .apply_entries([entry(index, cmd.clone())])
             .await
             .unwrap()
             .pop()
@@ -70,8 +70,9 @@ impl Replicas {
             .await
             .unwrap();
         let to = self.disturbed();
+        use openraft_legacy::network_v1::SnapshotReceiverFactory;
         let mut file = to.begin_receiving_snapshot().await.unwrap();
-        tokio::io::copy(&mut snap.snapshot, &mut *file)
+        tokio::io::copy(&mut snap.snapshot, &mut file)
             .await
             .unwrap();
         to.install_snapshot(&snap.meta, file).await.unwrap();

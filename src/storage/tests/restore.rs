@@ -70,7 +70,7 @@ async fn a_restored_node_holds_the_backup_under_a_new_membership() {
 
     let (mut log, mut sm) = open_at(&data_dir);
     assert_eq!(content(sm.store.db()), content(src.store.db()));
-    let restored = LogId::new(CommittedLeaderId::new(0, 0), source_applied.index);
+    let restored = log_id(0, 0, source_applied.index);
     assert_eq!(sm.meta.last_applied, Some(restored));
     let members = sm.meta.membership.membership();
     assert_eq!(members.voter_ids().collect::<Vec<_>>(), vec![1, 2, 3]);

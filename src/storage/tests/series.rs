@@ -412,7 +412,7 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let before = s.store.digest().unwrap();
     s.next += 1;
     let refused =
-        s.sm.apply([entry(s.next - 1, stamped("other", own ^ 1))])
+        s.sm.apply_entries([entry(s.next - 1, stamped("other", own ^ 1))])
             .await;
     let e = refused.expect_err("a replica with other rules for the zone applied the entry");
     assert!(e.to_string().contains("other rules"), "{e}");
@@ -492,7 +492,7 @@ async fn a_format_4_directory_is_upgraded_in_place() {
             .map(|i| entry(i, schedule(&format!("old{i}"), T0 + i as i64)))
             .chain([entry(21, fire(T0 + 10, 100))])
             .collect();
-        sm.apply(entries).await.unwrap();
+        sm.apply_entries(entries).await.unwrap();
         (
             sm.store.digest().unwrap(),
             sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),
@@ -521,7 +521,7 @@ async fn a_format_4_directory_is_upgraded_in_place() {
         before.1
     );
     let r = sm
-        .apply([entry(22, create("new", every(SEC)))])
+        .apply_entries([entry(22, create("new", every(SEC)))])
         .await
         .unwrap();
     assert!(created(&r[0]), "{r:?}");
@@ -632,7 +632,7 @@ async fn a_fire_naming_this_builds_tzdb_moves_rows_to_its_rules_instead_of_stopp
         let before = s.store.digest().unwrap();
         s.next += 1;
         let got =
-            s.sm.apply([entry(s.next - 1, fire_with(named, first + SEC))])
+            s.sm.apply_entries([entry(s.next - 1, fire_with(named, first + SEC))])
                 .await;
         if !fires_on {
             assert!(got.is_err(), "{case}: computed with rules it cannot know");

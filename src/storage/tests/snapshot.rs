@@ -16,12 +16,14 @@ async fn an_interrupted_install_is_finished_on_open() {
             .await
             .unwrap();
         assert_eq!(sm.store.digest().unwrap(), want);
+        // The id the install gave the snapshot it kept.
+        let kept = sm.get_current_snapshot().await.unwrap().unwrap();
         // Rewind to the middle of that install: the mark set, rows half written.
         let db = sm.store.db();
         db.put_cf(
             cf(db, CF_RAFT),
             super::super::snapshot::INSTALLING,
-            encode(&snap.meta.snapshot_id),
+            encode(&kept.snapshot.id()),
         )
         .unwrap();
         let victims: Vec<_> = db
@@ -68,13 +70,13 @@ async fn an_install_stopped_before_it_began_leaves_the_state_alone() {
         .is_none());
 }
 
-fn log_id(index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(1, 1), index)
+fn log_id(index: u64) -> LogId {
+    crate::cluster::log_id(1, 1, index)
 }
 
 /// Entry `i` of the logs below: a blank first entry (openraft's log starts at 0), then
 /// schedules.
-fn nth(i: u64) -> Entry<TypeConfig> {
+fn nth(i: u64) -> Entry {
     match i {
         0 => Entry {
             log_id: log_id(0),
@@ -93,7 +95,7 @@ async fn log_and_state(dir: &TempDir, last: u64, applied: u64) {
         db.put_cf(cf(&db, CF_LOG), i.to_be_bytes(), encode(&nth(i)))
             .unwrap();
     }
-    sm.apply((0..=applied).map(nth)).await.unwrap();
+    sm.apply_entries((0..=applied).map(nth)).await.unwrap();
     log.save_committed(Some(log_id(applied))).await.unwrap();
 }
 
@@ -115,12 +117,13 @@ async fn a_crash_between_the_snapshot_purge_and_its_install_leaves_a_node_that_s
     }
     let (mut log, mut sm) = open(&dir);
     let state = openraft::storage::StorageHelper::new(&mut log, &mut sm)
+        .with_id(1)
         .get_initial_state()
         .await;
     let state = state.expect("the node starts");
     assert_eq!(
         (
-            state.committed.map(|l| l.index),
+            state.local_committed().map(|l| l.index),
             sm.meta.last_applied.map(|l| l.index)
         ),
         (Some(5), Some(5)),
@@ -143,7 +146,7 @@ async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
             .map(|kv| u64::from_be_bytes(kv.unwrap().0.as_ref().try_into().unwrap()))
     };
     assert_eq!(first(), Some(0), "entries the state machine lacks stay");
-    sm.apply((4..=6).map(nth)).await.unwrap();
+    sm.apply_entries((4..=6).map(nth)).await.unwrap();
     log.purge(log_id(6)).await.unwrap();
     assert_eq!(first(), Some(7));
     let st = log.get_log_state().await.unwrap();
@@ -168,7 +171,7 @@ async fn a_snapshot_of_another_bucket_width_is_refused() {
         now_ms: T0,
         spec: spec("mine", T0 + 60_000, "kept"),
     };
-    sm.apply([entry(1, mine)]).await.unwrap();
+    sm.apply_entries([entry(1, mine)]).await.unwrap();
     let before = sm.store().digest().unwrap();
     let e = sm
         .install_snapshot(&snap.meta, snap.snapshot)
@@ -204,7 +207,7 @@ async fn an_append_behind_a_pending_install_waits_for_it() {
         "an append must not write while the install is pending"
     );
     // The install finishes (the state machine reaches the snapshot's index).
-    sm.apply((4..=8).map(nth)).await.unwrap();
+    sm.apply_entries((4..=8).map(nth)).await.unwrap();
     waiting.await.unwrap().expect("the append goes on");
     let st = log.get_log_state().await.unwrap();
     assert_eq!(
