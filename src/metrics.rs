@@ -31,6 +31,9 @@ const PUSH_SECONDS: &str = "timerdb_push_latency_seconds";
 /// Grants cut short (or not made) by a namespace's limit, by `namespace` and `limit`
 /// (`rate`, `concurrency`).
 pub const DISPATCH_THROTTLED: &str = "timerdb_dispatch_throttled_total";
+/// Writes openraft refused because the leader's quorum lease had lapsed, tried again
+/// (`cluster::propose::client_write`): a count that climbs shows followers answering late.
+pub const LEASE_RETRIES: &str = "timerdb_raft_lease_retries_total";
 
 /// Serves `/metrics` over HTTP at `addr`; call once per process, inside the runtime.
 pub fn serve(addr: SocketAddr) -> Result<()> {

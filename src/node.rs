@@ -625,7 +625,7 @@ mod faults {
             unreachable!("only Schedule is acknowledged early");
         };
         let raft = raft.clone();
-        tokio::spawn(async move { raft.client_write(cmd.into()).await });
+        tokio::spawn(async move { crate::cluster::propose::client_write(&raft, cmd.into()).await });
         (Timer::pending(spec, now_ms), true)
     }
 
@@ -669,14 +669,24 @@ fn unexpected(r: Response) -> Error {
 /// A failed proposal as the caller sees it.
 pub fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Error {
     match e {
-        // openraft answers this both for a write it refused (never appended) and for one it
-        // had appended and then truncated when leadership moved — which a node that holds it
-        // may still commit (with five voters or more, or across a joint configuration). The
-        // two cannot be told apart here, so not "not applied": the forwarder sends it again
-        // only if it is safe to repeat (review 33e, MED 3).
-        // openraft 0.10 answers LogEntryDiscarded for the second case; until chaos has
-        // confirmed that ForwardToLeader now always means "never appended", both keep 0.9's
-        // reading (docs/openraft-0.10.md, C2).
+        // Refused before it was appended: this leader's quorum lease lapsed (and stayed so for
+        // the second `cluster::propose::client_write` tries for).
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f))
+            if f.reason == openraft::error::ForwardReason::LeaseExpired =>
+        {
+            Error::NoQuorum(format!(
+                "this leader has heard from no quorum for {} ms (is it cut off?); try another \
+                 node",
+                QUORUM_LOST_AFTER.as_millis()
+            ))
+        }
+        // openraft 0.9 answered ForwardToLeader both for a write it refused (never appended)
+        // and for one it had appended and then truncated when leadership moved — which a node
+        // that holds it may still commit (with five voters or more, or across a joint
+        // configuration); so not "not applied": the forwarder sends it again only if it is safe
+        // to repeat (review 33e, MED 3). openraft 0.10 answers LogEntryDiscarded for the second
+        // case; until chaos has confirmed that ForwardToLeader now always means "never
+        // appended", both keep that reading (docs/openraft-0.10.md, C2).
         RaftError::APIError(
             ClientWriteError::ForwardToLeader(_) | ClientWriteError::LogEntryDiscarded(_),
         ) => Error::Unavailable(

@@ -133,6 +133,12 @@ fn roll(w: &mut World, n: u64) -> u64 {
     (z ^ (z >> 31)) % n
 }
 
+/// A random number from the world's seeded generator, if a world is installed (openraft's
+/// draws: election timeouts, its first tick; see `cluster::runtime`).
+pub fn dice() -> Option<u64> {
+    with(|w| roll(w, u64::MAX))
+}
+
 /// Whether a simulation runs on this thread.
 pub fn active() -> bool {
     WORLD.with(|w| w.borrow().is_some())

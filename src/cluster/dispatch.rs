@@ -563,7 +563,7 @@ impl DispatchLoop {
             now_ms,
             grants: plan.grants.clone(),
         };
-        let reply = match self.raft.client_write(cmd.into()).await {
+        let reply = match super::propose::client_write(&self.raft, cmd.into()).await {
             Ok(reply) => reply,
             Err(e) => {
                 self.dispatcher.release(plan);

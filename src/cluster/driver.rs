@@ -232,7 +232,7 @@ impl FireDriver {
                     grants,
                 },
             };
-            match self.raft.client_write(cmd.into()).await {
+            match super::propose::client_write(&self.raft, cmd.into()).await {
                 Ok(reply) => match reply.data {
                     Response::Fired {
                         count,

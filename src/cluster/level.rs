@@ -222,7 +222,7 @@ impl LevelRaiser {
             return;
         }
         let cmd = Command::RaiseLevel { level: heard };
-        match self.raft.client_write(cmd.into()).await {
+        match super::propose::client_write(&self.raft, cmd.into()).await {
             Ok(_) => tracing::info!(level = heard, "every member reads level: committed"),
             Err(e) => tracing::warn!(error = %e, "level raiser: not committed"),
         }

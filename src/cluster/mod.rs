@@ -23,6 +23,7 @@ pub mod limits;
 pub mod network;
 pub mod propose;
 pub mod purger;
+pub mod runtime;
 
 pub use acks::{AckItem, Acker};
 pub use dispatch::{Delivery, DispatchLoop, Dispatcher, LeaseTag, Subscription};
@@ -50,7 +51,7 @@ openraft::declare_raft_types!(
         R = Response,
         NodeId = NodeId,
         Node = BasicNode,
-        AsyncRuntime = openraft_rt_tokio::TokioRuntime,
+        AsyncRuntime = runtime::Runtime,
 );
 
 /// The Raft handle of a timerdb node.

@@ -210,6 +210,32 @@ pub fn cost_of(cmd: &Command) -> Cost {
     }
 }
 
+/// openraft's `client_write`, with its leader-lease refusal tried again. openraft 0.10's leader
+/// refuses a write before appending it when no quorum has acknowledged it within its lease
+/// (`election_timeout_max`, 300 ms; a new leader has none until its first quorum ack). A
+/// follower busy in a slow fsync answers late, and 300 ms is tighter than the second this
+/// layer gives a leader ([`crate::node::QUORUM_LOST_AFTER`]): so such a refusal is tried again,
+/// every few ms, until that second has passed — nothing was appended, so it is safe.
+pub async fn client_write(
+    raft: &Raft,
+    cmd: Arc<Command>,
+) -> std::result::Result<openraft::raft::ClientWriteResponse<super::TypeConfig>, RaftWriteError> {
+    use openraft::error::{ClientWriteError, ForwardReason, RaftError};
+    let started = tokio::time::Instant::now();
+    loop {
+        match raft.client_write(cmd.clone()).await {
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                if f.reason == ForwardReason::LeaseExpired
+                    && started.elapsed() < crate::node::QUORUM_LOST_AFTER =>
+            {
+                metrics::counter!(crate::metrics::LEASE_RETRIES).increment(1);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// What openraft answered for `cmd`, or an unknown outcome after [`ANSWER_TIMEOUT`].
 async fn write(
     raft: &Raft,
@@ -222,7 +248,7 @@ async fn write(
     if raft.metrics().borrow_watched().state != openraft::ServerState::Leader {
         return Err(crate::Error::NotLeader);
     }
-    match tokio::time::timeout(ANSWER_TIMEOUT, raft.client_write(cmd.into())).await {
+    match tokio::time::timeout(ANSWER_TIMEOUT, client_write(raft, cmd.into())).await {
         Ok(r) => r.map(|r| r.data).map_err(map_err),
         Err(_) => {
             tracing::warn!(timeout = ?ANSWER_TIMEOUT, "a proposal was never answered");

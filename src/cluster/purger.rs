@@ -42,8 +42,7 @@ impl Purger {
             now_ms: self.clock.now_ms(),
             grants,
         };
-        self.raft
-            .client_write(cmd.into())
+        super::propose::client_write(&self.raft, cmd.into())
             .await
             .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
         Ok(())
@@ -95,9 +94,7 @@ impl Purger {
                     namespace: namespace.clone(),
                     through,
                 };
-                let reply = self
-                    .raft
-                    .client_write(cmd.into())
+                let reply = super::propose::client_write(&self.raft, cmd.into())
                     .await
                     .map_err(|e| crate::Error::Unavailable(e.to_string()))?;
                 match reply.data {
