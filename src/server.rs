@@ -56,6 +56,8 @@ pub struct RunningNode {
     tasks: Vec<JoinHandle<()>>,
     /// One reference to the database, so shutdown can close it itself (see `shutdown`).
     db: Arc<rocksdb::DB>,
+    /// Extra ms every log fsync of this node takes (`LogStore::fsync_delay_ms`): for tests.
+    pub fsync_delay_ms: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Opens storage, starts Raft, serves gRPC on `listener` and starts the fire driver.
@@ -92,6 +94,7 @@ pub async fn start_with(
     }
     let db_owner = db.clone();
     let log = LogStore::new(db);
+    let fsync_delay_ms = log.fsync_delay_ms();
     let committed = log.committed();
     let snapshots = sm.snapshots();
     let hold = Hold::default();
@@ -213,6 +216,7 @@ pub async fn start_with(
         shutdown,
         tasks,
         db: db_owner,
+        fsync_delay_ms,
     })
 }
 

@@ -78,6 +78,8 @@ pub struct LogStore {
     cache: Arc<LogCache>,
     /// A purge openraft asked for past the state machine's applied index (see the invariants).
     deferred: Arc<std::sync::Mutex<Option<LogId>>>,
+    /// Extra ms every fsync takes first: a slow disk, for tests (0: none).
+    fsync_delay_ms: Arc<AtomicU64>,
 }
 
 /// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
@@ -103,9 +105,11 @@ impl LogStore {
     pub fn new(db: Arc<DB>) -> Self {
         let (tx, rx) = mpsc::channel();
         let sync_db = db.clone();
+        let fsync_delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = fsync_delay_ms.clone();
         let thread = std::thread::Builder::new()
             .name("timerdb-log-sync".into())
-            .spawn(move || run_syncer(sync_db, rx))
+            .spawn(move || run_syncer(sync_db, rx, delay))
             .expect("spawn log syncer thread");
         let syncer = Syncer {
             queue: Some(tx),
@@ -117,7 +121,14 @@ impl LogStore {
             committed: Arc::default(),
             cache: Arc::default(),
             deferred: Arc::default(),
+            fsync_delay_ms,
         }
+    }
+
+    /// Makes every log fsync of this store take `ms` longer (0: as the disk is): a disk stalled
+    /// by its neighbours' writeback, for tests of what a slow follower costs the cluster.
+    pub fn fsync_delay_ms(&self) -> Arc<AtomicU64> {
+        self.fsync_delay_ms.clone()
     }
 
     /// The index the state machine has applied (it shares the database).
@@ -234,15 +245,20 @@ const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The group-commit loop: one `SyncWAL` for every burst of appends, callbacks in order.
 /// Runs until every `LogStore` clone is dropped.
-fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>) {
+fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>, delay_ms: Arc<AtomicU64>) {
     while let Ok(first) = rx.recv() {
         let mut waiting = vec![first];
         waiting.extend(rx.try_iter());
         let started = std::time::Instant::now();
+        let delay = delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+        }
         let result = db.flush_wal(true);
         let took = started.elapsed();
-        // openraft 0.9's core waits for this fsync before it does anything else (heartbeats,
-        // commits): one that takes this long shows in elections and in "no quorum" answers.
+        // A follower answers an AppendEntries (heartbeats included) only once the fsync of the
+        // appends before it is done: one that takes this long shows as a late follower, and
+        // on a leader as late commits.
         if took > SLOW_FSYNC {
             tracing::warn!(
                 ms = took.as_millis() as u64,

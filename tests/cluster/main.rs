@@ -28,6 +28,7 @@ mod rejoin;
 mod replicas;
 mod retries;
 mod secure_process;
+mod slow_disk;
 mod tls;
 mod tls_members;
 mod upgrade;
