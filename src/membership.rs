@@ -359,7 +359,9 @@ fn membership_error(e: WriteError) -> Error {
         // "not the leader" may come after part of it committed, so it is not "nothing happened"
         // (which would let a forwarder send it again).
         other => match crate::node::write_error(other) {
-            Error::NotLeader | Error::Unavailable(_) => Error::OutcomeUnknown(
+            // NoQuorum too: openraft refuses the second (uniform) step for a lapsed lease
+            // after the first (joint) one committed (review 34b).
+            Error::NotLeader | Error::Unavailable(_) | Error::NoQuorum(_) => Error::OutcomeUnknown(
                 "leadership moved during the membership change, which may be done in part: \
                  read the members (Cluster.Status) before trying again"
                     .into(),

@@ -7,8 +7,11 @@
 //! decoded or appended (`Store::adopt_width`).
 
 use openraft::async_runtime::WatchReceiver as _;
+use openraft::error::RaftError;
 use openraft::raft::AppendEntriesRequest;
-use openraft_legacy::network_v1::{ChunkedSnapshotReceiver, InstallSnapshotRequest};
+use openraft_legacy::network_v1::{
+    ChunkedSnapshotReceiver, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
+};
 use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
@@ -319,7 +322,18 @@ impl raft_server::Raft for PeerService {
         self.check_width(&req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = body(req)?;
         self.check_admitted(rpc.vote.leader_id().term)?;
-        let committed = self.raft.metrics().borrow_watched().local_committed;
+        let (mine, committed) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            (m.vote, m.local_committed)
+        };
+        // A chunk from a deposed leader is answered with the newer vote, unread, as openraft
+        // 0.9 did (its 0.10 receiver would take it, and restart the live leader's transfer).
+        if rpc.vote < mine {
+            let stale: Result<_, RaftError<TypeConfig, InstallSnapshotError>> =
+                Ok(InstallSnapshotResponse::<TypeConfig> { vote: mine });
+            return self.reply(&stale);
+        }
         check_snapshot(&rpc, committed)?;
         self.reply(&self.raft.install_snapshot(rpc).await)
     }

@@ -1,7 +1,13 @@
 //! The client side of the peer network: openraft's `RaftNetwork` over the internal
-//! `timerdb.v1.Raft` gRPC service. openraft 0.10 calls a `RaftNetworkV2`; ours is still the v1
-//! trait (chunked snapshots, `openraft-legacy`), wrapped in its `Adapter`, so the wire is the
-//! one openraft 0.9 spoke.
+//! `timerdb.v1.Raft` gRPC service: openraft 0.10's `RaftNetworkV2`, speaking the wire openraft
+//! 0.9 spoke (its messages; snapshots in chunks, as `openraft-legacy` keeps them).
+//!
+//! Snapshots are sent here, not by `openraft-legacy`'s sender: that one tries a failed chunk
+//! again after 1 ms, without end, whatever failed (an unreachable peer made the leader read
+//! and encode 4 MiB chunks in a loop), and stops at an answer with any other vote. Here a
+//! failed chunk is tried again after a pause (500 ms for an unreachable peer, 10–200 ms for a
+//! slow one), at most five times in a row before the transfer fails (openraft starts another
+//! later), and only a *higher* vote ends it.
 //!
 //! Each message is openraft's own request type, bincode-encoded in a `RaftMessage`; the reply is
 //! the bincode of `Result<response, RaftError>`, so a remote Raft error comes back typed.
@@ -20,17 +26,23 @@
 #![allow(clippy::result_large_err)]
 use std::time::Duration;
 
-use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
 use openraft::BasicNode;
 use openraft_legacy::network_v1::{
-    Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
+    InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
+    SnapshotMeta as ChunkMeta,
 };
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::Channel;
 
-use super::{NodeId, TypeConfig};
+use super::{NodeId, Snapshot, TypeConfig, Vote};
 use crate::api::pb::{raft_client::RaftClient, RaftMessage};
 use crate::storage::{decode, encode};
 
@@ -53,16 +65,13 @@ pub struct Network {
     pub levels: std::sync::Arc<super::Levels>,
 }
 
-/// What openraft calls: our v1 client, adapted (snapshots go in chunks).
-pub type PeerNetwork = Adapter<TypeConfig, PeerClient, crate::storage::SnapshotFile>;
-
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = PeerNetwork;
+    type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerNetwork {
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let addr = self.config.dial_addr(target, &node.addr);
         let levels = (self.levels.clone(), self.config.clone());
-        Adapter::new(PeerClient::new(target, &addr, self.store.clone(), levels))
+        PeerClient::new(target, &addr, self.store.clone(), levels)
     }
 }
 
@@ -219,18 +228,119 @@ impl PeerClient {
         })
     }
 
-    fn lift<Resp, E: std::error::Error>(
+    /// A call's outcome as openraft 0.10 takes it: a remote Raft that stopped (its only error
+    /// on these calls) is a peer that cannot take part, as if unreachable.
+    fn lift<Resp>(
         &self,
-        outcome: Result<Result<Resp, RaftError<TypeConfig, E>>, Transport>,
-    ) -> Result<Resp, RPCError<TypeConfig, RaftError<TypeConfig, E>>> {
+        outcome: Result<Result<Resp, RaftError<TypeConfig>>, Transport>,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
         match outcome {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+            Ok(Err(e)) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
+                "node {}: {e}",
+                self.target
+            )))),
             Err(Transport::Unreachable(u)) => Err(RPCError::Unreachable(u)),
             Err(Transport::Network(n)) => Err(RPCError::Network(n)),
         }
     }
+
+    /// Sends `snapshot` chunk by chunk (see the module essay).
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        mut snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        use std::io::SeekFrom;
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let read_err = |e: std::io::Error| {
+            StreamingError::from(Unreachable::from_string(format!(
+                "reading the snapshot: {e}"
+            )))
+        };
+        let file = &mut snapshot.snapshot;
+        let end = file.seek(SeekFrom::End(0)).await.map_err(read_err)?;
+        // A transfer's own id: a snapshot sent again is never taken for the rest of an
+        // earlier, abandoned transfer of it.
+        let meta = ChunkMeta::<TypeConfig> {
+            last_log_id: snapshot.meta.last_log_id,
+            last_membership: snapshot.meta.last_membership.clone(),
+            snapshot_id: format!("{}-{:08x}", file.id(), rand::random::<u32>()),
+        };
+        let chunk = option.snapshot_chunk_size().unwrap_or(4 << 20).max(1);
+        let (mut offset, mut failures) = (0u64, 0u32);
+        let mut cancel = std::pin::pin!(cancel);
+        loop {
+            file.seek(SeekFrom::Start(offset)).await.map_err(read_err)?;
+            let mut data = Vec::with_capacity(chunk);
+            while data.len() < chunk {
+                if file.read_buf(&mut data).await.map_err(read_err)? == 0 {
+                    break;
+                }
+            }
+            let sent = data.len() as u64;
+            let req = InstallSnapshotRequest {
+                vote,
+                meta: meta.clone(),
+                offset,
+                data,
+                done: offset + sent == end,
+            };
+            let outcome: Result<
+                Result<InstallSnapshotResponse<TypeConfig>, SnapshotError>,
+                Transport,
+            > = tokio::select! {
+                closed = cancel.as_mut() => return Err(closed.into()),
+                o = self.call(Rpc::Snapshot, &req, option.hard_ttl()) => o,
+            };
+            let failure = match outcome {
+                Ok(Ok(InstallSnapshotResponse { vote: theirs })) => {
+                    failures = 0;
+                    if theirs > vote || req.done {
+                        return Ok(SnapshotResponse::new(theirs));
+                    }
+                    offset += sent;
+                    continue;
+                }
+                Ok(Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(m)))) => {
+                    tracing::warn!(target = self.target, %m, "snapshot chunk mismatch: from the start");
+                    offset = 0;
+                    Transport::Network(NetworkError::from_string(m.to_string()))
+                }
+                Ok(Err(RaftError::Fatal(f))) => {
+                    let why = format!("node {}: {f}", self.target);
+                    return Err(Unreachable::from_string(why).into());
+                }
+                Err(t) => t,
+            };
+            failures += 1;
+            let pause = match &failure {
+                Transport::Unreachable(_) => Duration::from_millis(500),
+                Transport::Network(_) => {
+                    Duration::from_millis(10 << failures.min(5)).min(Duration::from_millis(200))
+                }
+            };
+            if failures >= SNAPSHOT_TRIES {
+                return Err(match failure {
+                    Transport::Unreachable(u) => u.into(),
+                    Transport::Network(n) => n.into(),
+                });
+            }
+            tokio::select! {
+                closed = cancel.as_mut() => return Err(closed.into()),
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
 }
+
+/// A remote answer to a snapshot chunk that is not a response.
+type SnapshotError = RaftError<TypeConfig, InstallSnapshotError>;
+
+/// Failed snapshot chunks in a row after which a transfer gives up (openraft starts another).
+const SNAPSHOT_TRIES: u32 = 5;
 
 /// A transport failure, classified for openraft (see the module essay).
 enum Transport {
@@ -262,26 +372,15 @@ fn is_timeout(s: &tonic::Status) -> bool {
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = crate::storage::SnapshotFile;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>>
-    {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let outcome = self.call(Rpc::Append, &rpc, option.hard_ttl()).await;
-        self.lift(outcome)
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<TypeConfig>,
-        RPCError<TypeConfig, RaftError<TypeConfig, InstallSnapshotError>>,
-    > {
-        let outcome = self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
     }
 
@@ -289,20 +388,34 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig, RaftError<TypeConfig>>> {
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let outcome = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
     }
 
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        self.send_snapshot(vote, snapshot, cancel, option).await
+    }
+
     /// 500 ms between tries once openraft backs off (an unreachable peer at once, a slow one
     /// after many timeouts in a row), as openraft 0.9 did.
-    fn backoff(&self) -> Backoff {
-        Backoff::new(std::iter::repeat(Duration::from_millis(500)))
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(std::iter::repeat(Duration::from_millis(500))))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use openraft::async_runtime::WatchReceiver as _;
+
     use super::*;
 
     #[test]
@@ -325,5 +438,47 @@ mod tests {
                 Transport::Unreachable(_)
             ));
         }
+    }
+
+    /// Review 34b: openraft-legacy's sender tried a failed chunk again after 1 ms without end
+    /// (a leader read and encoded 4 MiB chunks in a loop while a follower was down). This one
+    /// pauses between tries and gives up after a few.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let peers = [(1, addr)].into_iter().collect();
+        let config = crate::config::NodeConfig::new(1, dir.path().to_path_buf(), peers);
+        let node = crate::server::start(config, listener).await.unwrap();
+        let snapshot = loop {
+            match node.node.backup().await {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let levels = (Arc::default(), node.node.config.clone());
+        let mut client = PeerClient::new(2, &dead_addr, node.node.store.clone(), levels);
+        let vote = node.node.raft.metrics().borrow_watched().vote;
+        let started = tokio::time::Instant::now();
+        let option = RPCOption::new(Duration::from_millis(100));
+        let sent = client.full_snapshot(vote, snapshot, std::future::pending(), option);
+        let outcome = tokio::time::timeout(Duration::from_secs(20), sent)
+            .await
+            .expect("the transfer never gave up");
+        assert!(
+            matches!(outcome, Err(StreamingError::Unreachable(_))),
+            "{outcome:?}"
+        );
+        let took = started.elapsed();
+        let paced = Duration::from_millis(500) * (SNAPSHOT_TRIES - 1);
+        assert!(
+            took >= paced,
+            "{SNAPSHOT_TRIES} tries in {took:?}: not paced"
+        );
+        node.shutdown().await;
     }
 }

@@ -31,7 +31,7 @@ use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::{Deserialize, Serialize};
 
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
-use super::snapshot_file::{RowReader, RowWriter, SnapshotFile};
+use super::snapshot_file::{id_of, RowReader, RowWriter, SnapshotFile};
 use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
 use crate::cluster::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::{Error, Result};
@@ -172,12 +172,24 @@ impl Snapshots {
     pub fn install(&self, meta: &SnapshotMeta, received: &Path) -> Result<u64> {
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let raft = cf(&self.db, CF_RAFT);
-        let id = new_id(meta.last_log_id.map_or(0, |l| l.index));
+        // openraft 0.10 installs the current snapshot itself at start when the state machine
+        // is behind it (its writes are not synced): that file stays as it is, under its id.
+        // Renamed, a crash before CURRENT named the new file would lose the only copy.
+        let own = self
+            .read_current()?
+            .filter(|c| self.dir.join(&c.file) == received)
+            .map(|c| c.file);
+        let id = match &own {
+            Some(file) => id_of(file).to_string(),
+            None => new_id(meta.last_log_id.map_or(0, |l| l.index)),
+        };
         self.db
             .put_cf_opt(raft, INSTALLING, codec::encode(&id), &synced())?;
         let file = data_file_name(&id);
-        std::fs::rename(received, self.dir.join(&file))?;
-        self.write_current(meta, &file)?;
+        if own.is_none() {
+            std::fs::rename(received, self.dir.join(&file))?;
+            self.write_current(meta, &file)?;
+        }
         let rows = self.load_rows(&self.dir.join(&file))?;
         let bytes = std::fs::metadata(self.dir.join(&file))?.len();
         self.stats.installed.fetch_add(1, Ordering::Relaxed);

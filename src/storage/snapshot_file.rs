@@ -40,11 +40,28 @@ const fn magic(format: u32) -> [u8; 8] {
 }
 const TRAILER: u8 = 0xff;
 
+/// The id in a snapshot file's name `snap-<id>.data`.
+pub fn id_of(name: &str) -> &str {
+    let name = name.strip_prefix("snap-").unwrap_or(name);
+    name.strip_suffix(".data").unwrap_or(name)
+}
+
 /// The snapshot data openraft moves around: an open file that remembers its path, so install
 /// can keep the very file it received instead of copying it.
 pub struct SnapshotFile {
     file: Handle,
     path: PathBuf,
+    /// A file being received: removed if dropped before [`SnapshotFile::finish`] (a transfer
+    /// abandoned, or a snapshot openraft did not install), so none piles up until a restart.
+    partial: bool,
+}
+
+impl Drop for SnapshotFile {
+    fn drop(&mut self) {
+        if self.partial {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// The file: tokio's (its work on the blocking pool), or, in a simulation (`crate::sim`),
@@ -69,6 +86,7 @@ impl SnapshotFile {
         SnapshotFile {
             file: Handle::of(file),
             path,
+            partial: false,
         }
     }
 
@@ -88,6 +106,7 @@ impl SnapshotFile {
         Ok(SnapshotFile {
             file: Handle::of(file),
             path,
+            partial: true,
         })
     }
 
@@ -98,8 +117,7 @@ impl SnapshotFile {
     /// The snapshot's id: its file's name without `snap-` and `.data` (see `snapshot.rs`).
     pub fn id(&self) -> String {
         let name = self.path.file_name().unwrap_or_default().to_string_lossy();
-        let name = name.strip_prefix("snap-").unwrap_or(&name);
-        name.strip_suffix(".data").unwrap_or(name).to_string()
+        id_of(&name).to_string()
     }
 
     /// The file's size, from the open handle: still right after a newer snapshot unlinked it.
@@ -123,7 +141,8 @@ impl SnapshotFile {
                 f.sync_all()?;
             }
         }
-        Ok(self.path)
+        self.partial = false;
+        Ok(std::mem::take(&mut self.path))
     }
 }
 

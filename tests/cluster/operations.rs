@@ -434,3 +434,54 @@ async fn a_node_without_a_quorum_in_reach_does_not_campaign() {
         .expect("a write after the others came back");
     c.shutdown().await;
 }
+
+/// Review 34b: openraft 0.10's chunked receiver writes a chunk whatever its vote, so one from
+/// a deposed leader would restart the live leader's transfer (and leave a partial file). It is
+/// answered with the newer vote, unread, and no file is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_chunk_from_a_deposed_leader_is_answered_with_the_newer_vote() {
+    use openraft::async_runtime::WatchReceiver as _;
+    use openraft_legacy::network_v1::{
+        InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, SnapshotMeta,
+    };
+    use timerdb::api::pb::raft_client::RaftClient;
+    use timerdb::cluster::{TypeConfig, Vote};
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let theirs = c.node(follower).node.raft.metrics().borrow_watched().vote;
+    let stale = InstallSnapshotRequest::<TypeConfig> {
+        vote: Vote::new_committed(0, 9),
+        meta: SnapshotMeta {
+            last_log_id: None,
+            last_membership: Default::default(),
+            snapshot_id: "stale".into(),
+        },
+        offset: 0,
+        data: vec![7; 1000],
+        done: false,
+    };
+    let ch = c.channel(follower).await;
+    let mut msg = tonic::Request::new(pb::RaftMessage {
+        data: timerdb::storage::encode(&stale),
+    });
+    msg.metadata_mut().insert("x-timerdb-bucket-ms", 1.into());
+    let reply = RaftClient::new(ch).install_snapshot(msg).await.unwrap();
+    type Answer = Result<
+        InstallSnapshotResponse<TypeConfig>,
+        openraft::error::RaftError<TypeConfig, InstallSnapshotError>,
+    >;
+    let answer: Answer = timerdb::storage::decode(&reply.into_inner().data).unwrap();
+    assert_eq!(
+        answer.unwrap().vote,
+        theirs,
+        "not answered with the newer vote"
+    );
+    let dir = c.config(follower).data_dir.join("snapshot");
+    let partial: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".part"))
+        .collect();
+    assert!(partial.is_empty(), "a stale chunk left {partial:?}");
+    c.shutdown().await;
+}

@@ -216,3 +216,21 @@ async fn an_append_behind_a_pending_install_waits_for_it() {
         "and the purge is done first"
     );
 }
+
+/// Review 34b: openraft 0.10 installs the current snapshot itself at start when the state
+/// machine is behind it. That file is kept under its own id (renamed, a crash before `CURRENT`
+/// named the new name lost the only copy).
+#[tokio::test]
+async fn installing_the_current_snapshot_keeps_its_file() {
+    let dir = TempDir::new().unwrap();
+    let (mut sm, want) = with_workload(&dir).await;
+    build_snapshot(&mut sm).await;
+    let current = sm.get_current_snapshot().await.unwrap().unwrap();
+    let (id, path) = (current.snapshot.id(), current.snapshot.path().to_path_buf());
+    let meta = current.meta.clone();
+    sm.install_snapshot(&meta, current.snapshot).await.unwrap();
+    assert_eq!(sm.store.digest().unwrap(), want);
+    let after = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(after.snapshot.id(), id, "the current snapshot was renamed");
+    assert!(path.exists());
+}
