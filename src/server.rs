@@ -433,3 +433,13 @@ const HAND_OFF_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
+
+/// A one-node cluster on a loopback port with its data in `dir`, for unit tests.
+#[cfg(test)]
+pub(crate) async fn single_node(dir: &std::path::Path) -> RunningNode {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let peers = [(1, addr)].into_iter().collect();
+    let config = NodeConfig::new(1, dir.to_path_buf(), peers);
+    start(config, listener).await.unwrap()
+}

@@ -272,11 +272,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn workers_stop_when_raft_stops() {
         let dir = tempfile::TempDir::new().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let peers = [(1, addr)].into_iter().collect();
-        let config = crate::config::NodeConfig::new(1, dir.path().to_path_buf(), peers);
-        let node = crate::server::start(config, listener).await.unwrap();
+        let node = crate::server::single_node(dir.path()).await;
         let raft = node.node.raft.clone();
         let (_stop, shutdown) = watch::channel(false);
         let leads = Arc::new(AtomicU32::new(0));

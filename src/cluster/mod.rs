@@ -10,7 +10,7 @@
 //! delivery dispatcher ([`dispatch`]), which plans the grants Fire entries carry and proposes
 //! Deliver entries of its own; and the [`purger`], which deletes finished timers by range once
 //! their retention passed. On every node, [`elect`] lets Raft campaign only while a quorum of
-//! voters is in reach (openraft 0.9 has no pre-vote).
+//! voters is in reach (openraft 0.9 had no pre-vote; 0.10's is not switched on yet).
 
 pub mod acks;
 pub mod dispatch;

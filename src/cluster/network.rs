@@ -446,11 +446,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries() {
         let dir = tempfile::TempDir::new().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let peers = [(1, addr)].into_iter().collect();
-        let config = crate::config::NodeConfig::new(1, dir.path().to_path_buf(), peers);
-        let node = crate::server::start(config, listener).await.unwrap();
+        let node = crate::server::single_node(dir.path()).await;
         let snapshot = loop {
             match node.node.backup().await {
                 Ok(s) => break s,
