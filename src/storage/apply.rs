@@ -52,6 +52,13 @@ pub(super) struct Applier<'a> {
     pub earliest_new_due: Option<i64>,
     /// Whether this entry made timers deliverable, to wake the delivery dispatcher.
     pub made_ready: bool,
+    /// Where scans of the deadlines start (`floor.rs`): at or below every live one.
+    pub(super) deadline_floor: u64,
+    /// What this entry's expiry scan proved about the deadlines in the database: none is
+    /// below this (`floor.rs`).
+    pub deadlines_proved: Option<u64>,
+    /// The earliest deadline this entry wrote.
+    pub deadlines_written: Option<u64>,
     /// Per namespace, the earliest row this entry placed after the cursor, for the heads once
     /// the batch is written.
     pub placed: HashMap<String, Slot>,
@@ -124,6 +131,9 @@ impl<'a> Applier<'a> {
             next_pos: 0,
             earliest_new_due: None,
             made_ready: false,
+            deadline_floor: 0,
+            deadlines_proved: None,
+            deadlines_written: None,
             placed: HashMap::default(),
             stage: true,
             visited: Vec::new(),

@@ -101,6 +101,8 @@ impl Applier<'_> {
         if count > 0 {
             let key = wheel::deadline_key(deadline_ms, namespace, to);
             self.batch.put_cf(cf(self.db, CF_DEADLINES), key, []);
+            let at = deadline_ms.max(0) as u64;
+            self.deadlines_written = Some(self.deadlines_written.map_or(at, |w| w.min(at)));
             self.wakes_at(deadline_ms);
         }
         self.ns(namespace)?.delivered_to = to;

@@ -178,8 +178,10 @@ impl Applier<'_> {
     /// rows were moved; returns whether expired leases remain.
     fn expire_leases(&mut self, now_ms: i64, max: usize) -> Result<bool> {
         let mut opts = ReadOptions::default();
-        let bound = (now_ms.max(0) as u64).saturating_add(1).to_be_bytes();
-        opts.set_iterate_upper_bound(bound.to_vec());
+        let past = (now_ms.max(0) as u64).saturating_add(1);
+        opts.set_iterate_upper_bound(past.to_be_bytes().to_vec());
+        // From the floor, not the start: below it lie only tombstones (`floor.rs`).
+        opts.set_iterate_lower_bound(self.deadline_floor.to_be_bytes().to_vec());
         let mut iter = self.db.raw_iterator_cf_opt(cf(self.db, CF_DEADLINES), opts);
         iter.seek_to_first();
         let mut due = Vec::new();
@@ -192,13 +194,21 @@ impl Applier<'_> {
         iter.status()?;
         drop(iter);
         let mut moved = 0;
+        let mut expired = due.len();
         for (i, (_, ns, to)) in due.iter().enumerate() {
             if moved >= max {
-                return Ok(i < due.len());
+                expired = i;
+                break;
             }
             moved += self.expire_lease(now_ms, ns, *to)?;
         }
-        Ok(false)
+        // Once this entry is written, no deadline it did not write lies below the first one
+        // left at or before `now_ms`, or, with none left, below `now_ms + 1` (`floor.rs`).
+        let proved = due
+            .get(expired)
+            .map_or(past, |(at, _, _)| (*at).max(0) as u64);
+        self.deadlines_proved = Some(self.deadlines_proved.map_or(proved, |p| p.min(proved)));
+        Ok(expired < due.len())
     }
 
     /// The deadline of `namespace`'s lease ending at `to` passed: every row still in flight

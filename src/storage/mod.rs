@@ -33,6 +33,7 @@ mod change;
 mod codec;
 mod deliver;
 mod fire;
+mod floor;
 mod gc;
 mod heads;
 mod level;

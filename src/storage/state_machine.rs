@@ -68,6 +68,7 @@ impl StateMachine {
     /// Makes the node-local caches as stale as their contracts allow (every head early), as a
     /// long-running replica's may be. For the apply fuzzer: apply must not write otherwise.
     pub fn stale_caches(&self) {
+        self.store.deadline_floor.reset();
         let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
         heads.all_early(self.meta.cursor);
     }
@@ -125,11 +126,13 @@ impl StateMachine {
                     entry.log_id.index,
                     self.store.heads.clone(),
                 );
+                applier.deadline_floor = self.store.deadline_floor.get();
                 let response = applier.apply(cmd)?;
                 applier.finish();
                 after = AfterWrite {
                     earliest_new_due: applier.earliest_new_due,
                     made_ready: applier.made_ready,
+                    deadlines: (applier.deadlines_proved, applier.deadlines_written),
                     placed: std::mem::take(&mut applier.placed),
                     visited: std::mem::take(&mut applier.visited),
                     purged: std::mem::take(&mut applier.purged),
@@ -186,6 +189,9 @@ impl StateMachine {
                 }
             }
         }
+        // Before the signal: the driver it wakes reads the floor.
+        let (proved, written) = after.deadlines;
+        self.store.deadline_floor.after_entry(proved, written);
         if let Some(due) = after.earliest_new_due {
             self.signal.scheduled(due);
         }
@@ -201,6 +207,8 @@ impl StateMachine {
 struct AfterWrite {
     earliest_new_due: Option<i64>,
     made_ready: bool,
+    /// For the deadline floor: (proved, written), `floor.rs`.
+    deadlines: (Option<u64>, Option<u64>),
     placed: HashMap<String, Slot>,
     visited: Vec<String>,
     purged: Vec<(String, Slot)>,

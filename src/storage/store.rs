@@ -92,6 +92,8 @@ pub struct Store {
     pub(super) fire_stats: Arc<crate::metrics::FireStats>,
     /// Each namespace's first row after the fire cursor (kept by the state machine).
     pub(super) heads: Arc<Mutex<Heads>>,
+    /// At or below every open lease's deadline (kept by the state machine, `floor.rs`).
+    pub(super) deadline_floor: Arc<super::floor::DeadlineFloor>,
     /// Which index entries compaction may drop; pinned while a digest reads.
     pub(super) gc: Arc<IndexGc>,
     /// The applied access state (keys, auth on/off), read on every call (`access.rs`).
@@ -214,6 +216,7 @@ impl Store {
             fire_stats: Arc::default(),
             acked: Arc::default(),
             heads: Arc::default(),
+            deadline_floor: Arc::default(),
             gc,
             access: Arc::default(),
             access_changed: Arc::default(),
@@ -301,10 +304,11 @@ impl Store {
         }
     }
 
-    /// Makes every cached head as early as the cache's contract allows (`Heads::all_early`):
-    /// what a long-running node's cache may be. For the simulator and the fuzzer only: apply
-    /// must write the same with it.
+    /// Makes every cached head as early as the cache's contract allows (`Heads::all_early`),
+    /// and the deadline floor as low (`floor.rs`): what a long-running node's caches may be.
+    /// For the simulator and the fuzzer only: apply must write the same with them.
     pub fn stale_heads(&self) -> Result<()> {
+        self.deadline_floor.reset();
         let cursor = meta::SmMeta::load(&self.db)?.cursor;
         self.heads
             .lock()
@@ -313,8 +317,10 @@ impl Store {
         Ok(())
     }
 
-    /// Reads every namespace's head again (the state machine opened or installed a snapshot).
+    /// Reads every namespace's head again and forgets the deadline floor (the state machine
+    /// opened or installed a snapshot).
     pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
+        self.deadline_floor.reset();
         let heads = Heads::load(&self.db, cursor)?;
         *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = heads;
         Ok(())
@@ -497,7 +503,8 @@ impl Store {
             .first()
             .map(|slot| self.wheel().due_ms(slot.bucket));
         let reader = Reader::live(&self.db);
-        let iter = reader.iter(CF_DEADLINES, Vec::new(), None);
+        let floor = self.deadline_floor.get().to_be_bytes().to_vec();
+        let iter = reader.iter(CF_DEADLINES, floor, None);
         iter.status()?;
         let deadline = match iter.key() {
             Some(k) => Some(
