@@ -271,7 +271,7 @@ impl Pump {
         let mut sub =
             node.dispatcher
                 .subscribe(&self.req.namespace, &self.req.consumer, max, false);
-        let mut metrics = node.raft.metrics();
+        let mut metrics = node.raft.server_metrics();
         let mut tracker = StreamAcks::new(&self.req.namespace);
         let carried = std::mem::take(&mut self.carried);
         let mut budget = Budget::new(max, carried.len());
@@ -617,7 +617,7 @@ async fn hand_over(mut sub: Subscription, tx: &Sink) -> End {
 }
 
 // These two drop the watch guards before returning, so the futures stay `Send`.
-async fn lost_leadership(metrics: &mut crate::cluster::MetricsRx) {
+async fn lost_leadership(metrics: &mut crate::cluster::ServerMetricsRx) {
     let _ = metrics.wait_until(|m| m.state != ServerState::Leader).await;
 }
 

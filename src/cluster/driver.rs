@@ -107,20 +107,23 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
     mut shutdown: watch::Receiver<bool>,
     mut lead: impl FnMut() -> F,
 ) {
-    let mut metrics = raft.metrics();
+    // The role only: see `ServerMetricsRx`. Raft stopping closes it (`Err`).
+    let mut metrics = raft.server_metrics();
     loop {
-        let leads = |m: &RaftMetrics| {
-            stopped(m) || (m.state == ServerState::Leader && m.current_leader == Some(id))
+        let leads = |m: &ServerMetrics| {
+            m.state == ServerState::Shutdown
+                || (m.state == ServerState::Leader && m.current_leader == Some(id))
         };
+        let ended = |closed: bool| closed || stopped(&raft.metrics().borrow_watched());
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(leads) => if r.is_err() || stopped(&r.unwrap()) { break },
+            r = metrics.wait_until(leads) => if ended(r.is_err()) { break },
         }
         tracing::info!(id, "became leader: {what} starts");
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(|m| stopped(m) || m.state != ServerState::Leader) => {
-                if r.is_err() || stopped(&r.unwrap()) { break }
+            r = metrics.wait_until(|m| m.state != ServerState::Leader) => {
+                if ended(r.is_err()) { break }
             }
             _ = caught_up_then(raft, what, &mut lead) => {}
         }
@@ -131,6 +134,7 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
 }
 
 type RaftMetrics = crate::cluster::RaftMetrics;
+type ServerMetrics = openraft::metrics::RaftServerMetrics<super::TypeConfig>;
 
 /// Whether Raft has stopped for good (a fatal error, or shut down).
 pub fn stopped(m: &RaftMetrics) -> bool {

@@ -80,6 +80,13 @@ pub type Snapshot = openraft::Snapshot<LeaderId, NodeId, BasicNode, crate::stora
 pub type RaftMetrics = openraft::RaftMetrics<TypeConfig>;
 /// A receiver of [`RaftMetrics`].
 pub type MetricsRx = openraft_rt_tokio::TokioWatchReceiver<RaftMetrics>;
+/// The part of openraft's view that changes with the role, the leader and the membership only
+/// (`Raft::server_metrics`). A task that waits for a role change watches this: the whole
+/// [`RaftMetrics`] change several times per entry (log, commit, apply), and each change woke
+/// every such task to test its condition again. Its sender goes with Raft's core: a receiver
+/// sees the channel close when Raft stops, on a fatal error too.
+pub type ServerMetricsRx =
+    openraft_rt_tokio::TokioWatchReceiver<openraft::metrics::RaftServerMetrics<TypeConfig>>;
 /// A storage failure as openraft carries it.
 pub type StorageError = openraft::StorageError<TypeConfig>;
 
