@@ -110,19 +110,21 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
     // The role only: see `ServerMetricsRx`. Raft stopping closes it (`Err`).
     let mut metrics = raft.server_metrics();
     loop {
-        let leads = |m: &ServerMetrics| {
-            m.state == ServerState::Shutdown
-                || (m.state == ServerState::Leader && m.current_leader == Some(id))
-        };
+        // (Server metrics never say `Shutdown`: their channel closing is the stop.)
+        let leads =
+            |m: &ServerMetrics| m.state == ServerState::Leader && m.current_leader == Some(id);
         let ended = |closed: bool| closed || stopped(&raft.metrics().borrow_watched());
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
             r = metrics.wait_until(leads) => if ended(r.is_err()) { break },
         }
         tracing::info!(id, "became leader: {what} starts");
+        // A new vote ends this leadership even if this node leads again under it before the
+        // watcher looks (Leader, Follower, Leader would otherwise read as "still Leader").
+        let vote = metrics.borrow_watched().vote;
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(|m| m.state != ServerState::Leader) => {
+            r = metrics.wait_until(|m| m.state != ServerState::Leader || m.vote != vote) => {
                 if ended(r.is_err()) { break }
             }
             _ = caught_up_then(raft, what, &mut lead) => {}

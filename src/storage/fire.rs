@@ -204,9 +204,12 @@ impl Applier<'_> {
         }
         // Once this entry is written, no deadline it did not write lies below the first one
         // left at or before `now_ms`, or, with none left, below `now_ms + 1` (`floor.rs`).
+        // (Never below the floor it scanned from, which held too: a Fire whose `now_ms` lags
+        // it would otherwise lower it for nothing.)
         let proved = due
             .get(expired)
             .map_or(past, |(at, _, _)| (*at).max(0) as u64);
+        let proved = proved.max(self.deadline_floor);
         self.deadlines_proved = Some(self.deadlines_proved.map_or(proved, |p| p.min(proved)));
         Ok(expired < due.len())
     }

@@ -188,10 +188,10 @@ impl StateMachine {
                     heads.note(ns, *slot);
                 }
             }
+            // Under the same lock, before the signal (`Store::next_due` reads both under it).
+            let (proved, written) = after.deadlines;
+            self.store.deadline_floor.after_entry(proved, written);
         }
-        // Before the signal: the driver it wakes reads the floor.
-        let (proved, written) = after.deadlines;
-        self.store.deadline_floor.after_entry(proved, written);
         if let Some(due) = after.earliest_new_due {
             self.signal.scheduled(due);
         }

@@ -496,14 +496,16 @@ impl Store {
     /// When the fire driver must next propose a Fire: the earliest bucket a row waits in after
     /// the cursor, or the earliest lease deadline; `None` when nothing waits.
     pub fn next_due(&self) -> Result<Option<i64>> {
-        let head = self
-            .heads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .first()
-            .map(|slot| self.wheel().due_ms(slot.bucket));
+        // Both under the heads' lock, which apply holds while it updates them: an entry that
+        // lowered either either did so before this read, or reads the driver's target (`MAX`
+        // while it looks) after it, and wakes it to look again.
+        let (head, floor) = {
+            let heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+            let head = heads.first().map(|slot| self.wheel().due_ms(slot.bucket));
+            (head, self.deadline_floor.get())
+        };
         let reader = Reader::live(&self.db);
-        let floor = self.deadline_floor.get().to_be_bytes().to_vec();
+        let floor = floor.to_be_bytes().to_vec();
         let iter = reader.iter(CF_DEADLINES, floor, None);
         iter.status()?;
         let deadline = match iter.key() {

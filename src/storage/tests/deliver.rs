@@ -772,3 +772,19 @@ async fn leases_a_bounded_fire_left_expire_at_the_next() {
         "the leases the bounded Fire left expired"
     );
 }
+
+/// A deadline written below the floor (a Deliver proposed by a leader whose clock lags the
+/// Fire entries before it) lowers the floor: the driver sees it due and a Fire expires it.
+#[tokio::test]
+async fn a_deadline_written_below_the_floor_still_expires() {
+    let mut s = Sm::new();
+    s.apply(policy(5)).await;
+    s.apply(schedule("a", T0)).await;
+    // This Fire proves no deadline lives at or before T0 + 10 s: the floor goes there.
+    s.apply(fire(T0 + 10_000, 100)).await;
+    let lease = deliver(&mut s, T0, 1).await.expect("ready");
+    assert_eq!(lease.deadline_ms, T0 + ACK_MS, "below the floor");
+    assert_eq!(s.store.next_due().unwrap(), Some(T0 + ACK_MS));
+    s.apply(fire(T0 + 10_001, 100)).await;
+    assert_eq!(s.timer("a").phase, Phase::Backoff, "the lease expired");
+}
