@@ -1,5 +1,6 @@
 //! The `pending` workload: load N timers due in a month (so none fires), then report what they
-//! cost (on-disk size and resident memory of each node, right after the load and at rest) and
+//! cost (on-disk size and resident memory of each node: the most while loading, right after the
+//! load and at rest) and
 //! how long a restart takes, at rest: a follower killed and started again until it has caught
 //! up and answers, then the whole cluster killed and started again until it takes a write. Last,
 //! the whole cluster is killed right after loading a third as many again (every WAL as full as
@@ -23,13 +24,32 @@ pub async fn pending(
     count: u64,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    target.procs("pending")?;
+    let procs = target.procs("pending")?;
+    let pids: Vec<u32> = NODES.iter().filter_map(|id| procs.pid(*id)).collect();
     let ns = "pending";
     let base = now_ms() + DAY_MS;
     // Spread over 30 days, one ms apart cycling: many timers share each wheel bucket.
     let due = move |i: u64| base + (i as i64 * 7919) % (30 * DAY_MS);
+    // The largest resident set of any node while the load runs, sampled 4 times a second.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let sampler = tokio::spawn(async move {
+        let mut most = 0u64;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    most = pids.iter().map(|p| rss_bytes(*p)).fold(most, u64::max);
+                }
+                _ = &mut stopped => return most,
+            }
+        }
+    });
     let secs = load(target, opts, ns, count, Arc::new(due), "pending: load").await?;
+    let _ = stop.send(());
+    let during = sampler.await.unwrap_or(0);
     rec.put("load rate", "timers/s", count as f64 / secs);
+    rec.put("RSS during the load (max)", "MiB", during as f64 / MIB);
     let index = caught_up(target, None, Duration::from_secs(300)).await?;
     let (disk, rss) = footprint(target, "pending")?;
     rec.put("disk per node (max)", "MiB", disk / MIB);
