@@ -220,9 +220,9 @@ fn format_error(dir: &Path, found: &str) -> crate::Error {
 /// partition, and the top-level index of each file stays pinned; outside the cache they grew
 /// with the data. 10,000,000 pending, one run each against the build before (which had 128
 /// MiB of memtables beside a 64 MiB cache, filters outside): RSS right after the load 316 ->
-/// 270 MiB, at rest 177 -> 146 MiB, load rate x0.91; at 160 MiB, 310 -> 257 MiB (during the
-/// load 382 -> 308) but x0.85: the memtables take most of the cache while loading, and
-/// filter partitions are read again.
+/// 270 MiB (274 in a second run; during the load 382 -> 319), at rest 177 -> 146 MiB, load
+/// rate x0.91 and x1.03; at 160 MiB, 310 -> 257 MiB (during the load 308) but x0.85: the
+/// memtables take most of the cache while loading, and filter partitions are read again.
 const MEMORY_BYTES: usize = 176 << 20;
 /// How much a flush, a compaction or the WAL writes before RocksDB asks the kernel to write it
 /// back (`sync_file_range`), instead of leaving it all to the file's final fsync.
