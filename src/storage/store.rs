@@ -493,6 +493,22 @@ impl Store {
         Ok(false)
     }
 
+    /// Whether the deadline floor holds: no deadline in the database lies below it
+    /// (`floor.rs`). The apply fuzzer asks after every entry: a floor too high shows here at
+    /// once, long before the lease it hides fails to expire.
+    pub fn check_deadline_floor(&self) -> std::result::Result<(), String> {
+        let floor = self.deadline_floor.get();
+        let reader = Reader::live(&self.db);
+        let iter = reader.iter(CF_DEADLINES, Vec::new(), None);
+        let first = iter.key().and_then(wheel::decode_deadline_key);
+        match first {
+            Some((at, ns, _)) if (at.max(0) as u64) < floor => Err(format!(
+                "the deadline floor {floor} is above a live deadline {at} (namespace {ns})"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// When the fire driver must next propose a Fire: the earliest bucket a row waits in after
     /// the cursor, or the earliest lease deadline; `None` when nothing waits.
     pub fn next_due(&self) -> Result<Option<i64>> {

@@ -5,9 +5,10 @@
 //! disturbances of one replica, applied to three fresh state machines:
 //!
 //! - the *steady* one applies one entry at a time and is never disturbed: its node-local
-//!   caches (the heads, the access cache, the index GC's floors) carry whatever history left
-//!   in them, and at the points the program says they are made as stale as their contracts
-//!   allow (every head early, `StateMachine::stale_caches`);
+//!   caches (the heads, the deadline floor, the access cache, the index GC's floors) carry
+//!   whatever history left in them, and at the points the program says they are made as stale
+//!   as their contracts allow (every head early, the floor at 0, `StateMachine::stale_caches`);
+//!   after every entry its deadline floor must hold (no deadline below it);
 //! - the *disturbed* one applies the same entries one at a time, rebuilding every node-local
 //!   cache from its database before each (`StateMachine::reload`, what opening does), and at
 //!   the points the program says it is closed and opened again or installs a snapshot the
@@ -467,6 +468,9 @@ pub fn run(input: &[u8]) -> Verdict {
             match step {
                 Step::Apply(c) => {
                     let a = apply_one(&mut steady, index, c).await?;
+                    // The deadline floor (a cache the steady replica keeps) holds.
+                    (steady.store().check_deadline_floor())
+                        .map_err(|e| format!("entry {index} ({}): {e}", c.name()))?;
                     let sm = disturbed.as_mut().ok_or("no disturbed replica")?;
                     // Every cache rebuilt from the database, as a restart would.
                     sm.reload().map_err(|e| format!("reloading the caches: {e}"))?;
