@@ -10,8 +10,9 @@
 //! one before it. Both now seek to the floor.
 //!
 //! A cache, not state (DESIGN 8): it is 0 (scan from the start) when the state machine opens,
-//! installs a snapshot or is made stale on purpose (`stale_heads`, for the fuzzer and the
-//! simulator); only apply moves it, after an entry is written: up to what that entry's own
+//! installs a snapshot or is made stale on purpose (`StateMachine::stale_caches` for the apply
+//! fuzzer, `Store::stale_heads` for the simulator; the fuzzer also checks after every entry that
+//! it holds); only apply moves it, after an entry is written: up to what that entry's own
 //! expiry scan proved (the first deadline it found at or before its `now_ms`, or `now_ms + 1`
 //! when it found none — every deadline then in the database is later), and down to every
 //! deadline the entry wrote. A floor that holds (at or below every live deadline) makes a scan

@@ -65,8 +65,9 @@ impl StateMachine {
         Ok(sm)
     }
 
-    /// Makes the node-local caches as stale as their contracts allow (every head early), as a
-    /// long-running replica's may be. For the apply fuzzer: apply must not write otherwise.
+    /// Makes the node-local caches as stale as their contracts allow (every head early, the
+    /// deadline floor at 0), as a long-running replica's may be. For the apply fuzzer: apply
+    /// must not write otherwise.
     pub fn stale_caches(&self) {
         self.store.deadline_floor.reset();
         let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
