@@ -20,6 +20,7 @@ use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::{Error, Result};
+pub use ack::Acked;
 
 /// Who leads, as this node knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,17 +362,6 @@ impl Node {
         self.write_timer(cmd).await
     }
 
-    /// Acks delivery `attempt` of `key`: FIRED → ACKED (or the ACKED timer, for a retry).
-    pub async fn ack(&self, key: TimerKey, attempt: u32) -> Result<Timer> {
-        let now_ms = self.now_ms();
-        let cmd = Command::Ack {
-            now_ms,
-            key: key.clone(),
-            attempt,
-        };
-        self.settle(cmd, &key, attempt).await
-    }
-
     /// Acks many deliveries in one command, each judged and answered alone. A failure of the
     /// write (leadership lost) fails the whole call, so that the caller retries it where a
     /// leader is: acks are idempotent.
@@ -611,6 +601,7 @@ impl Node {
 }
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
+mod ack;
 mod change;
 mod leading;
 pub mod overview;

@@ -229,9 +229,10 @@ impl timers_server::Timers for TimersService {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let timer = self.node().ack(key, attempt).await?;
+        let acked = self.node().ack(key, attempt, req.wait_for_commit).await?;
         Ok(Response::new(pb::AckResponse {
-            timer: Some(timer.into()),
+            timer: Some(acked.timer.into()),
+            committed: acked.committed,
         }))
     }
 

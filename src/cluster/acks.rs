@@ -9,10 +9,14 @@
 //! that lease is no longer open (its deadline passed first), its deliveries are acked one by
 //! one instead, which is what an ack of each would have done.
 //!
+//! Unary Acks answered once queued (the default; `node/ack.rs`) come here too, one lane per
+//! namespace.
+//!
 //! Stream acks are at-least-once like deliveries: an ack lost with a failing leader leaves the
 //! timer in flight, and it is delivered again after its deadline. A stream that finishes
 //! cleanly waits for [`Acker::applied`], a barrier behind everything queued before it; a
-//! consumer that needs to know one ack took effect uses `Ack` or `AckBatch`, which answer.
+//! consumer that needs to know one ack took effect uses `Ack` with `wait_for_commit`, or
+//! `AckBatch`, which answer once applied.
 //!
 //! Stream nacks come here too (one `Nack` command each, proposed together: the proposer packs
 //! them into one entry), not a task per nack. The queue is bounded ([`QUEUE`], [`PER_LANE`]

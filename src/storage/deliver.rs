@@ -321,6 +321,14 @@ fn unchanged(timer: Timer) -> Response {
 
 /// Why `attempt` cannot be acked or nacked (`verb`) on `timer`, which is not ACKED; `None` if
 /// it is the latest delivery of a FIRED timer.
+/// Why an ack of `timer`'s delivery `attempt` would not simply ack it, as apply judges it (an
+/// ACKED timer included: apply answers that unchanged); `None`: it acks the latest attempt of a
+/// FIRED timer. The leader's queued Ack asks this of its applied state (`Node::ack`) and takes
+/// the log's answer instead wherever it is anything but plainly good.
+pub fn ack_refusal(timer: &Timer, attempt: u32) -> Option<String> {
+    refuse_attempt(timer, attempt, "ack")
+}
+
 fn refuse_attempt(timer: &Timer, attempt: u32, verb: &str) -> Option<String> {
     let latest = timer.attempts;
     match timer.state {

@@ -58,6 +58,7 @@ use std::sync::Arc;
 use rocksdb::{ColumnFamilyDescriptor, Options, DB};
 
 pub use codec::{decode, encode, MAX_DECODE_BYTES};
+pub use deliver::ack_refusal;
 pub use gc::IndexGc;
 pub use log_store::LogStore;
 pub use snapshot::{SnapshotStats, Snapshots};

@@ -301,6 +301,7 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
             namespace: "orders".into(),
             id: "no-such-timer".into(),
             attempt: 1,
+            ..Default::default()
         };
         assert_eq!(t.ack(ack).await.unwrap_err().code(), Code::NotFound);
         let sub = |ns: &str| pb::SubscribeRequest {

@@ -189,6 +189,7 @@ async fn ack_one(
             namespace: namespace.clone(),
             id: id.clone(),
             attempt,
+            wait_for_commit: true,
         };
         match client.ack(req).await {
             Ok(r) => {

@@ -378,6 +378,7 @@ async fn ack(
         namespace: NS.into(),
         id: id.into(),
         attempt,
+        wait_for_commit: true,
     };
     Ok(client.ack(req).await?.into_inner().timer.unwrap())
 }
@@ -561,6 +562,7 @@ async fn ack_batch_answers_each_ack_alone_and_refuses_a_bad_batch_whole() {
                 namespace: NS.into(),
                 id: id.to_string(),
                 attempt: *attempt,
+                ..Default::default()
             })
             .collect(),
     };

@@ -31,4 +31,5 @@ mod secure_process;
 mod slow_disk;
 mod tls;
 mod tls_members;
+mod unary_ack;
 mod upgrade;

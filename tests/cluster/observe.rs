@@ -131,6 +131,7 @@ async fn metrics_endpoint_is_scraped_and_parsed() {
                 namespace: t.namespace,
                 id: t.id,
                 attempt: d.attempt,
+                ..Default::default()
             })
             .await
             .unwrap();

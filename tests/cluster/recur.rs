@@ -293,6 +293,7 @@ async fn overlap_skip_waits_for_the_previous_occurrence_to_be_acked() {
         namespace: NS.into(),
         id: first_timer.id.clone(),
         attempt: first.attempt,
+        ..Default::default()
     })
     .await
     .unwrap();

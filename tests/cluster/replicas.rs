@@ -59,6 +59,7 @@ async fn a_restarted_follower_fires_purges_and_reuses_ids_like_the_others() {
         namespace: ns.into(),
         id: "a".into(),
         attempt: 1,
+        wait_for_commit: true,
     };
     client.ack(ack).await.unwrap();
     // An early head: b due soon, moved an hour on.

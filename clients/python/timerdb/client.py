@@ -280,9 +280,14 @@ class Client:
             if not token:
                 return out
 
-    def ack(self, namespace: str, id: str, attempt: int) -> pb.Timer:
-        """Acknowledges one delivery (retried: acking an acked timer succeeds again)."""
-        req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt)
+    def ack(self, namespace: str, id: str, attempt: int, wait_for_commit: bool = True) -> pb.Timer:
+        """Acknowledges one delivery (retried: acking an acked timer succeeds again).
+
+        By default waits until the ack has applied and returns the ACKED timer. With
+        `wait_for_commit=False` it is answered once the leader has queued it (the timer as it
+        was, still FIRED): faster, and an ack lost with a failing leader means a redelivery.
+        """
+        req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt, wait_for_commit=wait_for_commit)
         return self.call(True, lambda n, t, m: n.timers.Ack(req, timeout=t, metadata=m)).timer
 
     def ack_batch(self, acks: Iterable[pb.AckRequest]) -> pb.AckBatchResponse:

@@ -122,6 +122,8 @@ impl Subscription {
             namespace: self.namespace.clone(),
             id,
             attempt: delivery.attempt,
+            // Sent in AckBatch calls, which always answer once applied.
+            ..Default::default()
         }));
     }
 

@@ -356,6 +356,7 @@ async fn ack_batch(
             namespace: ns.into(),
             id: id.clone(),
             attempt: *attempt,
+            ..Default::default()
         })
         .collect();
     let mut turn = 0;

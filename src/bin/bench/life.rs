@@ -261,6 +261,8 @@ async fn consume(
                         namespace: ns.clone(),
                         id: t.id.clone(),
                         attempt: d.attempt,
+                        // As a new user writes it: the default, answered once queued.
+                        ..Default::default()
                     };
                     client.ack(ack).await?;
                     note(&mut seen.lock().unwrap(), t, recv_us);

@@ -437,8 +437,8 @@ fn acks(f: &mut Findings, timers: &BTreeMap<String, pb::Timer>, h: &History) {
 /// handover whose ack proposals openraft never answered — at least once, they came again.)
 pub const SETTLE_MS: i64 = 10_000;
 
-/// Stream acks take effect once the cluster is calm: a delivery acked on its stream after
-/// healing is not delivered again. (Before healing a stream ack may be lost with its stream or
+/// Stream acks (and unary Acks answered once queued, which go the same way) take effect once
+/// the cluster is calm: a delivery acked so after healing is not delivered again. (Before healing a stream ack may be lost with its stream or
 /// its leader — at least once — and liveness only sees that the timer ends ACKED, which the
 /// other consumer's unary acks could do alone: a wedged ack path would go unseen.)
 fn stream_acks(f: &mut Findings, h: &History, healed_ms: i64) {
@@ -448,16 +448,16 @@ fn stream_acks(f: &mut Findings, h: &History, healed_ms: i64) {
         *a = (*a).max(d.attempt);
     }
     for d in &h.deliveries {
-        let judged =
-            d.path == crate::workload::AckPath::Stream && d.received_ms >= healed_ms + SETTLE_MS;
+        let judged = d.path.answered_early() && d.received_ms >= healed_ms + SETTLE_MS;
         if judged && latest[d.id.as_str()] > d.attempt {
             f.violate(
                 "stream ack not applied",
                 format!(
-                    "{}: attempt {} received and acked on its stream {} ms after healing, \
-                     delivered again as attempt {}",
+                    "{}: attempt {} received and acked ({:?}) {} ms after healing, delivered \
+                     again as attempt {}",
                     d.id,
                     d.attempt,
+                    d.path,
                     d.received_ms - healed_ms,
                     latest[d.id.as_str()]
                 ),

@@ -194,7 +194,16 @@ fn a_stream_ack_after_healing_that_did_not_apply_is_reported() {
         "{:?}",
         f.violations
     );
-    // An ack by unary Ack (its own answer is judged by `acks`) is not this rule's.
+    // So must a unary Ack answered once queued (it went the same way).
+    h.deliveries[0].path = AckPath::Queued;
+    let f = check(&h, &timers, &SAME, &[], HEALED);
+    assert_eq!(
+        kinds(&f),
+        vec!["stream ack not applied"],
+        "{:?}",
+        f.violations
+    );
+    // An ack by unary Ack answered once applied (judged by `acks`) is not this rule's.
     h.deliveries[0].path = AckPath::Unary;
     assert!(kinds(&check(&h, &timers, &SAME, &[], HEALED)).is_empty());
 }

@@ -129,15 +129,15 @@ impl Totals {
             f.occurrences, f.occurrences_missed, f.occurrences_skipped
         );
         println!("  faults in order: {}", plan.join(", "));
-        let on_stream = r
-            .history
-            .deliveries
-            .iter()
-            .filter(|d| d.path == AckPath::Stream)
-            .count();
+        let on = |path| {
+            let d = &r.history.deliveries;
+            d.iter().filter(|d| d.path == path).count()
+        };
         println!(
             "  redeliveries (attempt > 1): {redeliveries}; deliveries acked on their stream \
-             (Consume): {on_stream}"
+             (Consume): {}, by unary Ack answered once queued: {}",
+            on(AckPath::Stream),
+            on(AckPath::Queued)
         );
         let mut unknown: Vec<&str> = r
             .history

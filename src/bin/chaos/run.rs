@@ -96,11 +96,14 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     let (c, rx) = (clients.clone(), workers_rx.clone());
     workers.push(tokio::spawn(push::worker(c, pushed.clone(), cfg.seed, rx)));
     let mut consumers = Vec::new();
-    // One consumer acks with unary calls, the other on its delivery stream.
-    for (c, path) in [workload::AckPath::Unary, workload::AckPath::Stream]
-        .into_iter()
-        .enumerate()
-    {
+    // One consumer acks with unary calls answered once applied, one with unary calls answered
+    // once queued, one on its delivery stream.
+    let paths = [
+        workload::AckPath::Unary,
+        workload::AckPath::Queued,
+        workload::AckPath::Stream,
+    ];
+    for (c, path) in paths.into_iter().enumerate() {
         let (cl, h, rx) = (clients.clone(), history.clone(), consumers_rx.clone());
         consumers.push(tokio::spawn(workload::consumer(c, path, cl, h, rx)));
     }

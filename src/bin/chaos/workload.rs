@@ -302,12 +302,22 @@ fn schedule_req(id: &str, at: i64) -> pb::ScheduleRequest {
 }
 
 /// How a consumer acks: each delivery with a unary Ack of its own (through any node, after a
-/// Subscribe), or on the delivery stream itself (Consume): the two paths reach the state
-/// machine through different code (the proposer directly, or the stream's ack coalescer).
+/// Subscribe) answered once applied (`wait_for_commit`) or once queued on the leader (the
+/// default), or on the delivery stream itself (Consume). They reach the state machine through
+/// different code: the proposer directly, or the ack coalescer (queued and stream acks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AckPath {
     Unary,
+    Queued,
     Stream,
+}
+
+impl AckPath {
+    /// Whether an ack on this path may be answered before it applies (so only the redelivery
+    /// check judges it, once the cluster is calm).
+    pub fn answered_early(self) -> bool {
+        self != AckPath::Unary
+    }
 }
 
 /// Runs one consumer until `stop`: subscribes through the nodes in turn (moving on when a
@@ -335,7 +345,7 @@ pub async fn consumer(
         let opened = tokio::select! {
             r = async {
                 match path {
-                    AckPath::Unary => client.subscribe(sub).await,
+                    AckPath::Unary | AckPath::Queued => client.subscribe(sub).await,
                     AckPath::Stream => {
                         let first = pb::ConsumeRequest { subscribe: Some(sub), acks: vec![] };
                         let _ = acks.send(first);
@@ -364,8 +374,10 @@ pub async fn consumer(
                     path,
                 });
                 match path {
-                    AckPath::Unary => {
-                        tokio::spawn(ack(clients.clone(), t.id, d.attempt, history.clone()));
+                    AckPath::Unary | AckPath::Queued => {
+                        let wait = path == AckPath::Unary;
+                        let (c, h) = (clients.clone(), history.clone());
+                        tokio::spawn(ack(c, t.id, d.attempt, wait, h));
                     }
                     AckPath::Stream => {
                         let ack = pb::DeliveryAck {
@@ -385,8 +397,16 @@ pub async fn consumer(
     }
 }
 
-/// Acks one delivery, through any node, retrying unknown outcomes for a while.
-async fn ack(clients: Vec<(u64, TimersClient<Conn>)>, id: String, attempt: u32, history: Shared) {
+/// Acks one delivery, through any node, retrying unknown outcomes for a while. An answer that
+/// says the ack applied goes into the history (the checker holds it to the timer's one
+/// finished_at); one that says it was queued is judged by redelivery instead.
+async fn ack(
+    clients: Vec<(u64, TimersClient<Conn>)>,
+    id: String,
+    attempt: u32,
+    wait_for_commit: bool,
+    history: Shared,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut turn = attempt as usize;
     loop {
@@ -396,10 +416,17 @@ async fn ack(clients: Vec<(u64, TimersClient<Conn>)>, id: String, attempt: u32, 
             namespace: NAMESPACE.into(),
             id: id.clone(),
             attempt,
+            wait_for_commit,
         };
+        let mut queued = false;
         let o = outcome(client.ack(request(req)).await, |r| {
-            r.into_inner().timer.into_iter().collect()
+            let r = r.into_inner();
+            queued = !r.committed;
+            r.timer.into_iter().collect()
         });
+        if queued && matches!(o, Outcome::Ok(_)) {
+            return;
+        }
         let retry = matches!(o, Outcome::Unknown(..)) && tokio::time::Instant::now() < deadline;
         if !retry {
             history.lock().unwrap().acks.push((id, attempt, o));

@@ -455,6 +455,8 @@ async fn slow_consumer(
                     namespace: SPARSE.into(),
                     id: t.id,
                     attempt: d.attempt,
+                    // Both paths: answered once applied, or once queued on the leader.
+                    wait_for_commit: rng.random_bool(0.5),
                 };
                 let _ = any.ack(ack).await;
             }

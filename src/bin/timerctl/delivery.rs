@@ -63,10 +63,12 @@ pub async fn settle(
     ack: bool,
 ) -> anyhow::Result<()> {
     let timer = if ack {
+        // A person at a terminal wants to see the timer ACKED: wait for the ack to apply.
         let req = pb::AckRequest {
             namespace,
             id,
             attempt,
+            wait_for_commit: true,
         };
         timers
             .ack(req)

@@ -384,20 +384,24 @@ class DeliveryAck(_message.Message):
     def __init__(self, id: _Optional[str] = ..., attempt: _Optional[int] = ..., nack: _Optional[bool] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("namespace", "id", "attempt")
+    __slots__ = ("namespace", "id", "attempt", "wait_for_commit")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_COMMIT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     id: str
     attempt: int
-    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    wait_for_commit: bool
+    def __init__(self, namespace: _Optional[str] = ..., id: _Optional[str] = ..., attempt: _Optional[int] = ..., wait_for_commit: _Optional[bool] = ...) -> None: ...
 
 class AckResponse(_message.Message):
-    __slots__ = ("timer",)
+    __slots__ = ("timer", "committed")
     TIMER_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     timer: Timer
-    def __init__(self, timer: _Optional[_Union[Timer, _Mapping]] = ...) -> None: ...
+    committed: bool
+    def __init__(self, timer: _Optional[_Union[Timer, _Mapping]] = ..., committed: _Optional[bool] = ...) -> None: ...
 
 class AckBatchRequest(_message.Message):
     __slots__ = ("acks",)

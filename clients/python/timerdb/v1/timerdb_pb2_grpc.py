@@ -174,17 +174,24 @@ class TimersServicer:
         as it handles it without waiting for a replicated write: the server applies the acks of
         every stream together, and a lease of deliveries acked whole in one write. Stream acks are
         at-least-once like deliveries (an ack lost with a failing leader means the delivery comes
-        again after its ack timeout); use Ack or AckBatch to learn an ack's outcome. To finish,
-        end your side of the stream and read on: the server sends no more deliveries, applies
-        every ack it received, and then ends the stream with OK (UNAVAILABLE if leadership moved
-        meanwhile and some may not have applied).
+        again after its ack timeout); use Ack with wait_for_commit, or AckBatch, to learn an
+        ack's outcome. To finish, end your side of the stream and read on: the server sends no
+        more deliveries, applies every ack it received, and then ends the stream with OK
+        (UNAVAILABLE if leadership moved meanwhile and some may not have applied).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
-        """Acknowledges one delivery: the timer moves FIRED -> ACKED exactly once.
+        """Acknowledges one delivery: the timer moves FIRED -> ACKED exactly once. By default the
+        leader checks the ack against the timer, queues it with the other acks it is writing and
+        answers at once (`committed` false): it applies within milliseconds unless the leader fails
+        first, and an ack lost that way means the delivery comes again (at-least-once, as with
+        Consume's stream acks), so a consumer that acks each delivery before reading the next keeps
+        up. With `wait_for_commit` the answer comes once the ack has applied (`committed` true, the
+        timer ACKED). An ack the leader cannot judge as plainly good (a stale or unknown attempt, a
+        timer not FIRED) always waits, so a refusal is always the replicated state's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

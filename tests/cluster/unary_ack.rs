@@ -1,0 +1,138 @@
+//! The unary Ack on a real cluster: answered once queued on the leader by default (then it
+//! applies a moment later), once applied with `wait_for_commit`; every refusal is the log's.
+
+use std::time::{Duration, Instant};
+
+use timerdb::api::pb;
+use tonic::Code;
+
+use crate::consumer::Consumer;
+use crate::delivery::schedule_many;
+use crate::harness::*;
+
+fn ack(id: &str, attempt: u32, wait_for_commit: bool) -> pb::AckRequest {
+    pb::AckRequest {
+        namespace: NS.into(),
+        id: id.into(),
+        attempt,
+        wait_for_commit,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unary_ack_is_answered_once_queued_and_applies_a_moment_later() {
+    let c = TestCluster::start(3).await;
+    let follower = c.follower().await;
+    let mut client = c.client(follower).await;
+    let names = ["a".to_string(), "b".into(), "c".into()];
+    schedule_many(&c, follower, NS, &names, now_ms(), 0).await;
+    let lazy = Consumer::start(&c, follower, NS, 10, false).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lazy.seen().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered: {:?}",
+            lazy.seen()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Phase 1: the default answer comes once the leader queued it: the timer as it was.
+    let r = client.ack(ack("a", 1, false)).await.unwrap().into_inner();
+    let held = r.timer.unwrap();
+    assert!(!r.committed, "answered as queued");
+    assert_eq!(
+        (held.state, held.attempts),
+        (pb::TimerState::Fired as i32, 1)
+    );
+    let a = wait_state(
+        &mut client,
+        "a",
+        pb::TimerState::Acked,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(a.finished_at_ms > 0, "{a:?}");
+
+    // Phase 2: a retry finds it ACKED: that answer is the log's (waited for), the same one.
+    let r = client.ack(ack("a", 1, false)).await.unwrap().into_inner();
+    let again = r.timer.unwrap();
+    assert!(
+        r.committed,
+        "an ack of an ACKED timer is answered by the log"
+    );
+    assert_eq!(
+        (again.state, again.finished_at_ms),
+        (pb::TimerState::Acked as i32, a.finished_at_ms)
+    );
+
+    // Phase 3: what the leader cannot plainly allow waits for the log and is refused by it.
+    let e = client.ack(ack("b", 2, false)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("attempt 2"), "{}", e.message());
+    let e = client.ack(ack("nope", 1, false)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let b = get(&mut client, "b").await.unwrap();
+    assert_eq!((b.state, b.attempts), (pb::TimerState::Fired as i32, 1));
+
+    // Phase 4: `wait_for_commit` answers once applied, with the ACKED timer.
+    let r = client.ack(ack("c", 1, true)).await.unwrap().into_inner();
+    let t = r.timer.unwrap();
+    assert!(r.committed);
+    assert_eq!(t.state, pb::TimerState::Acked as i32, "{t:?}");
+    assert!(t.finished_at_ms > 0);
+
+    lazy.stop();
+    c.converged().await;
+    c.shutdown().await;
+}
+
+/// A consumer that may hold one delivery and acks each (queued) before it reads the next: the
+/// queued ack frees its room at once, so the next comes without waiting for a commit or for an
+/// ack timeout, and every timer ends ACKED exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_at_a_time_consumer_with_queued_acks_gets_every_timer() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let names: Vec<String> = (0..40).map(|i| format!("t{i:02}")).collect();
+    schedule_many(&c, leader, NS, &names, now_ms(), 1).await;
+    let sub = pb::SubscribeRequest {
+        namespace: NS.into(),
+        consumer: "one-at-a-time".into(),
+        max_in_flight: 1,
+    };
+    let mut stream = client.subscribe(sub).await.unwrap().into_inner();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < names.len() {
+        let d = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("the next delivery comes after the ack, not after an ack timeout")
+            .unwrap()
+            .unwrap();
+        let t = d.timer.unwrap();
+        let r = client.ack(ack(&t.id, d.attempt, false)).await.unwrap();
+        assert!(!r.into_inner().committed);
+        got.push((t.id, d.attempt));
+    }
+    // The namespace's default ack timeout is 30 s: all 40 came well within one.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(got.iter().all(|(_, a)| *a == 1), "redelivered: {got:?}");
+    drop(stream);
+    for id in &names {
+        wait_state(
+            &mut client,
+            id,
+            pb::TimerState::Acked,
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    c.converged().await;
+    c.shutdown().await;
+}
