@@ -143,11 +143,6 @@ pub async fn start_with(
             rx.clone(),
         )));
     }
-    tasks.push(tokio::spawn(crate::cluster::elect::run(
-        node.config.clone(),
-        raft.clone(),
-        rx.clone(),
-    )));
     bootstrap(&node).await?;
     let dispatch = DispatchLoop {
         id: node.id,

@@ -189,6 +189,7 @@ pub const RULES: &[Rule] = &[
     // timerdb.v1.Raft (peers only)
     rule("/timerdb.v1.Raft/AppendEntries", Route::Local, Access::Peer),
     rule("/timerdb.v1.Raft/Vote", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Raft/PreVote", Route::Local, Access::Peer),
     rule(
         "/timerdb.v1.Raft/InstallSnapshot",
         Route::Local,

@@ -111,6 +111,27 @@ impl PeerService {
         })
     }
 
+    /// A Vote's or PreVote's request, if this node may answer it at all.
+    fn vote_request(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<openraft::raft::VoteRequest<TypeConfig>, Status> {
+        self.check_width(&req)?;
+        let rpc: openraft::raft::VoteRequest<TypeConfig> = body(req)?;
+        self.check_admitted(rpc.vote.leader_id().term)?;
+        if self.admitting() {
+            // A Hello came, entries not yet: this node becomes a learner first, which needs no
+            // vote, and a vote it persisted for a removed voter still campaigning (its term
+            // climbing past the Hello's) would depose the leader adding it. Nor may a wiped
+            // voter vote, or grant a pre-vote: it lost what it promised.
+            return Err(Status::unavailable(
+                "this node waits for its first entries from the leader adding it and votes \
+                 for nobody until then",
+            ));
+        }
+        Ok(rpc)
+    }
+
     /// While this node waits to be added: a Raft call only after a `Hello`, and only from a
     /// leader (or candidate) of the `Hello`'s term or later.
     fn check_admitted(&self, term: u64) -> Result<(), Status> {
@@ -243,20 +264,13 @@ impl raft_server::Raft for PeerService {
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        self.check_width(&req)?;
-        let rpc: openraft::raft::VoteRequest<TypeConfig> = body(req)?;
-        self.check_admitted(rpc.vote.leader_id().term)?;
-        if self.admitting() {
-            // A Hello came, entries not yet: this node becomes a learner first, which needs no
-            // vote, and a vote it persisted for a removed voter still campaigning (no PreVote
-            // in openraft 0.9; its term climbs past the Hello's) would depose the leader adding
-            // it. Nor may a wiped voter vote: it lost what it promised.
-            return Err(Status::unavailable(
-                "this node waits for its first entries from the leader adding it and votes \
-                 for nobody until then",
-            ));
-        }
+        let rpc = self.vote_request(req)?;
         self.reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let rpc = self.vote_request(req)?;
+        self.reply(&self.raft.pre_vote(rpc).await)
     }
 
     /// The call `AddNode` makes before it adds this node: may it join (its bucket width)?

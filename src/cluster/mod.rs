@@ -15,7 +15,6 @@
 pub mod acks;
 pub mod dispatch;
 pub mod driver;
-pub mod elect;
 pub mod hold;
 pub mod lanes;
 pub mod level;

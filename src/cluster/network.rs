@@ -156,6 +156,7 @@ pub struct PeerClient {
 enum Rpc {
     Append,
     Vote,
+    PreVote,
     Snapshot,
 }
 
@@ -200,32 +201,37 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: DeserializeOwned,
     {
+        decoded(self.send(rpc, req, ttl).await)
+    }
+
+    /// Sends one RPC; the reply's bytes, or the status it failed with.
+    async fn send<Req: Serialize>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, tonic::Status> {
         let addr = &self.addr;
-        let client = self.client.as_mut().ok_or_else(|| {
-            Transport::Unreachable(Unreachable::new(&std::io::Error::other(format!(
-                "bad peer address {addr}"
-            ))))
-        })?;
+        let client = (self.client.as_mut())
+            .ok_or_else(|| tonic::Status::unavailable(format!("bad peer address {addr}")))?;
         let own = &self.levels.1;
         let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store, own);
         request.set_timeout(ttl);
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
+            Rpc::PreVote => client.pre_vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         }
-        .map_err(|s| {
+        .inspect_err(|s| {
             self.levels.0.forget(self.target);
             if s.code() == tonic::Code::FailedPrecondition {
                 // It will not take part until someone fixes it: say why, loudly.
                 tracing::error!(target = self.target, addr = %self.addr, "peer refuses: {}", s.message());
             }
-            Transport::from_status(s)
         })?;
         self.levels.0.heard(self.target, reply.metadata());
-        decode(&reply.into_inner().data).map_err(|e| {
-            Transport::Network(NetworkError::new(&std::io::Error::other(e.to_string())))
-        })
+        Ok(reply.into_inner().data)
     }
 
     /// A call's outcome as openraft 0.10 takes it: a remote Raft that stopped (its only error
@@ -361,6 +367,17 @@ impl Transport {
     }
 }
 
+/// A reply's bytes as the remote Raft's answer (the outer error is the transport's).
+fn decoded<Resp, E>(sent: Result<Vec<u8>, tonic::Status>) -> Result<Result<Resp, E>, Transport>
+where
+    Resp: DeserializeOwned,
+    E: DeserializeOwned,
+{
+    let reply = sent.map_err(Transport::from_status)?;
+    decode(&reply)
+        .map_err(|e| Transport::Network(NetworkError::new(&std::io::Error::other(e.to_string()))))
+}
+
 /// Whether the call failed only because its deadline passed: tonic's client reports its own
 /// timeout as CANCELLED "Timeout expired"; a server that saw the deadline pass answers
 /// DEADLINE_EXCEEDED.
@@ -391,6 +408,22 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         let outcome = self.call(Rpc::Vote, &rpc, option.hard_ttl()).await;
         self.lift(outcome)
+    }
+
+    /// A peer that cannot be reached (or answers with an error) grants nothing: a node cut off
+    /// from a quorum never raises its term. Only a build without PreVote (UNIMPLEMENTED) counts
+    /// as a grant, as openraft counts a network without it: liveness during an upgrade.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self.send(Rpc::PreVote, &rpc, option.hard_ttl()).await {
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                Ok(VoteResponse::new(rpc.vote, None, true))
+            }
+            sent => self.lift(decoded(sent)),
+        }
     }
 
     async fn full_snapshot(

@@ -302,8 +302,13 @@ impl NodeConfig {
             // to install the whole snapshot (about 10 s for 1,000,000 timers on this machine);
             // a timeout sends the snapshot again from the start, so it must cover that.
             install_snapshot_timeout: 60_000,
-            // Off until `cluster::elect` finds a quorum in reach (our stand-in for pre-vote).
-            enable_elect: false,
+            // A node campaigns only after a quorum of voters said they would vote for it: their
+            // leader's lease ran out and its log is as up to date as theirs. A node cut off from
+            // the others (or up before them on a cluster restart, while they replay their
+            // WALs) therefore never raises its term, and never deposes the leader they have or
+            // restore once it reaches them (`cluster::network`'s `pre_vote`: an unreachable
+            // peer grants nothing).
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         config

@@ -408,10 +408,10 @@ async fn an_isolated_leader_answers_unavailable_within_about_a_second() {
     c.shutdown().await;
 }
 
-/// A node with no quorum in reach does not campaign (openraft 0.9 has no pre-vote;
-/// `cluster::elect` keeps its elections off), so its term stays put while it waits, and once the
-/// others are back a leader stands. Without the gate the lone node raises its term every
-/// election timeout and deposes the leader the others restore.
+/// A node with no quorum in reach does not campaign (its pre-votes find nobody to grant them),
+/// so its term stays put while it waits, and once the others are back a leader stands. Without
+/// Pre-Vote the lone node raises its term every election timeout and deposes the leader the
+/// others restore (seen failing with `enable_pre_vote: Some(false)`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_without_a_quorum_in_reach_does_not_campaign() {
     let mut c = TestCluster::start(3).await;
