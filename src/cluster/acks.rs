@@ -123,17 +123,18 @@ impl Acker {
         }
     }
 
-    /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full.
-    pub async fn ack(&self, lane: u64, item: AckItem) {
+    /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full; false if
+    /// the coalescer has stopped (the item is dropped: its timer comes again).
+    pub async fn ack(&self, lane: u64, item: AckItem) -> bool {
         let ack = matches!(item, AckItem::One(..) | AckItem::Lease { .. });
         if ack && crate::sim::planted("drop-stream-acks") {
             // The planted bug: every other ack vanishes (its timers come again).
             let n = (self.planted_seen).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if n.is_multiple_of(2) {
-                return;
+                return true;
             }
         }
-        self.queue.push(lane, item).await;
+        self.queue.push(lane, item).await
     }
 
     /// Resolves once every ack `lane` queued before the call was proposed and answered: true
@@ -143,8 +144,7 @@ impl Acker {
         use std::sync::atomic::Ordering;
         let failed = self.failed.load(Ordering::Acquire);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.queue.push(lane, AckItem::Barrier(tx)).await;
-        if rx.await.is_err() {
+        if !self.queue.push(lane, AckItem::Barrier(tx)).await || rx.await.is_err() {
             return false;
         }
         self.failed.load(Ordering::Acquire) == failed

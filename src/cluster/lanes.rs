@@ -61,8 +61,9 @@ impl<T> Lanes<T> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `item` on `lane`, waiting while the lane or the whole queue is full.
-    pub async fn push(&self, lane: u64, item: T) {
+    /// Queues `item` on `lane`, waiting while the lane or the whole queue is full; false if
+    /// the queue is closed (the item was dropped).
+    pub async fn push(&self, lane: u64, item: T) -> bool {
         let mut item = Some(item);
         loop {
             let room = self.drained.notified();
@@ -71,7 +72,7 @@ impl<T> Lanes<T> {
             {
                 let mut s = self.state();
                 if s.closed {
-                    return; // the item is dropped: a waiter on it learns it never went
+                    return false; // the item is dropped: a waiter on it learns it never went
                 }
                 let held = s.lanes.get(&lane).map_or(0, VecDeque::len);
                 if held < self.per_lane && s.len < self.total {
@@ -82,7 +83,7 @@ impl<T> Lanes<T> {
                     }
                     s.len += 1;
                     self.wake.notify_one();
-                    return;
+                    return true;
                 }
             }
             room.await;
@@ -160,7 +161,7 @@ mod tests {
     async fn a_closed_queue_drops_its_items_and_frees_its_pushers() {
         let (q, _wake) = Lanes::new(1, 10);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        q.push(1, tx).await;
+        assert!(q.push(1, tx).await, "queued");
         let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
         let pusher = {
             let q = q.clone();
@@ -169,10 +170,16 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(!pusher.is_finished(), "the lane is full: it waits");
         q.close();
-        tokio::time::timeout(std::time::Duration::from_secs(5), pusher)
+        let queued = tokio::time::timeout(std::time::Duration::from_secs(5), pusher)
             .await
             .expect("a pusher still waited after close")
             .unwrap();
+        assert!(!queued, "a push into a closed queue said it queued");
+        let (tx3, _rx3) = tokio::sync::oneshot::channel::<()>();
+        assert!(
+            !q.push(2, tx3).await,
+            "a push into a closed queue said it queued"
+        );
         assert!(rx.await.is_err(), "a held item was not dropped");
         assert!(rx2.await.is_err(), "a later item was not dropped");
         assert!(!q.has_items());

@@ -68,16 +68,25 @@ impl Node {
             return Err(Error::NotLeader);
         }
         self.check_quorum()?;
+        if self.hold.is_closed() {
+            // Handing leadership over: a queued ack would meet the transfer and be lost (its
+            // delivery would come again) — the waiting path waits at the hold and goes to the
+            // next leader instead, as it did before acks were queued.
+            return Ok(None);
+        }
         let Some(timer) = self.store.get(key)? else {
             return Ok(None);
         };
         if ack_refusal(&timer, attempt).is_some() {
             return Ok(None);
         }
+        let item = AckItem::One(key.clone(), attempt);
+        if !self.acker.ack(unary_lane(&key.namespace), item).await {
+            // The coalescer stopped (a bug, logged there): never answer an ack it dropped.
+            return Ok(None);
+        }
         // As for a stream ack: the subscription that holds the delivery may hand out the next.
         self.dispatcher.settled(key, attempt);
-        let item = AckItem::One(key.clone(), attempt);
-        self.acker.ack(unary_lane(&key.namespace), item).await;
         Ok(Some(timer))
     }
 }

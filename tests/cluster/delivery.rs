@@ -26,6 +26,23 @@ pub(crate) async fn put_policy(
         .unwrap();
 }
 
+/// Schedules `names` in [`NS`] due now through `via` and subscribes a consumer there that never
+/// acks; returns it once it holds every one of them (attempt 1).
+pub(crate) async fn delivered_unacked(c: &TestCluster, via: u64, names: &[String]) -> Consumer {
+    schedule_many(c, via, NS, names, now_ms(), 0).await;
+    let lazy = Consumer::start(c, via, NS, 10, false).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lazy.seen().len() < names.len() {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered: {:?}",
+            lazy.seen()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lazy
+}
+
 /// Schedules `ids` in `namespace`, the i-th due at `base + i * step_ms`, in batches.
 pub(crate) async fn schedule_many(
     c: &TestCluster,
@@ -544,17 +561,7 @@ async fn ack_batch_answers_each_ack_alone_and_refuses_a_bad_batch_whole() {
     let follower = c.follower().await;
     let mut client = c.client(follower).await;
     let names = ["a".to_string(), "b".into(), "c".into()];
-    schedule_many(&c, follower, NS, &names, now_ms(), 0).await;
-    let lazy = Consumer::start(&c, follower, NS, 10, false).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lazy.seen().len() < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "not delivered: {:?}",
-            lazy.seen()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let lazy = delivered_unacked(&c, follower, &names).await;
     let acks = |list: &[(&str, u32)]| pb::AckBatchRequest {
         acks: list
             .iter()

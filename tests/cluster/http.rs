@@ -272,10 +272,11 @@ async fn every_route_through_a_follower() {
         .ok(
             "POST",
             &format!("{ns}/timers/d:ack"),
-            Some(json!({"attempt": attempt})),
+            Some(json!({"attempt": attempt, "waitForCommit": true})),
         )
         .await;
     assert_eq!(v["timer"]["state"], json!("TIMER_STATE_ACKED"));
+    assert_eq!(v["committed"], json!(true));
     // The batch ack route answers each ack alone: this one again (idempotent), and a stranger.
     let acks = json!({"acks": [{"id": "d", "attempt": attempt}, {"id": "zz", "attempt": 1}]});
     let v = api

@@ -199,10 +199,12 @@ async fn scenario(
     let slow = tokio::spawn(slow_consumer(clients.clone(), seed, consumers_rx.clone()));
 
     let mut consumers = Vec::new();
-    for (i, path) in [workload::AckPath::Unary, workload::AckPath::Stream]
-        .into_iter()
-        .enumerate()
-    {
+    let paths = [
+        workload::AckPath::Unary,
+        workload::AckPath::Queued,
+        workload::AckPath::Stream,
+    ];
+    for (i, path) in paths.into_iter().enumerate() {
         let (cl, h, rx) = (clients.clone(), history.clone(), consumers_rx.clone());
         consumers.push(tokio::spawn(workload::consumer(i, path, cl, h, rx)));
     }
