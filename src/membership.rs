@@ -5,13 +5,24 @@
 //! change survives failovers, and `change_membership` refuses a second change while one is in
 //! progress. What timerdb adds is the order of the steps and answers an operator can act on.
 //!
-//! Leadership transfer: openraft 0.9 has none, and its voters refuse to vote while they have
-//! heard from their leader within the lease (`election_timeout_max`). So the leader closes its
-//! hold (no proposals, no ReadIndex rounds), stops heartbeats, waits until the target has every
-//! entry, lets the lease run out on the followers, and sends the target `TimeoutNow` (the Raft
-//! thesis' name, §3.10): the target stands at once with a log as long as anyone's and wins.
-//! Whatever happens, the hold reopens and heartbeats resume; if nobody else took over, this
-//! node simply goes on leading. Writes wait at most about one lease plus an election.
+//! Leadership transfer is openraft 0.10's: the leader closes its hold (no proposals, no
+//! ReadIndex rounds), waits until the target has every entry, and triggers openraft's
+//! transfer, which stops its writes and heartbeats and tells every voter (`TransferLeader`):
+//! each drops its leader lease, and the target, once it has flushed the log, stands at once
+//! with a vote the others grant despite a lease (Raft thesis §3.10). No lease has to run out
+//! first, so a hand-over takes about one election, not a lease plus one.
+//!
+//! If the target does not take over, the call fails UNAVAILABLE and the cluster elects a
+//! leader (openraft's transferring leader sends no heartbeats again: this node may win that
+//! election, it no longer just goes on leading as under openraft 0.9). Writes wait meanwhile,
+//! in the hold, about one election.
+//!
+//! A target of a build before `TransferLeader` (a rolling upgrade; it advertises no
+//! `x-timerdb-peer-rpcs`, `cluster::level`) is handed leadership as those builds did: the
+//! leader stops heartbeats, lets the lease run out on the followers and sends the target
+//! `TimeoutNow`; if nobody took over, heartbeats resume and this node goes on leading.
+//! (openraft's transfer would tell the other voters to drop their lease, and one of them, not
+//! the target, would win the election that follows.)
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeSet;
@@ -215,10 +226,14 @@ impl Node {
             .map(|m| self.config.dial_addr(target, &m.1))
             .unwrap_or_default();
         let _closed = self.hold.close();
-        self.raft.runtime_config().heartbeat(false);
-        let result = self.hand_over(target, &addr).await;
-        self.raft.runtime_config().heartbeat(true);
-        result
+        if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
+            self.hand_over(target).await
+        } else {
+            self.raft.runtime_config().heartbeat(false);
+            let result = self.hand_over_by_timeout_now(target, &addr).await;
+            self.raft.runtime_config().heartbeat(true);
+            result
+        }
     }
 
     /// The voter other than this node with the most of the log.
@@ -240,7 +255,28 @@ impl Node {
             })
     }
 
-    async fn hand_over(&self, target: NodeId, addr: &str) -> Result<NodeId> {
+    /// openraft's transfer (see the module notes).
+    async fn hand_over(&self, target: NodeId) -> Result<NodeId> {
+        self.wait_replicated(target).await?;
+        let election = Duration::from_millis(self.config.raft.election_timeout_max_ms) * 3;
+        (self.raft.trigger().transfer_leader(target).await)
+            .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
+        match self.wait_other_leader(election).await {
+            Some(leader) => {
+                tracing::info!(from = self.id, to = leader, "leadership handed over");
+                Ok(leader)
+            }
+            None => Err(Error::Unavailable(format!(
+                "node {target} did not take over; the cluster elects a leader (node {} may \
+                 win it)",
+                self.id
+            ))),
+        }
+    }
+
+    /// The hand-over to a build before TransferLeader (see the module notes); heartbeats are
+    /// off while it runs.
+    async fn hand_over_by_timeout_now(&self, target: NodeId, addr: &str) -> Result<NodeId> {
         let term = self.raft.metrics().borrow_watched().current_term;
         self.wait_replicated(target).await?;
         // No AppendEntries go out now: once the lease has run out, the followers will vote.
@@ -252,7 +288,11 @@ impl Node {
                 tracing::warn!(target, attempt, error = %e, "TimeoutNow failed");
             }
             if let Some(leader) = self.wait_other_leader(election).await {
-                tracing::info!(from = self.id, to = leader, "leadership handed over");
+                tracing::info!(
+                    from = self.id,
+                    to = leader,
+                    "leadership handed over (TimeoutNow)"
+                );
                 return Ok(leader);
             }
         }

@@ -671,6 +671,13 @@ pub fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Er
                 QUORUM_LOST_AFTER.as_millis()
             ))
         }
+        // Refused before it was appended (openraft 0.10 checks the transfer first): this
+        // leader is handing over, the call goes to the next one.
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f))
+            if f.reason == openraft::error::ForwardReason::LeadershipTransfer =>
+        {
+            Error::NotLeader
+        }
         // openraft 0.9 answered ForwardToLeader both for a write it refused (never appended)
         // and for one it had appended and then truncated when leadership moved — which a node
         // that holds it may still commit (with five voters or more, or across a joint

@@ -272,13 +272,9 @@ async fn serve(
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
-    let peer = RaftServer::new(PeerService::new(
-        node.raft.clone(),
-        node.store.clone(),
-        node.config.clone(),
-    ))
-    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
+    let peer = RaftServer::new(PeerService::new(&node))
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)

@@ -2,7 +2,9 @@
 //! grpcurl, Kubernetes' gRPC probes).
 //!
 //! A node answers SERVING only when a request sent to it can be served soon and correctly:
-//! - it knows a leader (itself or another node), so writes and reads have somewhere to go; and
+//! - it knows a leader (itself or another node) and, on a follower, heard from it within
+//!   [`LEADER_SILENT`], so writes and reads have somewhere to go (with Pre-Vote a node cut off
+//!   from the others never campaigns, so openraft goes on naming the leader it lost); and
 //! - its state machine has applied everything it knows to be committed, so what it reads
 //!   locally is not behind (a follower catching up after a restart, or installing a snapshot,
 //!   is NOT_SERVING until it is done).
@@ -38,15 +40,21 @@ pub const SERVICES: [&str; 3] = [
 /// How often the status is checked.
 const CHECK_EVERY: Duration = Duration::from_millis(200);
 
+/// How long a follower may go without an AppendEntries (a heartbeat is every 100 ms) before it
+/// counts as knowing no leader: as long as a leader goes without its quorum before it refuses.
+pub const LEADER_SILENT: Duration = crate::node::QUORUM_LOST_AFTER;
+
 /// Whether `node` should report SERVING, given the commit index it knew one check ago.
 pub fn serving(node: &Node, committed_before: u64) -> bool {
     let metrics = node.raft.metrics();
     let m = metrics.borrow_watched();
-    let has_leader = m.current_leader.is_some()
-        && matches!(
-            m.state,
-            ServerState::Leader | ServerState::Follower | ServerState::Learner
-        );
+    let has_leader = match (m.state, m.current_leader) {
+        (ServerState::Leader, Some(_)) => true,
+        (ServerState::Follower | ServerState::Learner, Some(leader)) => {
+            node.levels.heard_within(leader, LEADER_SILENT)
+        }
+        _ => false,
+    };
     let applied = m.last_applied.map_or(0, |l| l.index);
     has_leader && applied >= committed_before
 }

@@ -195,6 +195,11 @@ pub const RULES: &[Rule] = &[
         Route::Local,
         Access::Peer,
     ),
+    rule(
+        "/timerdb.v1.Raft/TransferLeader",
+        Route::Local,
+        Access::Peer,
+    ),
     rule("/timerdb.v1.Raft/TimeoutNow", Route::Local, Access::Peer),
     rule("/timerdb.v1.Raft/Hello", Route::Local, Access::Peer),
     // grpc.health.v1 and server reflection

@@ -28,18 +28,18 @@ pub struct PeerService {
     /// the newest entry forms it takes (`cluster::level`); `join`: while it knows no members
     /// it admits (`storage/admission.rs`).
     config: std::sync::Arc<crate::config::NodeConfig>,
+    /// What each peer advertised and when: an AppendEntries notes its leader here, which is
+    /// how this node knows it still hears from one (health, `api/health.rs`).
+    levels: std::sync::Arc<crate::cluster::Levels>,
 }
 
 impl PeerService {
-    pub fn new(
-        raft: Raft,
-        store: Store,
-        config: std::sync::Arc<crate::config::NodeConfig>,
-    ) -> Self {
+    pub fn new(node: &crate::node::Node) -> Self {
         PeerService {
-            raft,
-            store,
-            config,
+            raft: node.raft.clone(),
+            store: node.store.clone(),
+            config: node.config.clone(),
+            levels: node.levels.clone(),
         }
     }
 
@@ -48,11 +48,7 @@ impl PeerService {
         let mut answer = Response::new(RaftMessage {
             data: encode(value),
         });
-        crate::cluster::level::advertise(
-            answer.metadata_mut(),
-            self.config.level,
-            &self.config.tzdb,
-        );
+        crate::cluster::level::advertise_node(answer.metadata_mut(), &self.config);
         Ok(answer)
     }
 
@@ -109,6 +105,15 @@ impl PeerService {
             tracing::error!("refused a peer: {e}");
             Status::failed_precondition(e.to_string())
         })
+    }
+
+    /// A test's stand-in for a build before PreVote and TransferLeader
+    /// (`NodeConfig::older_peer_rpcs`): what such a build answers.
+    fn check_newer_rpcs(&self) -> Result<(), Status> {
+        match self.config.older_peer_rpcs {
+            true => Err(Status::unimplemented("a build before this RPC")),
+            false => Ok(()),
+        }
     }
 
     /// A Vote's or PreVote's request, if this node may answer it at all.
@@ -256,11 +261,15 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
+        let metadata = req.metadata().clone();
         let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
         self.check_admitted(rpc.vote.leader_id().term)?;
         check_entries(&rpc)?;
         self.check_level(&rpc)?;
-        self.reply(&self.raft.append_entries(rpc).await)
+        let leader = rpc.vote.leader_id().node_id;
+        let answer = self.raft.append_entries(rpc).await;
+        self.levels.heard(leader, &metadata);
+        self.reply(&answer)
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
@@ -269,6 +278,7 @@ impl raft_server::Raft for PeerService {
     }
 
     async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.check_newer_rpcs()?;
         let rpc = self.vote_request(req)?;
         self.reply(&self.raft.pre_vote(rpc).await)
     }
@@ -298,12 +308,25 @@ impl raft_server::Raft for PeerService {
             self.check_width(&req)?;
         }
         let mut answer = Response::new(RaftMessage { data: Vec::new() });
-        crate::cluster::level::advertise(
-            answer.metadata_mut(),
-            self.config.level,
-            &self.config.tzdb,
-        );
+        crate::cluster::level::advertise_node(answer.metadata_mut(), &self.config);
         Ok(answer)
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.check_newer_rpcs()?;
+        self.check_width(&req)?;
+        let rpc: openraft::raft::TransferLeaderRequest<TypeConfig> = body(req)?;
+        if self.admitting() {
+            // Not a voter yet: it has nobody's lease to drop and may not stand.
+            return Err(not_added());
+        }
+        // openraft acts only on a transfer from the leader this node follows (the same vote).
+        let answer: Result<_, RaftError<TypeConfig>> =
+            (self.raft.handle_transfer_leader(rpc).await).map_err(RaftError::Fatal);
+        self.reply(&answer)
     }
 
     async fn timeout_now(

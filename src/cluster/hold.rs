@@ -1,12 +1,13 @@
 //! The hold: a gate every proposal and leader read on this node passes first, closed while the
 //! node hands its leadership to another (see `membership`).
 //!
-//! Why it exists: openraft 0.9 has no leadership transfer, and its voters refuse to vote while
-//! they have heard from the current leader within the lease (`election_timeout_max`). So the
-//! leader goes quiet (no proposals, no ReadIndex rounds, no heartbeats) until the lease has run
-//! out on its followers, and then the chosen one stands. Work that arrives meanwhile waits at
-//! the gate; when it opens it goes on, and on a node that no longer leads it fails with
-//! NotLeader and is retried at the new leader like any request during an election.
+//! Why it exists: while openraft 0.10 transfers leadership it refuses proposals and reads
+//! (ForwardToLeader, LeadershipTransfer); and before it starts, the leader waits until the
+//! target has the whole log, which new proposals would keep lengthening. So work that arrives
+//! during a hand-over waits at the gate instead of failing; when it opens it goes on, and on a
+//! node that no longer leads it fails with NotLeader and is retried at the new leader like any
+//! request during an election. (Under openraft 0.9 the gate also kept the leader quiet until
+//! its followers' leases ran out.)
 //!
 //! Invariant: the gate is closed only by a [`Closed`] guard, which opens it when dropped, so a
 //! transfer that fails or panics never leaves the node holding its writes.

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 
 use super::driver::while_leader;
 use super::{Hold, NodeId, Raft};
+use crate::config::NodeConfig;
 use crate::storage::Store;
 use crate::timer::Command;
 
@@ -51,6 +52,14 @@ pub const LEVEL_HEADER: &str = "x-timerdb-level";
 /// The header every peer call and answer carries: the sender's tzdb version.
 pub const TZDB_HEADER: &str = "x-timerdb-tzdb";
 
+/// The header every peer call and answer carries: which peer RPCs the sender serves beyond
+/// the first release's, as a number ([`PEER_RPCS`]; absent: 0). The leader hands over through
+/// openraft's TransferLeader only to a target that serves it (`membership.rs`).
+pub const PEER_RPCS_HEADER: &str = "x-timerdb-peer-rpcs";
+
+/// This build's peer RPCs: 1 added PreVote and TransferLeader (issue 34).
+pub const PEER_RPCS: u32 = 1;
+
 /// How long what a peer advertised counts towards raising the committed level (several
 /// heartbeats): a member not heard from since (down, perhaps being replaced by another build)
 /// does not let the level rise. The leader's other choices (which Fire form, whether a zoned
@@ -63,6 +72,8 @@ const FRESH: Duration = Duration::from_secs(3);
 struct Heard {
     level: u32,
     tzdb: Option<String>,
+    /// Its [`PEER_RPCS_HEADER`].
+    rpcs: u32,
     at: std::time::Instant,
     /// A call to it failed since: it does not count towards a raise until heard again.
     failed: bool,
@@ -82,13 +93,27 @@ impl Levels {
     /// `node` answered (or called) with `metadata`.
     pub fn heard(&self, node: NodeId, metadata: &tonic::metadata::MetadataMap) {
         let tzdb = metadata.get(TZDB_HEADER).and_then(|v| v.to_str().ok());
+        let rpcs = metadata.get(PEER_RPCS_HEADER).and_then(|v| v.to_str().ok());
         let seen = Heard {
             level: of(metadata),
             tzdb: tzdb.map(str::to_string),
+            rpcs: rpcs.and_then(|v| v.parse().ok()).unwrap_or(0),
             at: std::time::Instant::now(),
             failed: false,
         };
         self.heard.lock().expect("levels").insert(node, seen);
+    }
+
+    /// Whether `node` called or answered this node within `within`.
+    pub fn heard_within(&self, node: NodeId, within: Duration) -> bool {
+        let heard = self.heard.lock().expect("levels");
+        heard.get(&node).is_some_and(|h| h.at.elapsed() < within)
+    }
+
+    /// The peer RPCs `node` last advertised ([`PEER_RPCS`]; 0 if never heard).
+    pub fn peer_rpcs(&self, node: NodeId) -> u32 {
+        let heard = self.heard.lock().expect("levels");
+        heard.get(&node).map_or(0, |h| h.rpcs)
     }
 
     /// A call to `node` failed: what it advertised does not count towards a raise until it
@@ -244,6 +269,14 @@ pub fn of(metadata: &tonic::metadata::MetadataMap) -> u32 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Puts what `config`'s node advertises into `metadata`: its level, tzdb version and peer RPCs
+/// (none beyond the first release's when it plays an older build, `older_peer_rpcs`).
+pub fn advertise_node(metadata: &mut tonic::metadata::MetadataMap, config: &NodeConfig) {
+    advertise(metadata, config.level, &config.tzdb);
+    let rpcs = if config.older_peer_rpcs { 0 } else { PEER_RPCS };
+    metadata.insert(PEER_RPCS_HEADER, tonic::metadata::MetadataValue::from(rpcs));
 }
 
 /// Puts `level` and `tzdb` (the build's tzdb version) into `metadata`.

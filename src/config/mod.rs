@@ -131,6 +131,9 @@ pub struct NodeConfig {
     /// The feature level this node advertises to its peers and the entry forms it takes
     /// (`cluster::level`): this build's; lower only in tests, to act as an older build.
     pub level: u32,
+    /// Answer the peer RPCs PreVote and TransferLeader UNIMPLEMENTED, as builds before them
+    /// do: only in tests, to act as such a build in a rolling upgrade.
+    pub older_peer_rpcs: bool,
     /// The tzdb version this node advertises: this build's; another only in tests.
     pub tzdb: String,
     /// Join an existing cluster (through Cluster.AddNode) instead of forming one from `peers`:
@@ -212,6 +215,7 @@ impl NodeConfig {
             dial: BTreeMap::new(),
             faults: Faults::default(),
             level: crate::cluster::level::LEVEL,
+            older_peer_rpcs: false,
             tzdb: crate::series::tzdb_version().to_string(),
             join: false,
             push_ca: None,

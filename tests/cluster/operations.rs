@@ -282,6 +282,55 @@ async fn leadership_transfers_to_the_named_voter_and_writes_go_on() {
     c.shutdown().await;
 }
 
+/// A rolling upgrade: node 3 acts as a build before the TransferLeader and PreVote RPCs (it
+/// answers them UNIMPLEMENTED and does not advertise them). A hand-over to it goes by
+/// TimeoutNow, as under those builds, and names it (openraft's transfer would have let another
+/// voter win);
+/// and with one node down, the other two (one of each build) still elect: an UNIMPLEMENTED
+/// pre-vote counts as a grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leadership_moves_with_a_voter_of_a_build_before_transfer_leader() {
+    let mut c = TestCluster::start_with(3, |cfg| cfg.older_peer_rpcs = cfg.id == 3).await;
+    let mut leader = c.leader().await;
+    if leader == 3 {
+        let mut admin = c.cluster(3).await;
+        admin
+            .transfer_leader(pb::TransferLeaderRequest { node_id: 1 })
+            .await
+            .unwrap();
+        leader = 1;
+    }
+    let started = std::time::Instant::now();
+    let r = (c.cluster(leader).await)
+        .transfer_leader(pb::TransferLeaderRequest { node_id: 3 })
+        .await
+        .unwrap()
+        .into_inner();
+    eprintln!(
+        "leadership {leader} -> 3 (TimeoutNow) in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.leader_id, 3);
+    assert_eq!(c.leader().await, 3);
+
+    // 3 hands over to 2 (a current build: TransferLeader), then 2 goes away.
+    let r = (c.cluster(3).await)
+        .transfer_leader(pb::TransferLeaderRequest { node_id: 2 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.leader_id, 2);
+    c.stop(2).await;
+    let elected = c.leader().await;
+    assert!(elected == 1 || elected == 3, "{elected}");
+    let mut client = c.client(1).await;
+    client
+        .schedule(schedule_req("after-upgrade-election", now_ms() + 60_000))
+        .await
+        .expect("a write after 1 and 3 elected a leader");
+    c.shutdown().await;
+}
+
 async fn connect(c: &TestCluster, id: u64) -> tonic::transport::Channel {
     let addr = format!("http://{}", c.peers[&id]);
     let endpoint = tonic::transport::Endpoint::from_shared(addr).unwrap();
