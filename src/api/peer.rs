@@ -261,8 +261,9 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_width(&req)?;
-        let metadata = req.metadata().clone();
-        let rpc: AppendEntriesRequest<TypeConfig> = body(req)?;
+        // The headers stay here (no copy per call: this is every heartbeat and append).
+        let (metadata, _, msg) = req.into_parts();
+        let rpc: AppendEntriesRequest<TypeConfig> = body(Request::new(msg))?;
         self.check_admitted(rpc.vote.leader_id().term)?;
         check_entries(&rpc)?;
         self.check_level(&rpc)?;
