@@ -43,7 +43,7 @@ use crate::cluster::{
 use crate::config::NodeConfig;
 use crate::listen::Listener;
 use crate::node::Node;
-use crate::storage::{self, LogStore, StateMachine, Store};
+use crate::storage::{self, LogEngine, StateMachine, Store};
 use crate::tls::Port;
 use crate::{Error, Result};
 
@@ -93,7 +93,8 @@ pub async fn start_with(
         store.adopt_width(crate::wheel::DEFAULT_BUCKET_MS, "the default")?;
     }
     let db_owner = db.clone();
-    let log = LogStore::new(db);
+    // The node's one log engine; this build runs one Raft group on it.
+    let log = LogEngine::new(db).group(storage::GROUP0);
     let fsync_delay_ms = log.fsync_delay_ms();
     let committed = log.committed();
     let snapshots = sm.snapshots();

@@ -1,4 +1,5 @@
-//! The Raft log and vote: openraft's `RaftLogStorage` on the `log` and `raft` column families.
+//! One Raft group's log and vote: openraft's `RaftLogStorage` over the node's [`LogEngine`],
+//! which keys the group's entries and records by its id (`log_engine.rs`).
 //!
 //! Invariants:
 //! - openraft hears an append is done (the `LogFlushed` callback) only after the entries are
@@ -27,114 +28,87 @@
 //! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
 //! decoded entries when it holds them; RocksDB answers the rest.
 //!
-//! Group commit: the [`Syncer`] thread takes every callback queued since its last fsync and
-//! answers them all after one `SyncWAL`, so many concurrent appends cost one fsync. Callbacks
-//! are answered in append order, which openraft requires.
+//! Group commit: the engine's syncer thread takes every callback queued since its last fsync
+//! (of every group) and answers them all after one `SyncWAL`, so many concurrent appends cost
+//! one fsync. Callbacks are answered in append order, which openraft requires.
 
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
-use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+use rocksdb::WriteBatch;
 
 use super::log_cache::LogCache;
+use super::log_engine::{
+    group_key, read_err, write_err, GroupId, LogEngine, COMMITTED, GROUP0, LAST_PURGED, VOTE,
+};
 use super::meta::LAST_APPLIED;
-use super::{cf, codec, CF_LOG, CF_META, CF_RAFT};
+use super::{cf, codec, CF_META, CF_RAFT};
 use crate::cluster::{Entry, LogId, TypeConfig, Vote};
 
-const VOTE: &[u8] = b"vote";
-const COMMITTED: &[u8] = b"committed";
-const LAST_PURGED: &[u8] = b"last_purged";
-
 type StResult<T> = io::Result<T>;
-
-fn log_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
-fn read_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(format!("reading the raft log: {e}"))
-}
-
-fn write_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(format!("writing the raft log: {e}"))
-}
 
 /// How long an append waits for a snapshot install to finish before it fails.
 const INSTALL_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// The log store; cheap to clone (clones share the database and the syncer).
+/// One group's log store: a handle on the node's [`LogEngine`]; cheap to clone (clones, and
+/// every handle the engine gives out on the same group, share the group's state).
 #[derive(Clone)]
 pub struct LogStore {
-    db: Arc<DB>,
-    syncer: Arc<Syncer>,
+    engine: Arc<LogEngine>,
+    group: GroupId,
+    state: Arc<GroupState>,
+}
+
+/// What the handles on one group share.
+#[derive(Default)]
+pub struct GroupState {
     /// The latest commit index openraft told this store (0: none yet), for health checks.
     committed: Arc<AtomicU64>,
     /// The newest entries, decoded.
-    cache: Arc<LogCache>,
+    cache: LogCache,
     /// A purge openraft asked for past the state machine's applied index (see the invariants).
-    deferred: Arc<std::sync::Mutex<Option<LogId>>>,
-    /// Extra ms every fsync takes first: a slow disk, for tests (0: none).
-    fsync_delay_ms: Arc<AtomicU64>,
-}
-
-/// The group-commit thread and the queue to it. Dropped with the last `LogStore` clone: it
-/// closes the queue and joins the thread, so no detached thread outlives the store holding the
-/// database (a process exiting while a thread still closes RocksDB aborts in its destructors).
-struct Syncer {
-    queue: Option<mpsc::Sender<IOFlushed<TypeConfig>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Syncer {
-    fn drop(&mut self) {
-        drop(self.queue.take());
-        if let Some(thread) = self.thread.take() {
-            // Finishes at most the fsync in progress.
-            let _ = thread.join();
-        }
-    }
+    deferred: std::sync::Mutex<Option<LogId>>,
 }
 
 impl LogStore {
-    /// A log store over `db`, starting its syncer thread.
-    pub fn new(db: Arc<DB>) -> Self {
-        let (tx, rx) = mpsc::channel();
-        let sync_db = db.clone();
-        let fsync_delay_ms = Arc::new(AtomicU64::new(0));
-        let delay = fsync_delay_ms.clone();
-        let thread = std::thread::Builder::new()
-            .name("timerdb-log-sync".into())
-            .spawn(move || run_syncer(sync_db, rx, delay))
-            .expect("spawn log syncer thread");
-        let syncer = Syncer {
-            queue: Some(tx),
-            thread: Some(thread),
-        };
+    /// The log store of a node with one group (group 0), over a new engine on `db`.
+    pub fn new(db: Arc<rocksdb::DB>) -> Self {
+        LogEngine::new(db).group(GROUP0)
+    }
+
+    pub(super) fn of_group(engine: Arc<LogEngine>, group: GroupId, state: Arc<GroupState>) -> Self {
         LogStore {
-            db,
-            syncer: Arc::new(syncer),
-            committed: Arc::default(),
-            cache: Arc::default(),
-            deferred: Arc::default(),
-            fsync_delay_ms,
+            engine,
+            group,
+            state,
         }
     }
 
-    /// Makes every log fsync of this store take `ms` longer (0: as the disk is): a disk stalled
-    /// by its neighbours' writeback, for tests of what a slow follower costs the cluster.
+    /// Makes every log fsync of this store's engine take `ms` longer (0: as the disk is): a
+    /// disk stalled by its neighbours' writeback, for tests of what a slow follower costs.
     pub fn fsync_delay_ms(&self) -> Arc<AtomicU64> {
-        self.fsync_delay_ms.clone()
+        self.engine.fsync_delay_ms()
     }
 
-    /// The index the state machine has applied (it shares the database).
+    fn db(&self) -> &rocksdb::DB {
+        &self.engine.db
+    }
+
+    /// The index the group's state machine has applied (it shares the database). One state
+    /// machine stands beside group 0 today; another group has none here (issue 36 gives each
+    /// its own `last_applied`), so nothing holds its purges back.
     fn applied_index(&self) -> StResult<u64> {
-        let raw = (self.db)
-            .get_cf(cf(&self.db, CF_META), LAST_APPLIED)
+        if self.group != GROUP0 {
+            return Ok(u64::MAX);
+        }
+        let raw = self
+            .db()
+            .get_cf(cf(self.db(), CF_META), LAST_APPLIED)
             .map_err(read_err)?;
         let applied: Option<LogId> = match raw {
             Some(v) => codec::decode(&v).map_err(read_err)?,
@@ -143,9 +117,16 @@ impl LogStore {
         Ok(applied.map_or(0, |l| l.index))
     }
 
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Option<LogId>> {
+        self.state
+            .deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Purges up to `log_id` now if the state machine has applied that far, else defers it.
     fn purge_or_defer(&self, log_id: LogId) -> StResult<()> {
-        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let mut deferred = self.deferred();
         if self.applied_index()? < log_id.index {
             if deferred.is_none_or(|d| d < log_id) {
                 tracing::info!(upto = %log_id, "log purge deferred until the state machine has it");
@@ -161,8 +142,7 @@ impl LogStore {
     /// The first index openraft may read: a deferred purge's entries are purged to it (they
     /// stay on disk only for a restart that finds its state machine behind them).
     fn first_readable(&self) -> u64 {
-        let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        deferred.map_or(0, |d| d.index + 1)
+        self.deferred().map_or(0, |d| d.index + 1)
     }
 
     /// Waits until no purge is deferred any more: the state machine has installed the snapshot
@@ -173,7 +153,7 @@ impl LogStore {
         let started = tokio::time::Instant::now();
         loop {
             self.settle_deferred()?;
-            let Some(upto) = *self.deferred.lock().unwrap_or_else(|p| p.into_inner()) else {
+            let Some(upto) = *self.deferred() else {
                 return Ok(());
             };
             if started.elapsed() >= INSTALL_WAIT {
@@ -188,7 +168,7 @@ impl LogStore {
 
     /// Does a deferred purge once the state machine has reached it.
     fn settle_deferred(&self) -> StResult<()> {
-        let pending = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = *self.deferred();
         match pending {
             Some(upto) => self.purge_or_defer(upto),
             None => Ok(()),
@@ -196,24 +176,22 @@ impl LogStore {
     }
 
     fn purge_now(&self, log_id: LogId) -> StResult<()> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(cf(&self.db, CF_RAFT), LAST_PURGED, codec::encode(&log_id));
-        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(0), log_key(log_id.index + 1));
-        self.write_synced(batch)?;
-        self.cache.purge(log_id.index);
+        self.engine
+            .purge(self.group, log_id.index, &codec::encode(&log_id))?;
+        self.state.cache.purge(log_id.index);
         Ok(())
     }
 
     /// The commit index as this node knows it, updated as openraft saves it: a follower has
     /// caught up when its state machine has applied this far.
     pub fn committed(&self) -> Arc<AtomicU64> {
-        self.committed.clone()
+        self.state.committed.clone()
     }
 
-    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> StResult<Option<T>> {
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, name: &[u8]) -> StResult<Option<T>> {
         let raw = self
-            .db
-            .get_cf(cf(&self.db, CF_RAFT), key)
+            .db()
+            .get_cf(cf(self.db(), CF_RAFT), group_key(name, self.group))
             .map_err(read_err)?;
         match raw {
             Some(v) => codec::decode(&v).map(Some).map_err(read_err),
@@ -221,57 +199,37 @@ impl LogStore {
         }
     }
 
-    fn write_synced(&self, batch: WriteBatch) -> StResult<()> {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db.write_opt(batch, &opts).map_err(write_err)
-    }
-
     fn last_log_id(&self) -> StResult<Option<LogId>> {
-        let mut iter = self.db.iterator_cf(cf(&self.db, CF_LOG), IteratorMode::End);
-        match iter.next() {
+        match self.engine.last(self.group)? {
             None => Ok(None),
-            Some(item) => {
-                let (_, v) = item.map_err(read_err)?;
+            Some(v) => {
                 let entry: Entry = codec::decode(&v).map_err(read_err)?;
                 Ok(Some(entry.log_id))
             }
         }
     }
-}
 
-/// A log fsync slower than this is logged.
-const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// The group-commit loop: one `SyncWAL` for every burst of appends, callbacks in order.
-/// Runs until every `LogStore` clone is dropped.
-fn run_syncer(db: Arc<DB>, rx: mpsc::Receiver<IOFlushed<TypeConfig>>, delay_ms: Arc<AtomicU64>) {
-    while let Ok(first) = rx.recv() {
-        let mut waiting = vec![first];
-        waiting.extend(rx.try_iter());
-        let started = std::time::Instant::now();
-        let delay = delay_ms.load(Ordering::Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(delay));
-        }
-        let result = db.flush_wal(true);
-        let took = started.elapsed();
-        // A follower answers an AppendEntries (heartbeats included) only once the fsync of the
-        // appends before it is done: one that takes this long shows as a late follower, and
-        // on a leader as late commits.
-        if took > SLOW_FSYNC {
-            tracing::warn!(
-                ms = took.as_millis() as u64,
-                appends = waiting.len(),
-                "slow log fsync"
-            );
-        }
-        for callback in waiting {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::other(e.to_string())),
-            };
-            callback.io_completed(r);
+    /// Stored entries from `start` on while `take(index, bytes, taken so far)` says so.
+    fn read_stored(
+        &self,
+        start: u64,
+        mut take: impl FnMut(u64, usize, &[Entry]) -> bool,
+    ) -> StResult<Vec<Entry>> {
+        let mut entries = Vec::new();
+        let mut failed = None;
+        self.engine.scan(self.group, start, |index, bytes| {
+            if !take(index, bytes.len(), &entries) {
+                return false;
+            }
+            match codec::decode(bytes) {
+                Ok(e) => entries.push(e),
+                Err(e) => failed = Some(read_err(e)),
+            }
+            failed.is_none()
+        })?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(entries),
         }
     }
 }
@@ -292,28 +250,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Unbounded => u64::MAX,
         };
         let start = start.max(self.first_readable());
-        if let Some(entries) = self.cache.get(start, end, usize::MAX) {
+        if let Some(entries) = self.state.cache.get(start, end, usize::MAX) {
             return Ok(entries);
         }
-        let key = log_key(start);
-        let iter = self.db.iterator_cf(
-            cf(&self.db, CF_LOG),
-            IteratorMode::From(&key, Direction::Forward),
-        );
-        let mut entries = Vec::new();
-        for item in iter {
-            let (k, v) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(
-                k.as_ref()
-                    .try_into()
-                    .map_err(|_| read_err("corrupt log key"))?,
-            );
-            if !range.contains(&index) {
-                break;
-            }
-            entries.push(codec::decode(&v).map_err(read_err)?);
-        }
-        Ok(entries)
+        self.read_stored(start, |index, _, _| range.contains(&index))
     }
 
     /// The vote, as the log store saved it (the reader shares the database).
@@ -328,29 +268,17 @@ impl RaftLogReader<TypeConfig> for LogStore {
     /// can hold megabytes), where a count bound alone did not.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> StResult<Vec<Entry>> {
         let start = start.max(self.first_readable());
-        if let Some(entries) = self.cache.get(start, end, MAX_APPEND_BYTES) {
+        if let Some(entries) = self.state.cache.get(start, end, MAX_APPEND_BYTES) {
             return Ok(entries);
         }
-        let key = log_key(start);
-        let iter = self.db.iterator_cf(
-            cf(&self.db, CF_LOG),
-            IteratorMode::From(&key, Direction::Forward),
-        );
-        let (mut entries, mut bytes) = (Vec::new(), 0usize);
-        for item in iter {
-            let (k, v) = item.map_err(read_err)?;
-            let index = u64::from_be_bytes(
-                k.as_ref()
-                    .try_into()
-                    .map_err(|_| read_err("corrupt log key"))?,
-            );
-            if index >= end || (!entries.is_empty() && bytes + v.len() > MAX_APPEND_BYTES) {
-                break;
+        let mut bytes = 0usize;
+        self.read_stored(start, |index, size, taken| {
+            if index >= end || (!taken.is_empty() && bytes + size > MAX_APPEND_BYTES) {
+                return false;
             }
-            bytes += v.len();
-            entries.push(codec::decode(&v).map_err(read_err)?);
-        }
-        Ok(entries)
+            bytes += size;
+            true
+        })
     }
 }
 
@@ -362,7 +290,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> StResult<LogState<TypeConfig>> {
         let stored: Option<LogId> = self.get_meta(LAST_PURGED)?;
-        let deferred = *self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        let deferred = *self.deferred();
         let last_purged_log_id = stored.max(deferred);
         // Entries a deferred purge still keeps are behind it.
         let last_log_id = self.last_log_id()?.max(last_purged_log_id);
@@ -378,17 +306,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> StResult<()> {
         let mut batch = WriteBatch::default();
-        batch.put_cf(cf(&self.db, CF_RAFT), VOTE, codec::encode(vote));
-        self.write_synced(batch)
+        batch.put_cf(
+            cf(self.db(), CF_RAFT),
+            group_key(VOTE, self.group),
+            codec::encode(vote),
+        );
+        self.engine
+            .write_synced(batch)
             .map_err(|e| io::Error::other(format!("writing the vote: {e}")))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> StResult<()> {
         let index = committed.map_or(0, |c| c.index);
-        self.committed.fetch_max(index, Ordering::Relaxed);
+        self.state.committed.fetch_max(index, Ordering::Relaxed);
         // Not synced: losing it on a crash only delays apply until the leader says it again.
-        self.db
-            .put_cf(cf(&self.db, CF_RAFT), COMMITTED, codec::encode(&committed))
+        self.db()
+            .put_cf(
+                cf(self.db(), CF_RAFT),
+                group_key(COMMITTED, self.group),
+                codec::encode(&committed),
+            )
             .map_err(write_err)
     }
 
@@ -422,56 +359,33 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
-        if self
-            .deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-        {
+        if self.deferred().is_some() {
             let next = self.last_log_id()?.map_or(0, |l| l.index + 1);
             if entries.first().is_some_and(|e| e.log_id.index > next) {
                 self.settle_before_append().await?;
             }
         }
-        let log = cf(&self.db, CF_LOG);
-        let mut batch = WriteBatch::default();
-        let mut written = Vec::new();
-        for entry in entries {
-            let bytes = codec::encode(&entry);
-            batch.put_cf(log, log_key(entry.log_id.index), &bytes);
-            written.push((bytes.len(), entry));
-        }
-        // Readable now; durable when the syncer calls back.
-        self.db.write(batch).map_err(write_err)?;
-        self.cache.appended(written);
-        if crate::sim::inline() {
-            // A simulation: synced and answered here, not at a wall-clock moment on a thread.
-            let synced = self
-                .db
-                .flush_wal(true)
-                .map_err(|e| io::Error::other(e.to_string()));
-            callback.io_completed(synced);
-            return Ok(());
-        }
-        self.syncer
-            .queue
-            .as_ref()
-            .expect("the queue lives as long as the syncer")
-            .send(callback)
-            .map_err(|_| write_err(io::Error::other("log syncer stopped")))
+        let encoded: Vec<Vec<u8>> = entries.iter().map(codec::encode).collect();
+        let indexes = entries.iter().map(|e| e.log_id.index);
+        self.engine
+            .write(self.group, indexes.zip(encoded.iter().map(Vec::as_slice)))?;
+        // Readable now (from the cache too, before openraft can hear the append is durable);
+        // durable when the syncer calls back.
+        self.state
+            .cache
+            .appended(encoded.iter().map(Vec::len).zip(entries));
+        self.engine
+            .when_durable(Box::new(move |r| callback.io_completed(r)))
     }
 
     /// Deletes every entry after `last_log_id` (all of them when `None`).
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StResult<()> {
         let from = last_log_id.map_or(0, |l| l.index + 1);
-        self.cache.truncate(from);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(cf(&self.db, CF_LOG), log_key(from), log_key(u64::MAX));
-        batch.delete_cf(cf(&self.db, CF_LOG), log_key(u64::MAX));
-        self.write_synced(batch).inspect_err(|_| {
+        self.state.cache.truncate(from);
+        self.engine.truncate(self.group, from).inspect_err(|_| {
             // The log may still hold what the cache dropped: a cache that is not a suffix of
             // the log must not answer.
-            self.cache.truncate(0);
+            self.state.cache.truncate(0);
         })
     }
 

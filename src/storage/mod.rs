@@ -2,8 +2,8 @@
 //!
 //! | CF | key | value | owner |
 //! |---|---|---|---|
-//! | `log` | log index (u64 BE) | bincode `Entry` | [`LogStore`] |
-//! | `raft` | `vote`, `committed`, `last_purged`; `installing_snapshot` | bincode | [`LogStore`]; [`Snapshots`] |
+//! | `log` | group (u32 BE) ‖ log index (u64 BE) | bincode `Entry` | [`LogEngine`], per group [`LogStore`] |
+//! | `raft` | `vote/`, `committed/`, `last_purged/` ‖ group (u32 BE); `installing_snapshot`, `admitted` | bincode | [`LogStore`]; [`Snapshots`]; admission |
 //! | `wheel` | `wheel::slot_key` (namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
 //! | `index` | `TimerKey::index_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
 //! | `fires` | the cursor a Fire entry left (slot) | (its log index, its `now_ms`) | [`StateMachine`] |
@@ -17,8 +17,8 @@
 //! in docs/architecture.md; `row.rs` derives a timer's state from it.
 //!
 //! Durability: log appends, votes, truncations and purges are fsynced before openraft hears they
-//! are done (appends through the [`log_store::Syncer`], which groups many appends into one
-//! fsync). State-machine writes are not synced: the log is the durable record and apply is
+//! are done (appends through the [`LogEngine`]'s syncer, which groups the appends of every group
+//! into one fsync). State-machine writes are not synced: the log is the durable record and apply is
 //! replayed from `last_applied`. Because both share one write-ahead log, a synced log write also
 //! makes every earlier state-machine write durable.
 //!
@@ -38,6 +38,7 @@ mod gc;
 mod heads;
 mod level;
 mod log_cache;
+pub mod log_engine;
 pub mod log_store;
 pub mod meta;
 mod misfire;
@@ -60,6 +61,7 @@ use rocksdb::{ColumnFamilyDescriptor, Options, DB};
 pub use codec::{decode, encode, MAX_DECODE_BYTES};
 pub use deliver::ack_refusal;
 pub use gc::IndexGc;
+pub use log_engine::{GroupId, LogEngine, GROUP0};
 pub use log_store::LogStore;
 pub use snapshot::{SnapshotStats, Snapshots};
 pub use snapshot_file::SnapshotFile;
@@ -170,21 +172,40 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 /// in place and becomes format 5 (an older build then refuses it).
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
 pub const FORMAT: u32 = 5;
-/// Formats this build opens: its own, and those it upgrades in place.
+/// Formats of snapshot and backup files this build reads: its own, and those it upgrades.
 pub const READS_FORMATS: [u32; 2] = [4, 5];
 
-/// Records [`FORMAT`] in a new database (or one of a format it upgrades in place); refuses one
-/// written in another format.
+/// The data directory's format: [`FORMAT`]'s encodings, and the layout of the directory.
+/// 6: the Raft log keyed by (group, index) (`log_engine.rs`); snapshots and backups are still
+/// format 5, which holds no log. A directory of format 4 or 5 is migrated in place when it is
+/// opened; a build before format 6 then refuses the directory with a message (its format is
+/// unknown to it) instead of misreading a log it does not understand, or losing its vote.
+pub const DIR_FORMAT: u32 = 6;
+
+/// Records [`DIR_FORMAT`] in a new database; migrates one of an earlier format this build
+/// reads ([`READS_FORMATS`]); refuses one written in another format.
 fn check_format(db: &DB, dir: &Path) -> Result<()> {
     let meta = cf(db, CF_META);
     if let Some(v) = db.get_cf(meta, meta::FORMAT)? {
         let found: u32 = codec::decode(&v)?;
-        if found == FORMAT {
+        if found == DIR_FORMAT {
             return Ok(());
         }
         if READS_FORMATS.contains(&found) {
-            tracing::info!(found, to = FORMAT, "upgrading the storage format in place");
-            db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
+            // The log rewritten into group 0's keys and the new format, in one synced batch:
+            // a crash leaves one layout or the other, whole.
+            let mut batch = rocksdb::WriteBatch::default();
+            let moved = log_engine::migrate_to_groups(db, &mut batch)?;
+            batch.put_cf(meta, meta::FORMAT, codec::encode(&DIR_FORMAT));
+            let mut opts = rocksdb::WriteOptions::default();
+            opts.set_sync(true);
+            db.write_opt(batch, &opts)?;
+            tracing::info!(
+                found,
+                to = DIR_FORMAT,
+                log_entries = moved,
+                "upgraded the data directory's format in place"
+            );
             return Ok(());
         }
         return Err(format_error(dir, &format!("storage format {found}")));
@@ -200,13 +221,13 @@ fn check_format(db: &DB, dir: &Path) -> Result<()> {
             "a storage format older than format versions",
         ));
     }
-    db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
+    db.put_cf(meta, meta::FORMAT, codec::encode(&DIR_FORMAT))?;
     Ok(())
 }
 
 fn format_error(dir: &Path, found: &str) -> crate::Error {
     crate::Error::InvalidArgument(format!(
-        "the data directory {} holds {found}; this build reads storage format {FORMAT}. \
+        "the data directory {} holds {found}; this build reads storage format {DIR_FORMAT}. \
          Start the node with that build and take a backup to move the data, or start from an \
          empty directory",
         dir.display()

@@ -70,13 +70,13 @@ async fn an_install_stopped_before_it_began_leaves_the_state_alone() {
         .is_none());
 }
 
-fn log_id(index: u64) -> LogId {
+pub(super) fn log_id(index: u64) -> LogId {
     crate::cluster::log_id(1, 1, index)
 }
 
 /// Entry `i` of the logs below: a blank first entry (openraft's log starts at 0), then
 /// schedules.
-fn nth(i: u64) -> Entry {
+pub(super) fn nth(i: u64) -> Entry {
     match i {
         0 => Entry {
             log_id: log_id(0),
@@ -92,7 +92,7 @@ async fn log_and_state(dir: &TempDir, last: u64, applied: u64) {
     let (mut log, mut sm) = open(dir);
     let db = sm.store.db().clone();
     for i in 0..=last {
-        db.put_cf(cf(&db, CF_LOG), i.to_be_bytes(), encode(&nth(i)))
+        db.put_cf(cf(&db, CF_LOG), log_key(GROUP0, i), encode(&nth(i)))
             .unwrap();
     }
     sm.apply_entries((0..=applied).map(nth)).await.unwrap();
@@ -143,7 +143,7 @@ async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
     let first = || {
         let mut it = db.iterator_cf(cf(&db, CF_LOG), rocksdb::IteratorMode::Start);
         it.next()
-            .map(|kv| u64::from_be_bytes(kv.unwrap().0.as_ref().try_into().unwrap()))
+            .map(|kv| index_of(GROUP0, &kv.unwrap().0).unwrap())
     };
     assert_eq!(first(), Some(0), "entries the state machine lacks stay");
     sm.apply_entries((4..=6).map(nth)).await.unwrap();
