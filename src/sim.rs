@@ -200,6 +200,7 @@ pub fn trails() -> BTreeMap<u64, Vec<(String, u64)>> {
 /// - `retry-refires`: a delivery given back for a retry loses its fire index, as if the
 ///   timer fired again;
 /// - `drop-stream-acks`: the ack coalescer loses every other ack a stream hands in.
+/// - `drop-queued-acks`: it loses every other unary Ack answered once queued.
 pub fn planted(name: &str) -> bool {
     with(|w| w.planted.contains(name)).unwrap_or(false)
 }

@@ -101,7 +101,7 @@ pub struct Acker {
     queue: Arc<Lanes<AckItem>>,
     /// Ack proposals that failed, ever.
     failed: Arc<std::sync::atomic::AtomicU64>,
-    /// Acks the simulator's `drop-stream-acks` plant has seen.
+    /// Acks the simulator's `drop-stream-acks` or `drop-queued-acks` plant has seen.
     planted_seen: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -127,7 +127,13 @@ impl Acker {
     /// the coalescer has stopped (the item is dropped: its timer comes again).
     pub async fn ack(&self, lane: u64, item: AckItem) -> bool {
         let ack = matches!(item, AckItem::One(..) | AckItem::Lease { .. });
-        if ack && crate::sim::planted("drop-stream-acks") {
+        // Unary acks answered once queued come on the lanes with the top bit set
+        // (`node::ack`): each path has its own planted bug, so each is shown to be checked.
+        let plant = match lane >> 63 {
+            1 => "drop-queued-acks",
+            _ => "drop-stream-acks",
+        };
+        if ack && crate::sim::planted(plant) {
             // The planted bug: every other ack vanishes (its timers come again).
             let n = (self.planted_seen).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if n.is_multiple_of(2) {

@@ -46,13 +46,14 @@ pub struct Setup {
 pub struct Plant(pub &'static str);
 
 impl Plant {
-    pub const KNOWN: [&'static str; 8] = [
+    pub const KNOWN: [&'static str; 9] = [
         "heads-pass",
         "retry-unsafe",
         "install-keeps-caches",
         "apply-reads-clock",
         "retry-refires",
         "drop-stream-acks",
+        "drop-queued-acks",
         "ignore-cancel",
         "fire-early",
     ];
