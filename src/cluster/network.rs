@@ -415,20 +415,17 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 
     /// A peer that cannot be reached (or answers with an error) grants nothing: a node cut off
     /// from a quorum never raises its term. Only a build without PreVote (UNIMPLEMENTED) counts
-    /// as a grant, as openraft counts a network without it: liveness during an upgrade. A peer
-    /// whose last answer advertised PreVote (`PEER_RPCS` >= 1) and now says UNIMPLEMENTED
-    /// grants nothing either: that is not what a build without the RPC does (it advertises
-    /// nothing), and a grant from it would let a cut-off node raise its term.
+    /// as a grant, as openraft counts a network without it: liveness during an upgrade. That
+    /// holds even for a peer that advertised PreVote before: it was restarted as an older
+    /// build, and its answer proves it reachable, so the grant cannot help a cut-off node; not
+    /// counting it left a cluster of two live nodes without a leader (review of 5428ec3).
     async fn pre_vote(
         &mut self,
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         match self.send(Rpc::PreVote, &rpc, option.hard_ttl()).await {
-            Err(s)
-                if s.code() == tonic::Code::Unimplemented
-                    && self.levels.0.peer_rpcs(self.target) == 0 =>
-            {
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
                 Ok(VoteResponse::new(rpc.vote, None, true))
             }
             sent => self.lift(decoded(sent)),

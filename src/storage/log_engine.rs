@@ -7,9 +7,10 @@
 //! groups queued before it. [`LogEngine::group`] hands out a group's [`LogStore`] (openraft's
 //! `RaftLogStorage`), a cheap handle on the engine.
 //!
-//! Keys: the `log` family's key is `group (u32 BE) ‖ index (u64 BE)`, so a group's entries are
-//! one contiguous range and groups sort by id; the `raft` family's per-group keys are
-//! `vote/`, `committed/`, `last_purged/` followed by the group (u32 BE).
+//! Keys: the `raft_log` family's key is `group (u32 BE) ‖ index (u64 BE)`, so a group's entries
+//! are one contiguous range and groups sort by id; the `raft` family's per-group keys are
+//! `vote/`, `committed/`, `last_purged/` followed by the group (u32 BE). Nothing here is in a
+//! state-machine family, so no snapshot or backup carries it from one node to another.
 //!
 //! Invariants:
 //! - An append's callback runs only after a `SyncWAL` that started after the append's write
@@ -17,10 +18,13 @@
 //!   order within a group, and one FIFO for all groups keeps it for each.
 //! - Writes of one group never touch another group's keys: every range a group deletes is
 //!   bounded by its own prefix.
-//! - A data directory of the single-group layout (format 4 or 5: 8-byte log keys, bare `vote`,
-//!   `committed`, `last_purged`) is rewritten into group 0's keys in the same synced batch
-//!   that records the new format ([`migrate_to_groups`]), before openraft starts; a crash
-//!   leaves either layout whole, never a mix.
+//! - A data directory of the single-group layout (the `log` family's 8-byte index keys, bare
+//!   `vote`, `committed`, `last_purged`) is rewritten into group 0's keys before openraft
+//!   starts ([`migrate_to_groups`]). Whether to migrate is read from the keys themselves, not
+//!   from a marker, and every step can be done again: a crash part-way leaves the old layout
+//!   whole, and the next start migrates again. A build before the `raft_log` family cannot
+//!   open a migrated directory at all (RocksDB opens a database only with every family it
+//!   has), so it can never misread the log or start without its vote.
 
 use std::collections::HashMap;
 use std::io;
@@ -30,7 +34,7 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
 use super::log_store::{GroupState, LogStore};
-use super::{cf, CF_LOG, CF_RAFT};
+use super::{cf, CF_LOG, CF_RAFT, CF_RAFT_LOG};
 
 /// A Raft group's id on a node. Group 0 is the single-group cluster's one group.
 pub type GroupId = u32;
@@ -158,7 +162,7 @@ impl LogEngine {
         group: GroupId,
         entries: impl IntoIterator<Item = (u64, &'a [u8])>,
     ) -> io::Result<()> {
-        let log = cf(&self.db, CF_LOG);
+        let log = cf(&self.db, CF_RAFT_LOG);
         let mut batch = WriteBatch::default();
         for (index, bytes) in entries {
             batch.put_cf(log, log_key(group, index), bytes);
@@ -190,18 +194,23 @@ impl LogEngine {
             group_key(LAST_PURGED, group),
             last_purged,
         );
+        let log = cf(&self.db, CF_RAFT_LOG);
         batch.delete_range_cf(
-            cf(&self.db, CF_LOG),
+            log,
             log_key(group, 0),
             log_key(group, upto.saturating_add(1)),
         );
+        if upto == u64::MAX {
+            // The range's end is exclusive.
+            batch.delete_cf(log, log_key(group, u64::MAX));
+        }
         self.write_synced(batch)
     }
 
     /// Deletes `group`'s entries from `from` on, in one synced batch.
     pub fn truncate(&self, group: GroupId, from: u64) -> io::Result<()> {
         let mut batch = WriteBatch::default();
-        let log = cf(&self.db, CF_LOG);
+        let log = cf(&self.db, CF_RAFT_LOG);
         batch.delete_range_cf(log, log_key(group, from), log_key(group, u64::MAX));
         batch.delete_cf(log, log_key(group, u64::MAX));
         self.write_synced(batch)
@@ -222,7 +231,7 @@ impl LogEngine {
         mut keep: impl FnMut(u64, &[u8]) -> bool,
     ) -> io::Result<()> {
         let iter = self.db.iterator_cf_opt(
-            cf(&self.db, CF_LOG),
+            cf(&self.db, CF_RAFT_LOG),
             group_bounds(group),
             IteratorMode::From(&log_key(group, from), rocksdb::Direction::Forward),
         );
@@ -238,12 +247,18 @@ impl LogEngine {
 
     /// `group`'s newest stored entry's bytes.
     pub fn last(&self, group: GroupId) -> io::Result<Option<Box<[u8]>>> {
-        let mut iter =
-            self.db
-                .iterator_cf_opt(cf(&self.db, CF_LOG), group_bounds(group), IteratorMode::End);
+        let mut iter = self.db.iterator_cf_opt(
+            cf(&self.db, CF_RAFT_LOG),
+            group_bounds(group),
+            IteratorMode::End,
+        );
         match iter.next() {
             None => Ok(None),
-            Some(item) => Ok(Some(item.map_err(read_err)?.1)),
+            Some(item) => {
+                let (k, v) = item.map_err(read_err)?;
+                index_of(group, &k).ok_or_else(|| read_err("corrupt log key"))?;
+                Ok(Some(v))
+            }
         }
     }
 }
@@ -308,30 +323,55 @@ fn run_syncer(
     }
 }
 
-/// Rewrites a single-group log (8-byte index keys; bare `vote`, `committed`, `last_purged`)
-/// into group 0's keys, adding the puts and deletes to `batch`, which the caller writes synced
-/// with the new format. Returns how many log entries moved.
-pub(super) fn migrate_to_groups(db: &DB, batch: &mut WriteBatch) -> crate::Result<usize> {
-    let log = cf(db, CF_LOG);
-    let mut moved = 0;
-    for item in db.iterator_cf(log, IteratorMode::Start) {
+/// Most bytes of entries one unsynced batch of the migration copies.
+const MIGRATE_CHUNK_BYTES: usize = 64 << 20;
+
+/// Rewrites a log of the single-group layout (the `log` family's 8-byte index keys; bare
+/// `vote`, `committed`, `last_purged` in `raft`) into group 0's keys; does nothing for a
+/// directory without one. The entries are copied in unsynced batches of at most
+/// [`MIGRATE_CHUNK_BYTES`] (a log can hold gigabytes of ScheduleBatch entries), then one synced
+/// batch deletes the old log and moves the records: until that batch the old layout is whole,
+/// and a start after a crash copies the same entries again.
+pub(super) fn migrate_to_groups(db: &DB) -> crate::Result<()> {
+    let (old, new, raft) = (cf(db, CF_LOG), cf(db, CF_RAFT_LOG), cf(db, CF_RAFT));
+    let mut records = Vec::new();
+    for name in [VOTE, COMMITTED, LAST_PURGED] {
+        if let Some(v) = db.get_cf(raft, name)? {
+            records.push((name, v));
+        }
+    }
+    let has_old_log = db.iterator_cf(old, IteratorMode::Start).next().is_some();
+    if records.is_empty() && !has_old_log {
+        return Ok(());
+    }
+    let (mut moved, mut batch, mut bytes) = (0usize, WriteBatch::default(), 0usize);
+    for item in db.iterator_cf(old, IteratorMode::Start) {
         let (k, v) = item?;
         let Ok(index) = <[u8; 8]>::try_from(k.as_ref()) else {
             return Err(crate::Error::Storage(format!(
-                "a single-group log holds a key of {} bytes, not 8",
+                "the single-group log holds a key of {} bytes, not 8: not migrated",
                 k.len()
             )));
         };
-        batch.put_cf(log, log_key(GROUP0, u64::from_be_bytes(index)), &v);
-        batch.delete_cf(log, k);
-        moved += 1;
-    }
-    let raft = cf(db, CF_RAFT);
-    for name in [VOTE, COMMITTED, LAST_PURGED] {
-        if let Some(v) = db.get_cf(raft, name)? {
-            batch.put_cf(raft, group_key(name, GROUP0), v);
-            batch.delete_cf(raft, name);
+        batch.put_cf(new, log_key(GROUP0, u64::from_be_bytes(index)), &v);
+        (moved, bytes) = (moved + 1, bytes + v.len());
+        if bytes >= MIGRATE_CHUNK_BYTES {
+            db.write(std::mem::take(&mut batch))?;
+            bytes = 0;
         }
     }
-    Ok(moved)
+    batch.delete_range_cf(old, [0u8; 8], [0xffu8; 8]);
+    batch.delete_cf(old, [0xffu8; 8]);
+    for (name, v) in &records {
+        batch.put_cf(raft, group_key(name, GROUP0), v);
+        batch.delete_cf(raft, name);
+    }
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    db.write_opt(batch, &opts)?;
+    tracing::info!(
+        log_entries = moved,
+        "moved the single-group Raft log into group 0 of the log engine"
+    );
+    Ok(())
 }

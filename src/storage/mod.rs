@@ -2,7 +2,8 @@
 //!
 //! | CF | key | value | owner |
 //! |---|---|---|---|
-//! | `log` | group (u32 BE) ‖ log index (u64 BE) | bincode `Entry` | [`LogEngine`], per group [`LogStore`] |
+//! | `raft_log` | group (u32 BE) ‖ log index (u64 BE) | bincode `Entry` | [`LogEngine`], per group [`LogStore`] |
+//! | `log` | the single-group layout's log index (u64 BE): empty once migrated | bincode `Entry` | migration (`log_engine.rs`) |
 //! | `raft` | `vote/`, `committed/`, `last_purged/` ‖ group (u32 BE); `installing_snapshot`, `admitted` | bincode | [`LogStore`]; [`Snapshots`]; admission |
 //! | `wheel` | `wheel::slot_key` (namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
 //! | `index` | `TimerKey::index_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
@@ -70,7 +71,11 @@ pub use store::{ListFilter, ListQuery, Page, Store};
 
 use crate::Result;
 
+/// The Raft log of the single-group layout (index keys of 8 bytes): empty once a directory
+/// is migrated, still opened because RocksDB opens a database only with all its families.
 pub const CF_LOG: &str = "log";
+/// Every group's Raft log, keyed by (group, index) (`log_engine.rs`).
+pub const CF_RAFT_LOG: &str = "raft_log";
 pub const CF_RAFT: &str = "raft";
 pub const CF_WHEEL: &str = "wheel";
 pub const CF_INDEX: &str = "index";
@@ -101,7 +106,7 @@ pub(crate) const SM_CFS: [&str; 10] = [
 ];
 /// Every column family: the log store's, then the state machine's.
 fn all_cfs() -> impl Iterator<Item = &'static str> {
-    [CF_LOG, CF_RAFT].into_iter().chain(SM_CFS)
+    [CF_LOG, CF_RAFT_LOG, CF_RAFT].into_iter().chain(SM_CFS)
 }
 
 /// Opens (or creates) a node's database under `dir`; `gc` judges which index entries the
@@ -158,6 +163,7 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
     });
     let db = DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?;
     check_format(&db, dir)?;
+    log_engine::migrate_to_groups(&db)?;
     Ok(Arc::new(db))
 }
 
@@ -172,45 +178,26 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 /// in place and becomes format 5 (an older build then refuses it).
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
 pub const FORMAT: u32 = 5;
-/// Formats of snapshot and backup files this build reads: its own, and those it upgrades.
+/// Formats this build opens: its own, and those it upgrades in place.
 pub const READS_FORMATS: [u32; 2] = [4, 5];
 
-/// The data directory's format: [`FORMAT`]'s encodings, and the layout of the directory.
-/// 6: the Raft log keyed by (group, index) (`log_engine.rs`); snapshots and backups are still
-/// format 5, which holds no log. A directory of format 4 or 5 is migrated in place when it is
-/// opened; a build before format 6 then refuses the directory with a message (its format is
-/// unknown to it) instead of misreading a log it does not understand, or losing its vote.
-pub const DIR_FORMAT: u32 = 6;
-
-/// Records [`DIR_FORMAT`] in a new database; migrates one of an earlier format this build
-/// reads ([`READS_FORMATS`]); refuses one written in another format.
+/// Records [`FORMAT`] in a new database (or one of a format it upgrades in place); refuses one
+/// written in another format.
 fn check_format(db: &DB, dir: &Path) -> Result<()> {
     let meta = cf(db, CF_META);
     if let Some(v) = db.get_cf(meta, meta::FORMAT)? {
         let found: u32 = codec::decode(&v)?;
-        if found == DIR_FORMAT {
+        if found == FORMAT {
             return Ok(());
         }
         if READS_FORMATS.contains(&found) {
-            // The log rewritten into group 0's keys and the new format, in one synced batch:
-            // a crash leaves one layout or the other, whole.
-            let mut batch = rocksdb::WriteBatch::default();
-            let moved = log_engine::migrate_to_groups(db, &mut batch)?;
-            batch.put_cf(meta, meta::FORMAT, codec::encode(&DIR_FORMAT));
-            let mut opts = rocksdb::WriteOptions::default();
-            opts.set_sync(true);
-            db.write_opt(batch, &opts)?;
-            tracing::info!(
-                found,
-                to = DIR_FORMAT,
-                log_entries = moved,
-                "upgraded the data directory's format in place"
-            );
+            tracing::info!(found, to = FORMAT, "upgrading the storage format in place");
+            db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
             return Ok(());
         }
         return Err(format_error(dir, &format!("storage format {found}")));
     }
-    let written = [CF_LOG, CF_RAFT, CF_META].iter().any(|name| {
+    let written = [CF_LOG, CF_RAFT_LOG, CF_RAFT, CF_META].iter().any(|name| {
         db.iterator_cf(cf(db, name), rocksdb::IteratorMode::Start)
             .next()
             .is_some()
@@ -221,13 +208,13 @@ fn check_format(db: &DB, dir: &Path) -> Result<()> {
             "a storage format older than format versions",
         ));
     }
-    db.put_cf(meta, meta::FORMAT, codec::encode(&DIR_FORMAT))?;
+    db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
     Ok(())
 }
 
 fn format_error(dir: &Path, found: &str) -> crate::Error {
     crate::Error::InvalidArgument(format!(
-        "the data directory {} holds {found}; this build reads storage format {DIR_FORMAT}. \
+        "the data directory {} holds {found}; this build reads storage format {FORMAT}. \
          Start the node with that build and take a backup to move the data, or start from an \
          empty directory",
         dir.display()

@@ -690,7 +690,7 @@ impl Store {
 
     /// Bytes the Raft log takes on disk and in memtables (RocksDB's estimate).
     pub fn log_bytes(&self) -> u64 {
-        let log = cf(&self.db, super::CF_LOG);
+        let log = cf(&self.db, super::CF_RAFT_LOG);
         [
             "rocksdb.total-sst-files-size",
             "rocksdb.size-all-mem-tables",

@@ -68,7 +68,7 @@ async fn log_reads_for_replication_are_bounded_in_bytes() {
     for (i, b) in sizes.iter().enumerate() {
         let index = i as u64 + 1;
         let e = entry(index, payload(*b));
-        db.put_cf(cf(db, CF_LOG), log_key(GROUP0, index), encode(&e))
+        db.put_cf(cf(db, CF_RAFT_LOG), log_key(GROUP0, index), encode(&e))
             .unwrap();
     }
     let indexes = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
@@ -719,7 +719,7 @@ fn a_data_dir_of_another_storage_format_is_refused() {
 
     // One that records another format is refused, naming both.
     let db = open_db(dir.path(), &gc).unwrap();
-    db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&(DIR_FORMAT + 1)))
+    db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&(FORMAT + 1)))
         .unwrap();
     drop(db);
     let Err(err) = open_db(dir.path(), &gc) else {
@@ -727,8 +727,8 @@ fn a_data_dir_of_another_storage_format_is_refused() {
     };
     let text = err.to_string();
     assert!(
-        text.contains(&format!("storage format {}", DIR_FORMAT + 1))
-            && text.contains(&format!("reads storage format {DIR_FORMAT}")),
+        text.contains(&format!("storage format {}", FORMAT + 1))
+            && text.contains(&format!("reads storage format {FORMAT}")),
         "{text}"
     );
 

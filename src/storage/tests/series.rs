@@ -514,7 +514,7 @@ async fn a_format_4_directory_is_upgraded_in_place() {
     let db = sm.store.db();
     let format: u32 =
         codec::decode(&db.get_cf(cf(db, CF_META), meta::FORMAT).unwrap().unwrap()).unwrap();
-    assert_eq!(format, DIR_FORMAT);
+    assert_eq!(format, FORMAT);
     assert_eq!(sm.store.digest().unwrap(), before.0, "the same state");
     assert_eq!(
         sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),

@@ -92,7 +92,7 @@ async fn log_and_state(dir: &TempDir, last: u64, applied: u64) {
     let (mut log, mut sm) = open(dir);
     let db = sm.store.db().clone();
     for i in 0..=last {
-        db.put_cf(cf(&db, CF_LOG), log_key(GROUP0, i), encode(&nth(i)))
+        db.put_cf(cf(&db, CF_RAFT_LOG), log_key(GROUP0, i), encode(&nth(i)))
             .unwrap();
     }
     sm.apply_entries((0..=applied).map(nth)).await.unwrap();
@@ -141,7 +141,7 @@ async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
     log.purge(log_id(6)).await.unwrap();
     let db = sm.store.db().clone();
     let first = || {
-        let mut it = db.iterator_cf(cf(&db, CF_LOG), rocksdb::IteratorMode::Start);
+        let mut it = db.iterator_cf(cf(&db, CF_RAFT_LOG), rocksdb::IteratorMode::Start);
         it.next()
             .map(|kv| index_of(GROUP0, &kv.unwrap().0).unwrap())
     };
