@@ -60,7 +60,7 @@ struct Args {
     dir: PathBuf,
 }
 
-/// One outstanding append's completion: when it was submitted.
+/// What an append's durability calls (it hands its writer the time the append was made).
 type Done = Box<dyn FnOnce() + Send>;
 
 /// What the two engines offer a group's writer.
