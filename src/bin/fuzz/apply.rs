@@ -22,8 +22,9 @@
 //! grouped one the same answers and digest at the end (the determinism oracle of
 //! `storage::tests::apply_is_deterministic`, on programs nobody wrote by hand).
 //!
-//! Programs stay in the domain the leader proposes from (its replicated clock only moves
-//! forward), so a disagreement is a real bug, not an impossible log.
+//! Programs stay in the domain leaders propose from (the clock of Fire entries only moves
+//! forward; a Deliver's may step back, as a newly elected leader's clock can lag), so a
+//! disagreement is a real bug, not an impossible log.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -182,14 +183,25 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     },
                 }
             }
-            5 => Command::Deliver {
-                now_ms: now,
-                grants: vec![Grant {
-                    namespace: NAMESPACES[usize::from(b.next()) % 2].into(),
-                    room: 1 + u32::from(b.next() % 8),
-                    push: false,
-                }],
-            },
+            5 => {
+                let namespace = NAMESPACES[usize::from(b.next()) % 2].into();
+                let room = 1 + u32::from(b.next() % 8);
+                // A Deliver carries its leader's wall clock, which no entry orders: a new
+                // leader's may lag the old one's, so a lease's deadline can land below the
+                // deadline floor. Half the Delivers lag, by up to 25.5 s.
+                let lag = match b.next() {
+                    l if l % 2 == 0 => 0,
+                    l => i64::from(l) * 100,
+                };
+                Command::Deliver {
+                    now_ms: now - lag,
+                    grants: vec![Grant {
+                        namespace,
+                        room,
+                        push: false,
+                    }],
+                }
+            }
             6 => Command::Ack {
                 now_ms: now,
                 key: b.key(),
