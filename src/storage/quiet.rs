@@ -53,6 +53,9 @@ pub fn flush_all(db: &DB) -> Result<()> {
 
 /// glibc keeps freed memory in its arenas for reuse; a flushed memtable's arena blocks are
 /// freed in one go and would otherwise stay resident. `malloc_trim` gives free pages back.
+/// `timerd` runs on jemalloc instead (src/bin/timerd.rs), whose background thread returns
+/// freed pages within a second; there this finds glibc's heap empty. It stays for processes
+/// on glibc's malloc: the tests and the simulator, and any program embedding the library.
 fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory to the OS; it is thread-safe.
