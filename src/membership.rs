@@ -225,15 +225,28 @@ impl Node {
             .find(|m| m.0 == target)
             .map(|m| self.config.dial_addr(target, &m.1))
             .unwrap_or_default();
-        let _closed = self.hold.close();
-        if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
+        // Acks answered as queued apply before the hand-over (`cluster::queued`): queuing
+        // stops, those queued are proposed and answered, then the hold closes.
+        let election = Duration::from_millis(self.config.raft.election_timeout_max_ms);
+        let draining = self.acker.drain_queued(election * 3).await;
+        let closed = self.hold.close();
+        let result = if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
             self.hand_over(target).await
         } else {
             self.raft.runtime_config().heartbeat(false);
             let result = self.hand_over_by_timeout_now(target, &addr).await;
             self.raft.runtime_config().heartbeat(true);
             result
-        }
+        };
+        drop(closed);
+        // After a transfer that failed, openraft still refuses writes for a moment while the
+        // hold is open again; an ack queued then would be lost. Queuing resumes an election
+        // timeout later (a node that handed over answers NotLeader before it looks).
+        tokio::spawn(async move {
+            tokio::time::sleep(election).await;
+            drop(draining);
+        });
+        result
     }
 
     /// The voter other than this node with the most of the log.

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::lanes::Lanes;
+use super::queued::{Draining, Queued, Ticket};
 use super::Proposer;
 use crate::clock::Clock;
 use crate::timer::{Command, LeaseRef, Response, TimerKey};
@@ -73,6 +74,9 @@ pub enum AckItem {
     },
     /// A nack of one delivery: (timer, attempt).
     Nack(TimerKey, u32),
+    /// A unary ack answered before it applies (`node::ack`), proposed as `One`; its ticket
+    /// settles when the item is dropped (`queued.rs`).
+    Queued(TimerKey, u32, Ticket),
     /// Answered once every item queued before it was proposed and answered.
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
@@ -82,6 +86,7 @@ impl PartialEq for AckItem {
         match (self, other) {
             (AckItem::One(k, a), AckItem::One(l, b)) => k == l && a == b,
             (AckItem::Nack(k, a), AckItem::Nack(l, b)) => k == l && a == b,
+            (AckItem::Queued(k, a, _), AckItem::Queued(l, b, _)) => k == l && a == b,
             (
                 AckItem::Lease { lease, deliveries },
                 AckItem::Lease {
@@ -103,6 +108,8 @@ pub struct Acker {
     failed: Arc<std::sync::atomic::AtomicU64>,
     /// Acks the simulator's `drop-stream-acks` or `drop-queued-acks` plant has seen.
     planted_seen: Arc<std::sync::atomic::AtomicU64>,
+    /// Unary acks answered as queued and not yet settled.
+    queued: Arc<Queued>,
 }
 
 impl Acker {
@@ -120,13 +127,33 @@ impl Acker {
             queue,
             failed,
             planted_seen: Default::default(),
+            queued: Default::default(),
         }
+    }
+
+    /// Queues a unary ack that is answered before it applies (`node::ack`, on a lane with the
+    /// top bit set); false, and nothing queued, while a hand-over drains them
+    /// ([`Acker::drain_queued`]) or once the coalescer has stopped.
+    pub async fn queue(&self, lane: u64, key: TimerKey, attempt: u32) -> bool {
+        let Some(ticket) = self.queued.enter() else {
+            return false;
+        };
+        self.ack(lane, AckItem::Queued(key, attempt, ticket)).await
+    }
+
+    /// Stops queuing unary acks and waits, at most `within`, until every one queued was
+    /// proposed and answered; queuing resumes once the guard is dropped.
+    pub async fn drain_queued(&self, within: std::time::Duration) -> Draining {
+        self.queued.drain(within).await
     }
 
     /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full; false if
     /// the coalescer has stopped (the item is dropped: its timer comes again).
     pub async fn ack(&self, lane: u64, item: AckItem) -> bool {
-        let ack = matches!(item, AckItem::One(..) | AckItem::Lease { .. });
+        let ack = matches!(
+            item,
+            AckItem::One(..) | AckItem::Queued(..) | AckItem::Lease { .. }
+        );
         // Unary acks answered once queued come on the lanes with the top bit set
         // (`node::ack`): each path has its own planted bug, so each is shown to be checked.
         let plant = match lane >> 63 {
@@ -233,9 +260,15 @@ async fn run(
 async fn propose(proposer: &Proposer, clock: &Clock, items: Vec<AckItem>) -> bool {
     let (mut leases, mut fallbacks, mut acks) = (Vec::new(), Vec::new(), Vec::new());
     let mut nacks = Vec::new();
+    // Dropped when this returns: the queued acks among `items` are settled then, answered.
+    let mut tickets = Vec::new();
     for item in items {
         match item {
             AckItem::One(key, attempt) => acks.push((key, attempt)),
+            AckItem::Queued(key, attempt, ticket) => {
+                acks.push((key, attempt));
+                tickets.push(ticket);
+            }
             AckItem::Lease { lease, deliveries } => {
                 leases.push(lease);
                 fallbacks.push(deliveries);

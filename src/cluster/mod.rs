@@ -22,6 +22,7 @@ pub mod limits;
 pub mod network;
 pub mod propose;
 pub mod purger;
+pub mod queued;
 pub mod runtime;
 
 pub use acks::{AckItem, Acker};

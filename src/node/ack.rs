@@ -10,7 +10,12 @@
 //!
 //! What that answer promises is what a stream ack promises: the ack applies unless the leader
 //! fails first, and an ack lost that way means the delivery comes again after its ack timeout
-//! (at-least-once, which a consumer handles anyway). The state machine still decides: a queued
+//! (at-least-once, which a consumer handles anyway). A planned hand-over is no failure: it lets
+//! the queued acks apply before it goes (`cluster::queued`). The last attempt the namespace
+//! allows is never queued, since losing that ack would not bring the delivery again but leave
+//! the timer DEAD; nor is an ack on a leader that has not applied its own term's first entry.
+//! (A namespace whose `max_attempts` is lowered after an ack was queued can still see that
+//! ack's timer go DEAD if the leader fails first.) The state machine still decides: a queued
 //! ack that finds the delivery handed out again meanwhile changes nothing, like any stale ack.
 //! Whatever the applied state does not plainly allow (an unknown timer, a stale or future
 //! attempt, a timer already ACKED) takes the waiting path, so every refusal and every
@@ -20,7 +25,6 @@
 use std::hash::{Hash, Hasher};
 
 use super::{Leader, Node};
-use crate::cluster::acks::AckItem;
 use crate::storage::ack_refusal;
 use crate::timer::{Command, Timer, TimerKey};
 use crate::{Error, Result};
@@ -71,7 +75,13 @@ impl Node {
         if self.hold.is_closed() {
             // Handing leadership over: a queued ack would meet the transfer and be lost (its
             // delivery would come again) — the waiting path waits at the hold and goes to the
-            // next leader instead, as it did before acks were queued.
+            // next leader instead, as it did before acks were queued. (The hand-over stops
+            // queuing before it closes the hold: `Acker::queue` below refuses then.)
+            return Ok(None);
+        }
+        if !self.applied_own_term() {
+            // A leader just elected has not applied what its predecessors committed: its state
+            // may show an attempt the log has already replaced or acked.
             return Ok(None);
         }
         let Some(timer) = self.store.get(key)? else {
@@ -80,9 +90,16 @@ impl Node {
         if ack_refusal(&timer, attempt).is_some() {
             return Ok(None);
         }
-        let item = AckItem::One(key.clone(), attempt);
-        if !self.acker.ack(unary_lane(&key.namespace), item).await {
-            // The coalescer stopped (a bug, logged there): never answer an ack it dropped.
+        let max_attempts = self.store.namespace(&key.namespace)?.policy.max_attempts;
+        if timer.attempts.saturating_sub(timer.attempt_base) >= max_attempts {
+            // The last attempt: lost, this ack would not mean a redelivery but a DEAD timer the
+            // consumer was told it acked. It waits for the log (review of issue 34, HIGH 1).
+            return Ok(None);
+        }
+        let lane = unary_lane(&key.namespace);
+        if !self.acker.queue(lane, key.clone(), attempt).await {
+            // A hand-over is draining queued acks, or the coalescer stopped (a bug, logged
+            // there): never answer an ack that was not queued.
             return Ok(None);
         }
         // As for a stream ack: the subscription that holds the delivery may hand out the next.

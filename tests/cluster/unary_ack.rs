@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use timerdb::api::pb;
 use tonic::Code;
 
-use crate::delivery::{delivered_unacked, schedule_many};
+use crate::delivery::{delivered_unacked, put_policy, schedule_many};
 use crate::harness::*;
 
 fn ack(id: &str, attempt: u32, wait_for_commit: bool) -> pb::AckRequest {
@@ -148,6 +148,76 @@ async fn a_unary_ack_during_a_hand_over_waits_for_the_log() {
         .into_inner();
     assert!(r.committed, "{r:?}");
     assert_eq!(r.timer.unwrap().state, pb::TimerState::Acked as i32);
+    lazy.stop();
+    c.converged().await;
+    c.shutdown().await;
+}
+
+/// The last attempt the namespace allows is not queued: lost with a failing leader, its ack
+/// would not bring the delivery again but leave the timer DEAD, the consumer told it acked
+/// (review of issue 34, HIGH 1). It waits for the log and is answered with the ACKED timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ack_of_the_last_allowed_attempt_waits_for_the_log() {
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let policy = pb::NamespacePolicy {
+        ack_timeout_ms: 30_000,
+        max_attempts: 1,
+        ..Default::default()
+    };
+    put_policy(&c, leader, NS, policy).await;
+    let mut client = c.client(leader).await;
+    let lazy = delivered_unacked(&c, leader, &["last".to_string()]).await;
+    let r = client
+        .ack(ack("last", 1, false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        r.committed,
+        "the last attempt's ack was answered as queued: {r:?}"
+    );
+    assert_eq!(r.timer.unwrap().state, pb::TimerState::Acked as i32);
+    lazy.stop();
+    c.converged().await;
+    c.shutdown().await;
+}
+
+/// A planned hand-over is no failure: the acks it answered as queued apply before it goes
+/// (review of issue 34, MED 2: they were proposed on a node that no longer led, and lost).
+/// Both followers' fsyncs are slowed so that acks wait in the coalescer, the leader answers
+/// ten acks as queued and hands over at once; every timer ends ACKED at its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_over_lets_the_acks_it_queued_apply_first() {
+    use std::sync::atomic::Ordering;
+    let c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let names: Vec<String> = (0..10).map(|i| format!("q{i}")).collect();
+    let lazy = delivered_unacked(&c, leader, &names).await;
+    for id in c.running().into_iter().filter(|id| *id != leader) {
+        c.node(id).fsync_delay_ms.store(300, Ordering::Relaxed);
+    }
+    for id in &names {
+        let r = client.ack(ack(id, 1, false)).await.unwrap().into_inner();
+        assert!(!r.committed, "{id}: answered by the log, not queued");
+    }
+    let new = c.node(leader).node.transfer_leader(None).await.unwrap();
+    assert_ne!(new, leader);
+    for id in c.running() {
+        c.node(id).fsync_delay_ms.store(0, Ordering::Relaxed);
+    }
+    let mut client = c.client(new).await;
+    for id in &names {
+        let t = wait_state(
+            &mut client,
+            id,
+            pb::TimerState::Acked,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(t.attempts, 1, "{id} was delivered again: {t:?}");
+    }
     lazy.stop();
     c.converged().await;
     c.shutdown().await;
