@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the system packages timerdb's build needs (libclang for librocksdb-sys bindgen).
+# Installs the system packages timerdb's build needs (libclang for librocksdb-sys bindgen,
+# make for jemalloc).
 # Safe to run repeatedly: it does nothing when everything is already present.
 set -euo pipefail
 
@@ -16,6 +17,16 @@ if ! have_libclang; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq libclang-dev >/dev/null
+fi
+
+# make: tikv-jemalloc-sys builds jemalloc (timerd's allocator) with its own Makefile.
+if ! command -v make >/dev/null 2>&1; then
+  echo "deps: installing make (needed to build jemalloc)" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq make >/dev/null
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
