@@ -119,12 +119,14 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
             r = metrics.wait_until(leads) => if ended(r.is_err()) { break },
         }
         tracing::info!(id, "became leader: {what} starts");
-        // A new vote ends this leadership even if this node leads again under it before the
+        // A new term ends this leadership even if this node leads again in it before the
         // watcher looks (Leader, Follower, Leader would otherwise read as "still Leader").
-        let vote = metrics.borrow_watched().vote;
+        // The leader id, not the whole vote: the metrics can show a new leader's vote before
+        // and after it is marked committed, and that is one leadership, not two.
+        let term = *metrics.borrow_watched().vote.leader_id();
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(|m| m.state != ServerState::Leader || m.vote != vote) => {
+            r = metrics.wait_until(|m| m.state != ServerState::Leader || *m.vote.leader_id() != term) => {
                 if ended(r.is_err()) { break }
             }
             _ = caught_up_then(raft, what, &mut lead) => {}
