@@ -17,6 +17,11 @@
 //! election, it no longer just goes on leading as under openraft 0.9). Writes wait meanwhile,
 //! in the hold, about one election.
 //!
+//! Before any of that, the unary acks this leader answered as queued are let apply
+//! (`cluster::queued`); if they do not within `QUEUED_DRAIN_LIMIT`, the transfer fails and
+//! leadership stays, since handing over would lose them. From the moment the transfer is
+//! asked for, no ack is queued again in this term, whatever becomes of the call.
+//!
 //! A target of a build before `TransferLeader` (a rolling upgrade; it advertises no
 //! `x-timerdb-peer-rpcs`, `cluster::level`) is handed leadership as those builds did: the
 //! leader stops heartbeats, lets the lease run out on the followers and sends the target
@@ -41,6 +46,10 @@ pub type Member = (NodeId, String, bool);
 const CATCH_UP: Duration = Duration::from_secs(60);
 /// How long a transfer waits for the target to have every entry.
 const TARGET_CATCH_UP: Duration = Duration::from_secs(3);
+/// How long a transfer waits for the acks it answered as queued to apply before it gives up
+/// (and keeps leading): a few rounds of the slowest fsync we plan for, within the stop's
+/// hand-off limit (`server::HAND_OFF_LIMIT`).
+const QUEUED_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 impl Node {
     /// The members as this node knows them, in id order.
@@ -226,26 +235,31 @@ impl Node {
             .map(|m| self.config.dial_addr(target, &m.1))
             .unwrap_or_default();
         // Acks answered as queued apply before the hand-over (`cluster::queued`): queuing
-        // stops, those queued are proposed and answered, then the hold closes.
-        let election = Duration::from_millis(self.config.raft.election_timeout_max_ms);
-        let draining = self.acker.drain_queued(election * 3).await;
+        // stops, those queued are proposed and answered, then the hold closes. If they do not
+        // settle in time, leadership stays here: handing over would lose them.
+        let term = self.leader_view().term;
+        let draining = match self.acker.drain_queued(QUEUED_DRAIN_LIMIT).await {
+            Ok(draining) => draining,
+            Err(unsettled) => {
+                return Err(Error::Unavailable(format!(
+                    "{unsettled} acks answered as queued have not applied after \
+                     {QUEUED_DRAIN_LIMIT:?}; leadership stays with node {} (try again)",
+                    self.id
+                )))
+            }
+        };
         let closed = self.hold.close();
         let result = if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
-            self.hand_over(target).await
+            self.hand_over(term, target).await
         } else {
             self.raft.runtime_config().heartbeat(false);
-            let result = self.hand_over_by_timeout_now(target, &addr).await;
+            let result = self.hand_over_by_timeout_now(term, target, &addr).await;
             self.raft.runtime_config().heartbeat(true);
             result
         };
-        drop(closed);
-        // After a transfer that failed, openraft still refuses writes for a moment while the
-        // hold is open again; an ack queued then would be lost. Queuing resumes an election
-        // timeout later (a node that handed over answers NotLeader before it looks).
-        tokio::spawn(async move {
-            tokio::time::sleep(election).await;
-            drop(draining);
-        });
+        // Queuing may resume (this guard) except in `term` if a transfer was asked for: the
+        // mark stays even if this future is dropped halfway (`Queued::hand_over_in`).
+        drop((closed, draining));
         result
     }
 
@@ -269,9 +283,11 @@ impl Node {
     }
 
     /// openraft's transfer (see the module notes).
-    async fn hand_over(&self, target: NodeId) -> Result<NodeId> {
+    async fn hand_over(&self, term: u64, target: NodeId) -> Result<NodeId> {
         self.wait_replicated(target).await?;
         let election = Duration::from_millis(self.config.raft.election_timeout_max_ms) * 3;
+        // From here openraft refuses writes for the rest of this leadership.
+        self.acker.hand_over_in(term);
         (self.raft.trigger().transfer_leader(target).await)
             .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
         match self.wait_other_leader(election).await {
@@ -289,9 +305,15 @@ impl Node {
 
     /// The hand-over to a build before TransferLeader (see the module notes); heartbeats are
     /// off while it runs.
-    async fn hand_over_by_timeout_now(&self, target: NodeId, addr: &str) -> Result<NodeId> {
-        let term = self.raft.metrics().borrow_watched().current_term;
+    async fn hand_over_by_timeout_now(
+        &self,
+        term: u64,
+        target: NodeId,
+        addr: &str,
+    ) -> Result<NodeId> {
         self.wait_replicated(target).await?;
+        // The target may win an election any moment from here.
+        self.acker.hand_over_in(term);
         // No AppendEntries go out now: once the lease has run out, the followers will vote.
         let lease = Duration::from_millis(self.config.raft.election_timeout_max_ms);
         let election = lease * 3;

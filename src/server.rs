@@ -374,6 +374,16 @@ impl RunningNode {
             ..
         } = self;
         let id = node.id;
+        // Acks answered as queued apply first, leading or not, handed over or not (a stop is
+        // no failure): queuing stops, the queued ones are proposed, then everything stops.
+        node.acker.stop_queuing();
+        if let Err(unsettled) = node.acker.drain_queued(SHUTDOWN_STEP).await {
+            tracing::warn!(
+                unsettled,
+                "stopping with acks answered as queued not yet applied (their deliveries come \
+                 again)"
+            );
+        }
         let _ = shutdown.send(true);
         match tokio::time::timeout(SHUTDOWN_STEP, node.raft.shutdown()).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
@@ -420,8 +430,9 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 /// Largest header block a request may send.
 const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 
-/// Bound on the leadership hand-off before a planned stop.
-const HAND_OFF_LIMIT: Duration = Duration::from_secs(5);
+/// Bound on the leadership hand-off before a planned stop: the queued acks' drain
+/// (`membership::QUEUED_DRAIN_LIMIT`) and a hand-over.
+const HAND_OFF_LIMIT: Duration = Duration::from_secs(10);
 
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);

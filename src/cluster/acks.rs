@@ -131,20 +131,33 @@ impl Acker {
         }
     }
 
-    /// Queues a unary ack that is answered before it applies (`node::ack`, on a lane with the
-    /// top bit set); false, and nothing queued, while a hand-over drains them
-    /// ([`Acker::drain_queued`]) or once the coalescer has stopped.
-    pub async fn queue(&self, lane: u64, key: TimerKey, attempt: u32) -> bool {
-        let Some(ticket) = self.queued.enter() else {
+    /// Queues a unary ack that the leader of `term` answers before it applies (`node::ack`, on
+    /// a lane with the top bit set); false, and nothing queued, while a hand-over drains them
+    /// ([`Acker::drain_queued`]), once one was started in `term`, or once the coalescer has
+    /// stopped.
+    pub async fn queue(&self, term: u64, lane: u64, key: TimerKey, attempt: u32) -> bool {
+        let Some(ticket) = self.queued.enter(term) else {
             return false;
         };
         self.ack(lane, AckItem::Queued(key, attempt, ticket)).await
     }
 
     /// Stops queuing unary acks and waits, at most `within`, until every one queued was
-    /// proposed and answered; queuing resumes once the guard is dropped.
-    pub async fn drain_queued(&self, within: std::time::Duration) -> Draining {
+    /// proposed and answered; queuing resumes once the guard is dropped. `Err`: how many were
+    /// still unsettled after `within` (queuing has resumed).
+    pub async fn drain_queued(&self, within: std::time::Duration) -> Result<Draining, u64> {
         self.queued.drain(within).await
+    }
+
+    /// No unary ack is queued again, in any term: the node is stopping.
+    pub fn stop_queuing(&self) {
+        self.queued.hand_over_in(u64::MAX);
+    }
+
+    /// No unary ack is queued in `term` again: a hand-over is about to ask openraft to
+    /// transfer, after which it refuses writes for the rest of that leadership.
+    pub fn hand_over_in(&self, term: u64) {
+        self.queued.hand_over_in(term);
     }
 
     /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full; false if

@@ -67,7 +67,8 @@ impl Node {
     /// shows `attempt` as the latest of a FIRED timer; the timer as it is, or `None` for the
     /// waiting path. Waits while the coalescer's queue is full (back-pressure on the caller).
     async fn queue_ack(&self, key: &TimerKey, attempt: u32) -> Result<Option<Timer>> {
-        if self.leader() != Leader::Me {
+        let view = self.leader_view();
+        if self.leader() != Leader::Me || !view.leads {
             // Nothing was queued: the forwarding layer sends it to the leader.
             return Err(Error::NotLeader);
         }
@@ -79,7 +80,7 @@ impl Node {
             // queuing before it closes the hold: `Acker::queue` below refuses then.)
             return Ok(None);
         }
-        if !self.applied_own_term() {
+        if !view.caught_up {
             // A leader just elected has not applied what its predecessors committed: its state
             // may show an attempt the log has already replaced or acked.
             return Ok(None);
@@ -97,9 +98,20 @@ impl Node {
             return Ok(None);
         }
         let lane = unary_lane(&key.namespace);
-        if !self.acker.queue(lane, key.clone(), attempt).await {
-            // A hand-over is draining queued acks, or the coalescer stopped (a bug, logged
-            // there): never answer an ack that was not queued.
+        if !self
+            .acker
+            .queue(view.term, lane, key.clone(), attempt)
+            .await
+        {
+            // A hand-over is draining queued acks or was started in this term, or the
+            // coalescer stopped (a bug, logged there): never answer an ack that was not queued.
+            return Ok(None);
+        }
+        let now = self.leader_view();
+        if !now.leads || now.term != view.term {
+            // Leadership changed while the lane was full: the queued ack may never apply, so
+            // it is not answered as queued; the waiting path acks again (a second ack of the
+            // same attempt changes nothing) at the next leader (review, LOW 4).
             return Ok(None);
         }
         // As for a stream ack: the subscription that holds the delivery may hand out the next.

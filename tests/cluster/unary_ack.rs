@@ -189,6 +189,17 @@ async fn an_ack_of_the_last_allowed_attempt_waits_for_the_log() {
 /// ten acks as queued and hands over at once; every timer ends ACKED at its first attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hand_over_lets_the_acks_it_queued_apply_first() {
+    hand_over_after_queued_acks(300).await;
+}
+
+/// The same with fsyncs slower than the drain's old bound (0.9 s): it handed over anyway and
+/// the acks still in the coalescer's lane were lost (review of the fixes, MED 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_over_waits_for_its_queued_acks_on_a_slow_disk() {
+    hand_over_after_queued_acks(1200).await;
+}
+
+async fn hand_over_after_queued_acks(follower_fsync_ms: u64) {
     use std::sync::atomic::Ordering;
     let c = TestCluster::start(3).await;
     let leader = c.leader().await;
@@ -196,7 +207,8 @@ async fn a_hand_over_lets_the_acks_it_queued_apply_first() {
     let names: Vec<String> = (0..10).map(|i| format!("q{i}")).collect();
     let lazy = delivered_unacked(&c, leader, &names).await;
     for id in c.running().into_iter().filter(|id| *id != leader) {
-        c.node(id).fsync_delay_ms.store(300, Ordering::Relaxed);
+        let delay = &c.node(id).fsync_delay_ms;
+        delay.store(follower_fsync_ms, Ordering::Relaxed);
     }
     for id in &names {
         let r = client.ack(ack(id, 1, false)).await.unwrap().into_inner();
@@ -220,5 +232,103 @@ async fn a_hand_over_lets_the_acks_it_queued_apply_first() {
     }
     lazy.stop();
     c.converged().await;
+    c.shutdown().await;
+}
+
+/// Once a hand-over has asked openraft to transfer, openraft refuses writes for the rest of
+/// that leadership, even if the caller gave up on the hand-over. An ack then must not be
+/// answered as queued: it could never apply (review of the fixes, LOW 2: a cancelled transfer
+/// turned queuing back on at once). The target has just stopped, with the whole log: the
+/// transfer is triggered, nobody takes over, and the caller gives up; then an ack comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_ack_is_answered_as_queued_after_a_transfer_given_up_on() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let names = vec!["g".to_string()];
+    let lazy = delivered_unacked(&c, leader, &names).await;
+    let target = c.running().into_iter().find(|id| *id != leader).unwrap();
+    c.stop(target).await;
+    // The transfer gets past its catch-up check only if the target has the whole log.
+    let raft = c.node(leader).node.raft.clone();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !has_whole_log(&raft, target) {
+        assert!(
+            Instant::now() < deadline,
+            "node {target} never had the whole log"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let transfer = c.node(leader).node.transfer_leader(Some(target));
+    let given_up = tokio::time::timeout(Duration::from_millis(50), transfer).await;
+    assert!(given_up.is_err(), "the transfer ended: {given_up:?}");
+    // Answered (queued by whoever leads by then, or applied), it must apply: the timer never
+    // comes again. (Queued on this leader, it was proposed to an openraft that refuses it.)
+    match client.ack(ack("g", 1, false)).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            let via = c.leader().await;
+            let t = wait_state(
+                &mut c.client(via).await,
+                "g",
+                pb::TimerState::Acked,
+                Duration::from_secs(10),
+            )
+            .await;
+            assert_eq!(
+                t.attempts, 1,
+                "acked (committed={}) yet delivered again",
+                r.committed
+            );
+        }
+        Err(e) => println!("the ack was refused meanwhile (allowed): {e:?}"),
+    }
+    c.restart(target).await;
+    lazy.stop();
+    c.converged().await;
+    c.shutdown().await;
+}
+
+/// Whether the leader `raft` saw `node` acknowledge its last entry.
+fn has_whole_log(raft: &timerdb::cluster::Raft, node: u64) -> bool {
+    use openraft::async_runtime::WatchReceiver as _;
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    let matched = m
+        .replication
+        .as_ref()
+        .and_then(|r| r.get(&node).cloned().flatten());
+    matched.map(|l| l.index) == m.last_log_index
+}
+
+/// A stop is no failure either, with no one to hand over to: a single node stopped right
+/// after answering acks as queued applies them first (review of the fixes, LOW 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_lets_the_acks_it_queued_apply_first() {
+    use std::sync::atomic::Ordering;
+    let mut c = TestCluster::start(1).await;
+    let leader = c.leader().await;
+    let mut client = c.client(leader).await;
+    let names: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    let lazy = delivered_unacked(&c, leader, &names).await;
+    c.node(leader).fsync_delay_ms.store(300, Ordering::Relaxed);
+    for id in &names {
+        let r = client.ack(ack(id, 1, false)).await.unwrap().into_inner();
+        assert!(!r.committed, "{id}: answered by the log, not queued");
+    }
+    lazy.stop();
+    c.stop(leader).await;
+    c.restart(leader).await;
+    let mut client = c.client(leader).await;
+    for id in &names {
+        let t = wait_state(
+            &mut client,
+            id,
+            pb::TimerState::Acked,
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(t.attempts, 1, "{id} was delivered again: {t:?}");
+    }
     c.shutdown().await;
 }
