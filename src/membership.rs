@@ -237,7 +237,6 @@ impl Node {
         // Acks answered as queued apply before the hand-over (`cluster::queued`): queuing
         // stops, those queued are proposed and answered, then the hold closes. If they do not
         // settle in time, leadership stays here: handing over would lose them.
-        let term = self.leader_view().term;
         let draining = match self.acker.drain_queued(QUEUED_DRAIN_LIMIT).await {
             Ok(draining) => draining,
             Err(unsettled) => {
@@ -250,14 +249,15 @@ impl Node {
         };
         let closed = self.hold.close();
         let result = if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
-            self.hand_over(term, target).await
+            self.hand_over(target).await
         } else {
-            self.raft.runtime_config().heartbeat(false);
-            let result = self.hand_over_by_timeout_now(term, target, &addr).await;
-            self.raft.runtime_config().heartbeat(true);
-            result
+            // Queuing stays off while this runs (the guard), not for the rest of the term:
+            // openraft is not asked to transfer, and if nobody takes over this node goes on
+            // leading with writes allowed. Heartbeats come back even if the call is dropped.
+            let _heartbeats = HeartbeatsOff::new(&self.raft);
+            self.hand_over_by_timeout_now(target, &addr).await
         };
-        // Queuing may resume (this guard) except in `term` if a transfer was asked for: the
+        // Queuing may resume (this guard) except in the term a transfer was asked for in: the
         // mark stays even if this future is dropped halfway (`Queued::hand_over_in`).
         drop((closed, draining));
         result
@@ -283,13 +283,20 @@ impl Node {
     }
 
     /// openraft's transfer (see the module notes).
-    async fn hand_over(&self, term: u64, target: NodeId) -> Result<NodeId> {
+    async fn hand_over(&self, target: NodeId) -> Result<NodeId> {
         self.wait_replicated(target).await?;
         let election = Duration::from_millis(self.config.raft.election_timeout_max_ms) * 3;
-        // From here openraft refuses writes for the rest of this leadership.
-        self.acker.hand_over_in(term);
-        (self.raft.trigger().transfer_leader(target).await)
-            .map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
+        // From here openraft refuses writes for the rest of this leadership: no ack is queued
+        // in its term again. The term is read now, not before the drain (which can outlast a
+        // re-election), and again after the trigger, in case one came between (review, MED).
+        let view = self.leader_view();
+        if !view.leads {
+            return Err(Error::NotLeader);
+        }
+        self.acker.hand_over_in(view.term);
+        let triggered = self.raft.trigger().transfer_leader(target).await;
+        self.acker.hand_over_in(self.leader_view().term);
+        triggered.map_err(|e| Error::Unavailable(format!("raft stopped: {e}")))?;
         match self.wait_other_leader(election).await {
             Some(leader) => {
                 tracing::info!(from = self.id, to = leader, "leadership handed over");
@@ -305,15 +312,9 @@ impl Node {
 
     /// The hand-over to a build before TransferLeader (see the module notes); heartbeats are
     /// off while it runs.
-    async fn hand_over_by_timeout_now(
-        &self,
-        term: u64,
-        target: NodeId,
-        addr: &str,
-    ) -> Result<NodeId> {
+    async fn hand_over_by_timeout_now(&self, target: NodeId, addr: &str) -> Result<NodeId> {
+        let term = self.raft.metrics().borrow_watched().current_term;
         self.wait_replicated(target).await?;
-        // The target may win an election any moment from here.
-        self.acker.hand_over_in(term);
         // No AppendEntries go out now: once the lease has run out, the followers will vote.
         let lease = Duration::from_millis(self.config.raft.election_timeout_max_ms);
         let election = lease * 3;
@@ -443,5 +444,22 @@ fn membership_error(e: WriteError) -> Error {
             ),
             e => e,
         },
+    }
+}
+
+/// Heartbeats off while this lives (the hand-over by `TimeoutNow`): back on when it is dropped,
+/// also if the hand-over's future is (a caller's deadline), so a leader is never left silent.
+struct HeartbeatsOff<'a>(&'a crate::cluster::Raft);
+
+impl<'a> HeartbeatsOff<'a> {
+    fn new(raft: &'a crate::cluster::Raft) -> Self {
+        raft.runtime_config().heartbeat(false);
+        HeartbeatsOff(raft)
+    }
+}
+
+impl Drop for HeartbeatsOff<'_> {
+    fn drop(&mut self) {
+        self.0.runtime_config().heartbeat(true);
     }
 }

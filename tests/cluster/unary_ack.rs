@@ -219,6 +219,16 @@ async fn hand_over_after_queued_acks(follower_fsync_ms: u64) {
     for id in c.running() {
         c.node(id).fsync_delay_ms.store(0, Ordering::Relaxed);
     }
+    // Until the new leader has applied an entry of its term it answers reads "send it again"
+    // (a slow fsync may still be under way): wait for that, as a client would retry.
+    let settled = c
+        .node(new)
+        .node
+        .until_applied_own_term(Duration::from_secs(10));
+    assert!(
+        settled.await,
+        "node {new} never applied an entry of its own term"
+    );
     let mut client = c.client(new).await;
     for id in &names {
         let t = wait_state(
