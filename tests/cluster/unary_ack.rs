@@ -230,16 +230,7 @@ async fn hand_over_after_queued_acks(follower_fsync_ms: u64) {
         "node {new} never applied an entry of its own term"
     );
     let mut client = c.client(new).await;
-    for id in &names {
-        let t = wait_state(
-            &mut client,
-            id,
-            pb::TimerState::Acked,
-            Duration::from_secs(10),
-        )
-        .await;
-        assert_eq!(t.attempts, 1, "{id} was delivered again: {t:?}");
-    }
+    acked_at_first_attempt(&mut client, &names).await;
     lazy.stop();
     c.converged().await;
     c.shutdown().await;
@@ -299,6 +290,17 @@ async fn no_ack_is_answered_as_queued_after_a_transfer_given_up_on() {
     c.shutdown().await;
 }
 
+/// Waits until each of `names` is ACKED, and checks it was never delivered again.
+async fn acked_at_first_attempt(
+    client: &mut timerdb::api::pb::timers_client::TimersClient<tonic::transport::Channel>,
+    names: &[String],
+) {
+    for id in names {
+        let t = wait_state(client, id, pb::TimerState::Acked, Duration::from_secs(10)).await;
+        assert_eq!(t.attempts, 1, "{id} was delivered again: {t:?}");
+    }
+}
+
 /// Whether the leader `raft` saw `node` acknowledge its last entry.
 fn has_whole_log(raft: &timerdb::cluster::Raft, node: u64) -> bool {
     use openraft::async_runtime::WatchReceiver as _;
@@ -330,15 +332,6 @@ async fn a_stop_lets_the_acks_it_queued_apply_first() {
     c.stop(leader).await;
     c.restart(leader).await;
     let mut client = c.client(leader).await;
-    for id in &names {
-        let t = wait_state(
-            &mut client,
-            id,
-            pb::TimerState::Acked,
-            Duration::from_secs(10),
-        )
-        .await;
-        assert_eq!(t.attempts, 1, "{id} was delivered again: {t:?}");
-    }
+    acked_at_first_attempt(&mut client, &names).await;
     c.shutdown().await;
 }
