@@ -25,6 +25,8 @@
 //! - [`tls`]: transport security of the client and peer ports (rustls), and dialling peers.
 //! - [`config`], [`error`]: configuration and the one error type.
 
+#[cfg(test)]
+mod alloc_count;
 pub mod api;
 pub mod auth;
 pub mod backup;

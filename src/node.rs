@@ -18,7 +18,9 @@ use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft, TypeConfig
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::storage::{ListFilter, ListQuery, Page, Store};
-use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    Command, KeyRef, Rejection, Response, Specs, Timer, TimerKey, TimerSpec, TimerState, When,
+};
 use crate::{Error, Result};
 pub use ack::Acked;
 
@@ -252,11 +254,11 @@ impl Node {
     /// Refuses any of `payloads` (a timer's key and payload size) over its namespace's limit.
     pub(super) fn check_payloads<'a>(
         &self,
-        payloads: impl IntoIterator<Item = (&'a TimerKey, usize)>,
+        payloads: impl IntoIterator<Item = (KeyRef<'a>, usize)>,
     ) -> Result<()> {
         let mut limits: HashMap<&str, u32> = HashMap::new();
         for (key, len) in payloads {
-            let ns = key.namespace.as_str();
+            let ns = key.namespace;
             let limit = match limits.get(ns) {
                 Some(l) => *l,
                 None => {
@@ -300,7 +302,7 @@ impl Node {
     }
 
     pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
-        self.check_payloads([(&spec.key, spec.payload.len())])?;
+        self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
@@ -315,11 +317,11 @@ impl Node {
         }
     }
 
-    pub async fn schedule_batch(&self, specs: Vec<TimerSpec>) -> Result<Vec<(Timer, bool)>> {
-        self.check_payloads(specs.iter().map(|s| (&s.key, s.payload.len())))?;
+    pub async fn schedule_batch(&self, specs: Specs) -> Result<Vec<(Timer, bool)>> {
+        self.check_payloads(specs.iter().map(|s| (s.key, s.payload.len())))?;
         let mut per_ns: HashMap<&str, usize> = HashMap::new();
-        for s in &specs {
-            *per_ns.entry(s.key.namespace.as_str()).or_default() += 1;
+        for s in specs.iter() {
+            *per_ns.entry(s.key.namespace).or_default() += 1;
         }
         let mut taken = Vec::with_capacity(per_ns.len());
         for (ns, n) in per_ns {

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::namespace::{Namespace, Policy};
 use crate::wheel::Slot;
 
+mod batch;
+pub use batch::{KeyRef, SpecRef, Specs};
+
 /// Where a timer lives in a namespace; the pair is unique.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TimerKey {
@@ -284,7 +287,8 @@ impl Timer {
     /// (a relative one retried later resolves to another time, and is still the same) or an
     /// absolute time equal to the timer's fire time (the `fire_at_ms` a first, relative
     /// Schedule returned, sent back).
-    pub fn same_request(&self, spec: &TimerSpec) -> bool {
+    pub fn same_request<'s>(&self, spec: impl Into<SpecRef<'s>>) -> bool {
+        let spec = spec.into();
         let same_time = self.scheduled_when == spec.when
             || matches!(spec.when, When::At(t) if t == self.fire_at_ms);
         same_time && self.payload == spec.payload && self.content_type == spec.content_type
@@ -326,7 +330,7 @@ pub enum Command {
     /// Create a timer (idempotent on identical content).
     Schedule { now_ms: i64, spec: TimerSpec },
     /// Create many timers atomically: all or none.
-    ScheduleBatch { now_ms: i64, specs: Vec<TimerSpec> },
+    ScheduleBatch { now_ms: i64, specs: Specs },
     /// PENDING → CANCELLED. Cancelling a CANCELLED timer again succeeds (retries are harmless).
     Cancel { now_ms: i64, key: TimerKey },
     /// Move a PENDING timer to a new time.
@@ -848,7 +852,7 @@ impl BatchAnswer {
         let mut out: Vec<(Timer, bool)> = Vec::with_capacity(specs.len());
         for (spec, item) in specs.iter().zip(self.items) {
             let result = match item {
-                Scheduled::Created => (Timer::pending(spec.clone(), *now_ms), true),
+                Scheduled::Created => (Timer::pending(spec.to_owned(), *now_ms), true),
                 Scheduled::Existing(timer) => (*timer, false),
                 Scheduled::SameAs(j) => match out.get(j) {
                     Some((timer, _)) => (timer.clone(), false),
@@ -919,6 +923,44 @@ mod tests {
         assert!(decode::<Command>(&empty).is_ok());
     }
 
+    /// Issue 34 part 5: a follower decodes a ScheduleBatch entry of n timers with a number of
+    /// allocations that does not grow with n (it used to make three per timer: namespace, id,
+    /// payload), and into the same specs.
+    #[test]
+    fn a_batch_decodes_without_an_allocation_per_timer() {
+        let spec = |i: usize| super::TimerSpec {
+            key: super::TimerKey::new("orders", format!("order-{i}")),
+            when: super::When::At(1_000 + i as i64),
+            payload: vec![i as u8; 32],
+            content_type: if i.is_multiple_of(2) {
+                String::new()
+            } else {
+                "text/plain".into()
+            },
+        };
+        let mut counts = Vec::new();
+        for n in [1_000, 8_000] {
+            let batch = Command::ScheduleBatch {
+                now_ms: 7,
+                specs: (0..n).map(spec).collect::<Vec<_>>().into(),
+            };
+            let bytes = encode(&batch);
+            let (decoded, allocations) =
+                crate::alloc_count::allocations(|| decode::<Command>(&bytes).unwrap());
+            assert_eq!(decoded, batch);
+            counts.push(allocations);
+        }
+        // Growing buffers reallocate a few times more for 8 times the timers; nothing per timer.
+        assert!(
+            counts[0] <= 64,
+            "{counts:?} allocations for 1,000 and 8,000 timers"
+        );
+        assert!(
+            counts[1] <= counts[0] + 16,
+            "{counts:?} allocations for 1,000 and 8,000 timers"
+        );
+    }
+
     /// A log line names the command and counts a batch; it never lists the timers.
     #[test]
     fn a_command_displays_as_its_name_and_a_batch_as_its_size() {
@@ -930,7 +972,7 @@ mod tests {
         assert_eq!(ack.to_string(), "ack");
         let batch = Command::ScheduleBatch {
             now_ms: 1,
-            specs: Vec::new(),
+            specs: Default::default(),
         };
         assert_eq!(batch.to_string(), "schedule_batch(0)");
         assert_eq!(Command::Multi(vec![ack, batch]).to_string(), "multi(2)");

@@ -10,7 +10,8 @@ use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
 use crate::storage::{ListFilter, ListQuery};
 use crate::timer::{
-    AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerSpec, TimerState, When,
+    AttemptRecord, Channel, KeyRef, Outcome, Phase, SpecRef, Specs, Timer, TimerKey, TimerSpec,
+    TimerState, When,
 };
 use crate::Error;
 
@@ -153,7 +154,18 @@ pub fn reschedule_when(
 
 /// Validates one Schedule request.
 pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Error> {
-    let key = key(&req.namespace, &req.id, limits)?;
+    spec_ref(req, limits).map(SpecRef::to_owned)
+}
+
+/// Validates one Schedule request, borrowing its strings and payload (a batch copies them
+/// once, into its packed specs).
+fn spec_ref<'a>(req: &'a pb::ScheduleRequest, limits: &Limits) -> Result<SpecRef<'a>, Error> {
+    check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
+    check_name("id", &req.id, limits.max_id_bytes)?;
+    let key = KeyRef {
+        namespace: &req.namespace,
+        id: &req.id,
+    };
     if req.payload.len() > limits.max_payload_bytes {
         return Err(Error::ResourceExhausted(format!(
             "payload of {key} is {} bytes; the limit is {}",
@@ -166,7 +178,7 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
             "{key} has a recurrence: recurring timers are scheduled one at a time, with Schedule"
         )));
     }
-    if crate::series::parse_occurrence(&key.id).is_some() {
+    if crate::series::parse_occurrence(key.id).is_some() {
         return Err(invalid(format!(
             "id {:?} ends in @<RFC 3339 time>, which names the occurrences of recurring timers; \
              choose another id",
@@ -181,16 +193,16 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
              characters (a media type such as application/json)"
         )));
     }
-    Ok(TimerSpec {
+    Ok(SpecRef {
         key,
         when,
-        payload: req.payload.clone(),
-        content_type: ct.clone(),
+        payload: &req.payload,
+        content_type: ct,
     })
 }
 
 /// Validates a ScheduleBatch: size, each timer, and no id twice.
-pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<TimerSpec>, Error> {
+pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Specs, Error> {
     if req.timers.is_empty() {
         return Err(invalid("the batch holds no timers".into()));
     }
@@ -201,7 +213,11 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
             limits.max_batch
         )));
     }
-    let mut out = Vec::with_capacity(req.timers.len());
+    let bytes = req
+        .timers
+        .iter()
+        .map(|t| t.namespace.len() + t.id.len() + t.payload.len());
+    let mut out = Specs::with_capacity(req.timers.len(), bytes.sum());
     for (i, t) in req.timers.iter().enumerate() {
         let creates_only = matches!(
             pb::CreateMode::try_from(t.mode),
@@ -217,12 +233,12 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Vec<Time
                  if_revision, max_wait_ms or per-timer misfire): send those with Schedule"
             )));
         }
-        out.push(spec(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?);
+        out.push(spec_ref(t, limits).map_err(|e| prefix_error(e, &format!("timers[{i}]: ")))?);
     }
     // Keys borrowed from the specs, not copied: 10,000 of them per call.
     let mut seen = std::collections::HashSet::with_capacity(out.len());
     for (i, s) in out.iter().enumerate() {
-        if !seen.insert(&s.key) {
+        if !seen.insert(s.key) {
             return Err(invalid(format!(
                 "timers[{i}]: {} appears twice in the batch",
                 s.key

@@ -192,7 +192,7 @@ const COMMAND_BYTES: usize = 64;
 /// places each of its timers, a Redrive moves each DEAD timer it names after the cursor, an
 /// ack rewrites a row).
 pub fn cost_of(cmd: &Command) -> Cost {
-    let spec = |s: &crate::timer::TimerSpec| Cost {
+    let spec = |s: crate::timer::SpecRef<'_>| Cost {
         rows: 1,
         bytes: COMMAND_BYTES + s.key.namespace.len() + s.key.id.len() + s.payload.len(),
     };
@@ -201,7 +201,9 @@ pub fn cost_of(cmd: &Command) -> Cost {
         bytes: n * COMMAND_BYTES,
     };
     match cmd {
-        Command::Schedule { spec: s, .. } | Command::ScheduleWith { spec: s, .. } => spec(s),
+        Command::Schedule { spec: s, .. } | Command::ScheduleWith { spec: s, .. } => {
+            spec(s.as_ref())
+        }
         Command::ScheduleBatch { specs, .. } => specs.iter().map(spec).fold(keys(0), |a, b| a + b),
         Command::Redrive { keys: k, .. } => keys(k.len()),
         Command::Acks { leases, acks, .. } => keys(leases.len() + acks.len()),

@@ -17,7 +17,7 @@ impl Node {
         cond: Cond,
         misfire: Option<Misfire>,
     ) -> Result<(Timer, bool)> {
-        self.check_payloads([(&spec.key, spec.payload.len())])?;
+        self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)?;
         let cmd = Command::ScheduleWith {
             now_ms: self.now_ms(),

@@ -20,7 +20,7 @@ impl Node {
 
     /// The namespace's payload limit and schedule rate, as for one timer.
     pub(super) fn check_series(&self, spec: &SeriesSpec) -> Result<()> {
-        self.check_payloads([(&spec.key, spec.payload.len())])?;
+        self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)
     }
 

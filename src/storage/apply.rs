@@ -31,7 +31,8 @@ use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::namespace::{Config, Namespace, Policy, PushTarget};
 use crate::timer::{
-    BatchAnswer, Command, Cond, Rejection, Response, Scheduled, Shift, Timer, TimerKey, TimerSpec,
+    BatchAnswer, Command, Cond, KeyRef, Rejection, Response, Scheduled, Shift, SpecRef, Specs,
+    Timer, TimerKey, TimerSpec,
 };
 use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
@@ -386,7 +387,7 @@ impl<'a> Applier<'a> {
 
     /// The slot of `key`'s row, if it has one (an index entry of a purged timer is dead:
     /// see `gc.rs`).
-    fn slot_of(&mut self, key: &TimerKey) -> Result<Option<Slot>> {
+    fn slot_of(&mut self, key: KeyRef<'_>) -> Result<Option<Slot>> {
         let k = key.index_key();
         let slot = match self
             .index_staged
@@ -403,7 +404,7 @@ impl<'a> Applier<'a> {
                 raw.map(decode).transpose()?
             }
         };
-        let floor = self.ns(&key.namespace)?.purged_to;
+        let floor = self.ns(key.namespace)?.purged_to;
         Ok(slot.filter(|s| super::gc::live(*s, floor)))
     }
 
@@ -411,12 +412,12 @@ impl<'a> Applier<'a> {
     /// MultiGet: RocksDB then walks the memtables and probes each SST file's filter once per
     /// sorted batch instead of once per key, which is most of what a ScheduleBatch's "is this
     /// id taken?" costs. A single key is left to `slot_of`'s point read.
-    pub(super) fn prefetch_index<'k>(
+    pub(super) fn prefetch_index<'k, K: Into<KeyRef<'k>>>(
         &mut self,
-        keys: impl Iterator<Item = &'k TimerKey>,
+        keys: impl Iterator<Item = K>,
     ) -> Result<()> {
         let mut encoded: Vec<Vec<u8>> = keys
-            .map(TimerKey::index_key)
+            .map(|k| k.into().index_key())
             .filter(|k| !self.index_staged.contains_key(k) && !self.index_read.contains_key(k))
             .collect();
         if encoded.len() < 2 {
@@ -451,11 +452,12 @@ impl<'a> Applier<'a> {
     }
 
     /// `key`'s row and its slot, if the timer exists.
-    pub(super) fn find(&mut self, key: &TimerKey) -> Result<Option<(Slot, Row)>> {
+    pub(super) fn find<'k>(&mut self, key: impl Into<KeyRef<'k>>) -> Result<Option<(Slot, Row)>> {
+        let key = key.into();
         let Some(slot) = self.slot_of(key)? else {
             return Ok(None);
         };
-        match self.row_at(&key.namespace, slot)? {
+        match self.row_at(key.namespace, slot)? {
             Some(row) => Ok(Some((slot, row))),
             None => Err(Error::Storage(format!(
                 "{key} is indexed at {slot} but no row is there"
@@ -666,18 +668,19 @@ impl<'a> Applier<'a> {
 
     /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
     /// only an entry whose later commands may read it (`stage`) also keeps a `Row`.
-    pub(super) fn create(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<()> {
+    pub(super) fn create<'s>(&mut self, now_ms: i64, spec: impl Into<SpecRef<'s>>) -> Result<()> {
         self.create_with(now_ms, spec, None)
     }
 
     /// [`Applier::create`], the timer with its own misfire policy if `misfire` is set.
-    pub(super) fn create_with(
+    pub(super) fn create_with<'s>(
         &mut self,
         now_ms: i64,
-        spec: &TimerSpec,
+        spec: impl Into<SpecRef<'s>>,
         misfire: Option<crate::namespace::Misfire>,
     ) -> Result<()> {
-        let ns = &spec.key.namespace;
+        let spec = spec.into();
+        let ns = spec.key.namespace;
         self.progress.pending += 1;
         self.progress.stored += 1;
         let meta = self.ns(ns)?;
@@ -695,16 +698,17 @@ impl<'a> Applier<'a> {
                 wheel::slot_key(ns, slot),
                 super::row::encode_pending(spec, now_ms),
             );
-            self.set_index(wheel::timer_key_of(ns, &spec.key.id), Some(slot));
+            self.set_index(wheel::timer_key_of(ns, spec.key.id), Some(slot));
             self.placed_at(ns, slot);
         }
         Ok(())
     }
 
     /// The existing timer at `spec`'s key, if any, as a client sees it.
-    pub(super) fn existing(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
+    pub(super) fn existing<'k>(&mut self, key: impl Into<KeyRef<'k>>) -> Result<Option<Timer>> {
+        let key = key.into();
         match self.find(key)? {
-            Some((slot, row)) => Ok(Some(self.view(&key.namespace, slot, &row)?)),
+            Some((slot, row)) => Ok(Some(self.view(key.namespace, slot, &row)?)),
             None => Ok(None),
         }
     }
@@ -716,7 +720,7 @@ impl<'a> Applier<'a> {
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         }
         match self.existing(&spec.key)? {
-            Some(existing) if existing.same_request(spec) => Ok(Response::Timer {
+            Some(existing) if existing.same_request(spec.as_ref()) => Ok(Response::Timer {
                 timer: existing,
                 created: false,
             }),
@@ -739,31 +743,31 @@ impl<'a> Applier<'a> {
     fn schedule_batch(
         &mut self,
         now_ms: i64,
-        specs: &[TimerSpec],
+        specs: &Specs,
         entry: &Arc<Command>,
         at: Option<usize>,
     ) -> Result<Response> {
         if let Some(key) = self.series_among(specs)? {
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         }
-        self.prefetch_index(specs.iter().map(|s| &s.key))?;
+        self.prefetch_index(specs.iter().map(|s| s.key))?;
         let mut items: Vec<Scheduled> = Vec::with_capacity(specs.len());
-        let mut first_in_batch: HashMap<&TimerKey, usize> = HashMap::default();
+        let mut first_in_batch: HashMap<KeyRef<'_>, usize> = HashMap::default();
         for (i, spec) in specs.iter().enumerate() {
             if let Some(&j) = first_in_batch.get(&spec.key) {
-                if specs[j] != *spec {
+                if specs.get(j) != Some(spec) {
                     return Ok(Response::Rejected(Rejection::AlreadyExists(
-                        spec.key.clone(),
+                        spec.key.to_owned(),
                     )));
                 }
                 items.push(Scheduled::SameAs(j));
                 continue;
             }
-            first_in_batch.insert(&spec.key, i);
-            match self.existing(&spec.key)? {
+            first_in_batch.insert(spec.key, i);
+            match self.existing(spec.key)? {
                 Some(t) if !t.same_request(spec) => {
                     return Ok(Response::Rejected(Rejection::AlreadyExists(
-                        spec.key.clone(),
+                        spec.key.to_owned(),
                     )))
                 }
                 Some(t) => items.push(Scheduled::Existing(Box::new(t))),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::codec;
 use crate::timer::{
-    AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerSpec, TimerState, When,
+    AttemptRecord, Channel, Outcome, Phase, SpecRef, Timer, TimerKey, TimerState, When,
 };
 use crate::wheel::Slot;
 use crate::{Error, Result};
@@ -341,13 +341,13 @@ pub fn materialize(t: &Timer, kind: Kind) -> Row {
 
 /// The row of a timer `spec` creates at `now_ms`:
 /// `materialize(&Timer::pending(spec, now_ms), Kind::Pending)` without the `Timer`.
-pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
+pub fn pending(spec: SpecRef<'_>, now_ms: i64) -> Row {
     Row {
         kind: Kind::Pending,
         fire_at_ms: spec.when.resolve(now_ms),
         body: Body {
-            id: spec.key.id.clone(),
-            payload: spec.payload.clone(),
+            id: spec.key.id.to_owned(),
+            payload: spec.payload.to_vec(),
             created_at_ms: now_ms,
             scheduled_when: spec.when,
             attempts: 0,
@@ -360,7 +360,7 @@ pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
             redrives: 0,
             finished_at_ms: 0,
             wake_at_ms: 0,
-            content_type: spec.content_type.clone(),
+            content_type: spec.content_type.to_owned(),
             log: Vec::new(),
             ext: Ext {
                 revision: 1,
@@ -374,7 +374,7 @@ pub fn pending(spec: &TimerSpec, now_ms: i64) -> Row {
 /// `materialize(&Timer::pending(spec, now_ms), Kind::Pending).encode()`, written from the spec
 /// where it lies (a ScheduleBatch writes thousands of these per entry, on every node; copying
 /// each id and payload into a `Row` first cost two allocations and two copies per timer).
-pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
+pub fn encode_pending(spec: SpecRef<'_>, now_ms: i64) -> Vec<u8> {
     /// `Body`'s fields, in its order, with the id and the payload borrowed (serde writes a
     /// `&str` as a `String` and a `&[u8]` as a `Vec<u8>`).
     #[derive(Serialize)]
@@ -397,8 +397,8 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
         log: &'a [AttemptRecord],
     }
     let body = PendingBody {
-        id: &spec.key.id,
-        payload: &spec.payload,
+        id: spec.key.id,
+        payload: spec.payload,
         created_at_ms: now_ms,
         scheduled_when: spec.when,
         attempts: 0,
@@ -411,7 +411,7 @@ pub fn encode_pending(spec: &TimerSpec, now_ms: i64) -> Vec<u8> {
         redrives: 0,
         finished_at_ms: 0,
         wake_at_ms: 0,
-        content_type: &spec.content_type,
+        content_type: spec.content_type,
         log: &[],
     };
     let mut out = Vec::with_capacity(9 + 64 + spec.key.id.len() + spec.payload.len());
@@ -444,7 +444,7 @@ mod tests {
                 When::At(now - 9),
             ),
         ] {
-            let spec = TimerSpec {
+            let spec = crate::timer::TimerSpec {
                 key: TimerKey::new("ns", id),
                 when,
                 payload,
@@ -458,8 +458,8 @@ mod tests {
             // `materialize` writes a change (one revision up); a new timer is at revision 1.
             assert_eq!(row.body.ext.revision, 2);
             row.body.ext.revision = 1;
-            assert_eq!(pending(&spec, now), row, "{id:.8}");
-            assert_eq!(encode_pending(&spec, now), row.encode(), "{id:.8}");
+            assert_eq!(pending(spec.as_ref(), now), row, "{id:.8}");
+            assert_eq!(encode_pending(spec.as_ref(), now), row.encode(), "{id:.8}");
         }
     }
 

@@ -21,7 +21,9 @@ use super::row::{self, Kind};
 use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
 use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
-use crate::timer::{Cond, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{
+    Cond, KeyRef, Rejection, Response, Specs, Timer, TimerKey, TimerSpec, TimerState, When,
+};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 
@@ -30,8 +32,8 @@ const UPCOMING_IN_ANSWERS: usize = 5;
 
 impl Applier<'_> {
     /// The series at `key` as this entry has it.
-    pub(super) fn series_row(&mut self, key: &TimerKey) -> Result<Option<Series>> {
-        let k = key.index_key();
+    pub(super) fn series_row<'k>(&mut self, key: impl Into<KeyRef<'k>>) -> Result<Option<Series>> {
+        let k = key.into().index_key();
         if let Some(staged) = self.series_staged.get(&k) {
             return Ok(staged.clone());
         }
@@ -41,8 +43,8 @@ impl Applier<'_> {
 
     /// The first of `specs`' ids that names a recurring timer (a one-shot cannot take it).
     /// A namespace without series (one seek finds none) costs no read per timer.
-    pub(super) fn series_among(&mut self, specs: &[TimerSpec]) -> Result<Option<TimerKey>> {
-        let mut namespaces: Vec<&str> = specs.iter().map(|s| s.key.namespace.as_str()).collect();
+    pub(super) fn series_among(&mut self, specs: &Specs) -> Result<Option<TimerKey>> {
+        let mut namespaces: Vec<&str> = specs.iter().map(|s| s.key.namespace).collect();
         namespaces.sort_unstable();
         namespaces.dedup();
         let reader = Reader::live(self.db);
@@ -58,8 +60,8 @@ impl Applier<'_> {
                 continue;
             }
             for spec in specs.iter().filter(|s| s.key.namespace == ns) {
-                if self.series_row(&spec.key)?.is_some() {
-                    return Ok(Some(spec.key.clone()));
+                if self.series_row(spec.key)?.is_some() {
+                    return Ok(Some(spec.key.to_owned()));
                 }
             }
         }
@@ -152,7 +154,7 @@ impl Applier<'_> {
                 content_type: s.spec.content_type.clone(),
             };
             let ns = spec.key.namespace.clone();
-            let slot = self.place(&ns, row::pending(&spec, now_ms), fire_at_ms)?;
+            let slot = self.place(&ns, row::pending(spec.as_ref(), now_ms), fire_at_ms)?;
             self.count_pending(&ns, 1)?;
             self.count_stored(&ns, 1)?;
             self.events.scheduled();

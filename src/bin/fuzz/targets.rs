@@ -186,7 +186,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                         11,
                         Command::ScheduleBatch {
                             now_ms: 2,
-                            specs: vec![spec("b", 6), spec("c", 7)],
+                            specs: vec![spec("b", 6), spec("c", 7)].into(),
                         },
                     ),
                 ],

@@ -415,7 +415,10 @@ async fn reschedule_rules() {
 async fn batch_is_all_or_nothing() {
     let mut s = Sm::new();
     s.apply(schedule("taken", T0)).await;
-    let batch = |specs| Command::ScheduleBatch { now_ms: T0, specs };
+    let batch = |specs: Vec<TimerSpec>| Command::ScheduleBatch {
+        now_ms: T0,
+        specs: specs.into(),
+    };
     let r = s
         .apply(batch(vec![
             spec("n1", T0, "p"),

@@ -538,7 +538,7 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
     assert_eq!(s.apply(schedule("tick", T0 + 10)).await, taken);
     let batch = Command::ScheduleBatch {
         now_ms: T0,
-        specs: vec![spec("other", T0 + 10, "p"), spec("tick", T0 + 10, "p")],
+        specs: vec![spec("other", T0 + 10, "p"), spec("tick", T0 + 10, "p")].into(),
     };
     assert_eq!(s.apply(batch).await, taken);
     assert!(
@@ -554,7 +554,7 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
         schedule("tock", T0 + 10),
         Command::ScheduleBatch {
             now_ms: T0,
-            specs: vec![spec("tock", T0 + 10, "p")],
+            specs: vec![spec("tock", T0 + 10, "p")].into(),
         },
     ]);
     let Response::Multi(answers) = s.apply(multi).await else {
