@@ -213,11 +213,12 @@ pub fn specs(req: &pb::ScheduleBatchRequest, limits: &Limits) -> Result<Specs, E
             limits.max_batch
         )));
     }
-    let bytes = req
+    let text = req
         .timers
         .iter()
-        .map(|t| t.namespace.len() + t.id.len() + t.payload.len());
-    let mut out = Specs::with_capacity(req.timers.len(), bytes.sum());
+        .map(|t| t.namespace.len() + t.id.len() + t.content_type.len());
+    let payloads = req.timers.iter().map(|t| t.payload.len());
+    let mut out = Specs::with_capacity(req.timers.len(), text.sum(), payloads.sum());
     for (i, t) in req.timers.iter().enumerate() {
         let creates_only = matches!(
             pb::CreateMode::try_from(t.mode),

@@ -4,16 +4,18 @@
 //! from the leader's AppendEntries, any node from its log after a restart). As a
 //! `Vec<TimerSpec>` that was three or four allocations per timer (namespace, id, payload,
 //! content type) on each node, and a payload decoded byte by byte. [`Specs`] keeps the batch's
-//! text and bytes in one buffer and each spec as ranges into it, so decoding a batch allocates
-//! a few times (the buffer growing) however many timers it holds; apply reads each spec
-//! borrowed ([`SpecRef`]) and writes its row from there.
+//! text in one string and its payloads in one byte buffer, and each spec as ranges into them,
+//! so decoding a batch allocates a few times (the buffers growing) however many timers it
+//! holds; apply reads each spec borrowed ([`SpecRef`]) and writes its row from there.
 //!
 //! Invariants:
 //! - The encoding is exactly that of the `Vec<TimerSpec>` it replaced (a sequence of specs,
 //!   each namespace, id, when, payload, content type), so entries written by older builds
 //!   decode, and older builds decode ours: no feature level moves (`cluster::level`).
-//! - Every range lies inside the buffer and on `char` boundaries of text that was valid UTF-8
-//!   when pushed (`push` takes `&str`), so the accessors cannot fail.
+//! - Every range lies inside its buffer, and a text range on `char` boundaries (`push` appends
+//!   whole `&str`s), so the accessors cannot fail. The text is a `String`, not bytes checked
+//!   again on each read: apply and the log read every spec several times per entry, and
+//!   validating each id's UTF-8 every time cost the batch workload measurably.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -28,7 +30,9 @@ use super::{TimerKey, TimerSpec, When};
 /// See the module documentation.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Specs {
-    bytes: Vec<u8>,
+    /// Namespaces, ids and content types, back to back.
+    text: String,
+    payloads: Vec<u8>,
     items: Vec<Item>,
 }
 
@@ -119,10 +123,11 @@ impl TimerSpec {
 }
 
 impl Specs {
-    /// Room for `n` specs of `bytes` bytes of text and payload between them.
-    pub fn with_capacity(n: usize, bytes: usize) -> Specs {
+    /// Room for `n` specs of `text` bytes of names and `payloads` bytes of payload.
+    pub fn with_capacity(n: usize, text: usize, payloads: usize) -> Specs {
         Specs {
-            bytes: Vec::with_capacity(bytes),
+            text: String::with_capacity(text),
+            payloads: Vec::with_capacity(payloads),
             items: Vec::with_capacity(n),
         }
     }
@@ -141,13 +146,17 @@ impl Specs {
             Some(last) if self.text(&last.namespace) == spec.key.namespace => {
                 last.namespace.clone()
             }
-            _ => self.put(spec.key.namespace.as_bytes()),
+            _ => self.put_text(spec.key.namespace),
         };
+        let id = self.put_text(spec.key.id);
+        let content_type = self.put_text(spec.content_type);
+        let start = self.payloads.len();
+        self.payloads.extend_from_slice(spec.payload);
         let item = Item {
             namespace,
-            id: self.put(spec.key.id.as_bytes()),
-            payload: self.put(spec.payload),
-            content_type: self.put(spec.content_type.as_bytes()),
+            id,
+            payload: range(start, self.payloads.len()),
+            content_type,
             when: spec.when,
         };
         self.items.push(item);
@@ -169,26 +178,26 @@ impl Specs {
                 id: self.text(&item.id),
             },
             when: item.when,
-            payload: self.slice(&item.payload),
+            payload: &self.payloads[item.payload.start as usize..item.payload.end as usize],
             content_type: self.text(&item.content_type),
         }
     }
 
-    fn put(&mut self, part: &[u8]) -> Range<u32> {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(part);
-        // A batch is bounded far below 4 GiB (`codec::MAX_DECODE_BYTES`, the message limits).
-        let end = u32::try_from(self.bytes.len()).expect("a batch under 4 GiB");
-        start as u32..end
-    }
-
-    fn slice(&self, range: &Range<u32>) -> &[u8] {
-        &self.bytes[range.start as usize..range.end as usize]
+    fn put_text(&mut self, part: &str) -> Range<u32> {
+        let start = self.text.len();
+        self.text.push_str(part);
+        range(start, self.text.len())
     }
 
     fn text(&self, range: &Range<u32>) -> &str {
-        std::str::from_utf8(self.slice(range)).expect("text pushed as &str")
+        &self.text[range.start as usize..range.end as usize]
     }
+}
+
+fn range(start: usize, end: usize) -> Range<u32> {
+    // A batch is bounded far below 4 GiB (`codec::MAX_DECODE_BYTES`, the message limits).
+    let end = u32::try_from(end).expect("a batch under 4 GiB");
+    start as u32..end
 }
 
 impl From<Vec<TimerSpec>> for Specs {
@@ -270,7 +279,7 @@ impl<'de> Deserialize<'de> for Specs {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Specs, A::Error> {
                 // The claimed length is the peer's word: reserve no more than a sane batch.
                 let n = seq.size_hint().unwrap_or(0).min(16 * 1024);
-                let mut specs = Specs::with_capacity(n, n * 64);
+                let mut specs = Specs::with_capacity(n, n * 32, n * 32);
                 while let Some(spec) = seq.next_element::<SpecIn<'de>>()? {
                     specs.push(SpecRef {
                         key: KeyRef {
