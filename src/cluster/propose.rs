@@ -194,7 +194,11 @@ const COMMAND_BYTES: usize = 64;
 pub fn cost_of(cmd: &Command) -> Cost {
     let spec = |s: crate::timer::SpecRef<'_>| Cost {
         rows: 1,
-        bytes: COMMAND_BYTES + s.key.namespace.len() + s.key.id.len() + s.payload.len(),
+        bytes: COMMAND_BYTES
+            + s.key.namespace.len()
+            + s.key.id.len()
+            + s.payload.len()
+            + s.content_type.len(),
     };
     let keys = |n: usize| Cost {
         rows: n,

@@ -1,4 +1,4 @@
-//! A ScheduleBatch's specs, packed: every string and payload of the batch in one buffer.
+//! A ScheduleBatch's specs, packed: the batch's names in one string, its payloads in one buffer.
 //!
 //! A ScheduleBatch entry carries up to 10,000 timers, and every replica decodes it (a follower
 //! from the leader's AppendEntries, any node from its log after a restart). As a
@@ -183,6 +183,18 @@ impl Specs {
         }
     }
 
+    /// Gives back what the buffers grew beyond a quarter over their contents: a decoded batch
+    /// lives in the log cache and in openraft's queues, and doubling left up to twice its bytes
+    /// reserved (a 40 MB payload in an 80 MB buffer).
+    fn trim(&mut self) {
+        if self.text.capacity() > self.text.len() + self.text.len() / 4 {
+            self.text.shrink_to_fit();
+        }
+        if self.payloads.capacity() > self.payloads.len() + self.payloads.len() / 4 {
+            self.payloads.shrink_to_fit();
+        }
+    }
+
     fn put_text(&mut self, part: &str) -> Range<u32> {
         let start = self.text.len();
         self.text.push_str(part);
@@ -291,6 +303,7 @@ impl<'de> Deserialize<'de> for Specs {
                         content_type: &spec.content_type,
                     });
                 }
+                specs.trim();
                 Ok(specs)
             }
         }
@@ -338,6 +351,21 @@ mod tests {
         assert_eq!(
             decode::<Specs>(&encode(&Specs::default())).unwrap().len(),
             0
+        );
+    }
+
+    /// Review of f803032: a decoded batch of large payloads kept the doubling's spare room
+    /// (up to twice its bytes) for as long as the log cache held it.
+    #[test]
+    fn a_decoded_batch_keeps_no_more_than_a_quarter_spare() {
+        // 3,000 bytes each: the buffer reserved at 32 per spec doubles past them to 4,096.
+        let specs: Vec<TimerSpec> = (0..2_000).map(|i| spec("ns", i, &[9; 3000], "")).collect();
+        let decoded: Specs = decode(&encode(&specs)).unwrap();
+        let (len, capacity) = (decoded.payloads.len(), decoded.payloads.capacity());
+        assert_eq!(len, 2_000 * 3000);
+        assert!(
+            capacity <= len + len / 4,
+            "{capacity} bytes reserved for {len}"
         );
     }
 
