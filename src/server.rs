@@ -400,6 +400,13 @@ impl RunningNode {
         }
         drop(node);
         if wait_sole_owner(&db, SHUTDOWN_STEP).await {
+            // Nothing writes any more: the memtables go to disk now rather than be replayed
+            // from the WAL at the next start (`storage::flush_for_stop`).
+            let flushed = std::time::Instant::now();
+            match crate::storage::flush_for_stop(&db) {
+                Ok(()) => tracing::info!(id, elapsed = ?flushed.elapsed(), "memtables flushed"),
+                Err(e) => tracing::warn!(id, error = %e, "flushing the memtables at stop"),
+            }
             // The last reference: RocksDB closes here, on this thread, before we return.
             drop(db);
         } else {
