@@ -109,20 +109,6 @@ fn all_cfs() -> impl Iterator<Item = &'static str> {
     [CF_LOG, CF_RAFT_LOG, CF_RAFT].into_iter().chain(SM_CFS)
 }
 
-/// Writes every memtable to SST files, for a node that is stopping: its restart then has
-/// nothing to replay from the WAL. Right after a 10,000,000-timer load the memtables hold up
-/// to [`WRITE_BUFFERS_BYTES`] of small keys, and replaying them into new memtables took most of
-/// a restart's 1.4-3.0 s to first write (each node's open, 1.9 s of 2.3 in the run profiled:
-/// docs/benchmarks.md). Flushing at a stop costs the stop what the open saves; a crash still
-/// replays, correctly, only slower.
-pub fn flush_for_stop(db: &DB) -> Result<()> {
-    let families: Vec<_> = all_cfs().filter_map(|name| db.cf_handle(name)).collect();
-    let mut opts = rocksdb::FlushOptions::default();
-    opts.set_wait(true);
-    db.flush_cfs_opt(&families.iter().collect::<Vec<_>>(), &opts)?;
-    Ok(())
-}
-
 /// Opens (or creates) a node's database under `dir`; `gc` judges which index entries the
 /// compaction of the `index` family may drop (see `gc.rs`).
 pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {

@@ -537,22 +537,32 @@ async fn a_snapshot_chunk_from_a_deposed_leader_is_answered_with_the_newer_vote(
 
 /// A planned stop writes the memtables out, so the restart replays nothing from the WAL (the
 /// replay of a full WAL took most of a 1.4-3.0 s restart after a large load). Without the
-/// flush the reopened database holds the batch in its memtables again.
+/// flush the reopened database holds the batches in its memtables again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stopped_node_leaves_nothing_to_replay() {
+    use timerdb::storage::quiet::{memtable_bytes, MIN_BYTES};
     let mut c = TestCluster::start(3).await;
     let leader = c.leader().await;
     let follower = c.follower().await;
     let mut client = c.client(leader).await;
     let base = now_ms() + 3_600_000;
-    let timers = (0..500)
-        .map(|i| schedule_req(&format!("s{i}"), base + i))
-        .collect();
-    client
-        .schedule_batch(pb::ScheduleBatchRequest { timers })
-        .await
-        .unwrap();
+    // Enough that the stop flushes (a node with less than MIN_BYTES in its memtables does not).
+    for b in 0..4 {
+        let timers = (0..10_000)
+            .map(|i| {
+                let mut r = schedule_req(&format!("s{b}-{i}"), base + i);
+                r.payload = vec![b as u8; 300];
+                r
+            })
+            .collect();
+        client
+            .schedule_batch(pb::ScheduleBatchRequest { timers })
+            .await
+            .unwrap();
+    }
     c.converged().await;
+    let held = memtable_bytes(c.node(follower).node.store.db());
+    assert!(held >= MIN_BYTES, "only {held} bytes in the memtables");
     c.stop(follower).await;
     let db = timerdb::storage::open_db(
         &c.config(follower).data_dir,
@@ -568,6 +578,6 @@ async fn a_stopped_node_leaves_nothing_to_replay() {
     drop(db);
     c.restart(follower).await;
     c.converged().await;
-    assert!(c.local_timer(follower, "s499").is_some());
+    assert!(c.local_timer(follower, "s3-9999").is_some());
     c.shutdown().await;
 }
