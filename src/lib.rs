@@ -9,6 +9,7 @@
 //! - [`sim`]: the deterministic simulator's seams (a virtual clock, an in-memory network),
 //!   inactive outside a simulation.
 //! - [`clock`]: the only reader of the wall clock.
+//! - [`codec`]: the binary encoding of stored values and peer messages (bincode, bounded).
 //! - [`timer`]: domain types and the replicated command vocabulary.
 //! - [`namespace`]: namespaces and their replicated policy.
 //! - [`recur`], [`series`]: recurrence arithmetic, and recurring timers' occurrences (pure).
@@ -32,6 +33,7 @@ pub mod auth;
 pub mod backup;
 pub mod clock;
 pub mod cluster;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod listen;

@@ -896,7 +896,7 @@ impl Rejection {
 #[cfg(test)]
 mod tests {
     use super::Command;
-    use crate::storage::{decode, encode};
+    use crate::codec::{decode, encode};
 
     /// Review of issue 33's change: bincode has no depth limit, so bytes nesting a command in
     /// a command a hundred thousand deep (a few hundred KB, from a peer) overflowed the

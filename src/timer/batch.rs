@@ -315,7 +315,7 @@ impl<'de> Deserialize<'de> for Specs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{decode, encode};
+    use crate::codec::{decode, encode};
 
     fn spec(ns: &str, i: usize, payload: &[u8], content_type: &str) -> TimerSpec {
         TimerSpec {
