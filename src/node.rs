@@ -115,12 +115,8 @@ pub fn quorum_watch(raft: &Raft) -> tokio::sync::watch::Receiver<bool> {
     rx
 }
 
-/// How long a leader may go without an answer from a quorum before it refuses writes and
-/// reads, and fails those in flight: long enough that a loaded follower's slow answers (100 ms
-/// heartbeats, AppendEntries timed out after one) do not trip it, short enough that an isolated
-/// leader answers UNAVAILABLE within about a second. A partitioned leader's followers elect a
-/// new one after 0.5–0.75 s of silence, so by then it is no longer the leader anyway.
-pub const QUORUM_LOST_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+// Defined with the cluster (its proposer retries within it); named here as the node's rule.
+pub use crate::cluster::QUORUM_LOST_AFTER;
 
 /// A leader cut off from its quorum for `.0` ms.
 struct QuorumLost(u64);

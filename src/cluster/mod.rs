@@ -36,6 +36,13 @@ pub use propose::Proposer;
 
 use crate::timer::{Command, Response};
 
+/// How long a leader may go without an answer from a quorum before it refuses writes and
+/// reads, and fails those in flight: long enough that a loaded follower's slow answers (100 ms
+/// heartbeats, AppendEntries timed out after one) do not trip it, short enough that an isolated
+/// leader answers UNAVAILABLE within about a second. A partitioned leader's followers elect a
+/// new one after 0.5–0.75 s of silence, so by then it is no longer the leader anyway.
+pub const QUORUM_LOST_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// A node's id in the cluster (1, 2, 3 …).
 pub type NodeId = u64;
 

@@ -220,7 +220,7 @@ pub fn cost_of(cmd: &Command) -> Cost {
 /// refuses a write before appending it when no quorum has acknowledged it within its lease
 /// (`election_timeout_max`, 300 ms; a new leader has none until its first quorum ack). A
 /// follower busy in a slow fsync answers late, and 300 ms is tighter than the second this
-/// layer gives a leader ([`crate::node::QUORUM_LOST_AFTER`]): so such a refusal is tried again,
+/// layer gives a leader ([`super::QUORUM_LOST_AFTER`]): so such a refusal is tried again,
 /// every few ms, until that second has passed — nothing was appended, so it is safe.
 pub async fn client_write(
     raft: &Raft,
@@ -232,7 +232,7 @@ pub async fn client_write(
         match raft.client_write(cmd.clone()).await {
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
                 if f.reason == ForwardReason::LeaseExpired
-                    && started.elapsed() < crate::node::QUORUM_LOST_AFTER =>
+                    && started.elapsed() < super::QUORUM_LOST_AFTER =>
             {
                 metrics::counter!(crate::metrics::LEASE_RETRIES).increment(1);
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
