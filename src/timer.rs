@@ -961,6 +961,15 @@ mod tests {
         );
     }
 
+    /// A key's place in the `index` family names it again (the wheel's encoding, read back).
+    #[test]
+    fn a_timer_key_round_trips_through_its_index_key() {
+        for key in [("a", "b"), ("", "x"), ("ns", ""), ("名前", "ид/1")] {
+            let key = super::TimerKey::new(key.0, key.1);
+            assert_eq!(super::TimerKey::from_index_key(&key.index_key()), Some(key));
+        }
+    }
+
     /// A log line names the command and counts a batch; it never lists the timers.
     #[test]
     fn a_command_displays_as_its_name_and_a_batch_as_its_size() {
