@@ -34,7 +34,7 @@ pub struct TimerKey {
 impl TimerKey {
     /// Its key in the `index` family (length-prefixed namespace, then the id).
     pub fn index_key(&self) -> Vec<u8> {
-        crate::wheel::timer_key_of(&self.namespace, &self.id)
+        self.as_ref().index_key()
     }
 
     /// The key an `index` family key names; `None` if the bytes are not one.
@@ -53,7 +53,7 @@ impl TimerKey {
 
 impl std::fmt::Display for TimerKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.id)
+        self.as_ref().fmt(f)
     }
 }
 

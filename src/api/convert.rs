@@ -95,9 +95,14 @@ pub(crate) fn check_name(field: &str, value: &str, max: usize) -> Result<(), Err
 
 /// Validates a (namespace, id) pair.
 pub fn key(namespace: &str, id: &str, limits: &Limits) -> Result<TimerKey, Error> {
+    key_ref(namespace, id, limits).map(KeyRef::to_owned)
+}
+
+/// [`key`], borrowed (a batch copies its keys once, into its packed specs).
+fn key_ref<'a>(namespace: &'a str, id: &'a str, limits: &Limits) -> Result<KeyRef<'a>, Error> {
     check_name("namespace", namespace, limits.max_namespace_bytes)?;
     check_name("id", id, limits.max_id_bytes)?;
-    Ok(TimerKey::new(namespace, id))
+    Ok(KeyRef { namespace, id })
 }
 
 fn when_at(fire_at_ms: i64) -> Result<When, Error> {
@@ -160,12 +165,7 @@ pub fn spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<TimerSpec, Err
 /// Validates one Schedule request, borrowing its strings and payload (a batch copies them
 /// once, into its packed specs).
 fn spec_ref<'a>(req: &'a pb::ScheduleRequest, limits: &Limits) -> Result<SpecRef<'a>, Error> {
-    check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
-    check_name("id", &req.id, limits.max_id_bytes)?;
-    let key = KeyRef {
-        namespace: &req.namespace,
-        id: &req.id,
-    };
+    let key = key_ref(&req.namespace, &req.id, limits)?;
     if req.payload.len() > limits.max_payload_bytes {
         return Err(Error::ResourceExhausted(format!(
             "payload of {key} is {} bytes; the limit is {}",
