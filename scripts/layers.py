@@ -30,6 +30,7 @@ FLOORS = [
     ["wheel", "recur"],
     ["namespace", "auth"],
     ["timer", "series"],
+    ["raft_types"],
     ["metrics", "tls", "listen"],
     ["config"],
     ["storage"],

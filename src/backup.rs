@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use openraft::async_runtime::WatchReceiver as _;
 
-use crate::cluster::Snapshot;
 use crate::node::Node;
+use crate::storage::Snapshot;
 use crate::{Error, Result};
 
 /// How long a backup waits for a snapshot that covers it to be built.

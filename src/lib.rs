@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod namespace;
 pub mod node;
 pub mod push;
+pub mod raft_types;
 pub mod recur;
 pub mod sample;
 pub mod series;

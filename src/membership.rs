@@ -35,8 +35,9 @@ use std::time::Duration;
 
 use openraft::{BasicNode, ChangeMembers, ServerState};
 
-use crate::cluster::{network, NodeId, RaftMetrics};
+use crate::cluster::network;
 use crate::node::Node;
+use crate::raft_types::{NodeId, RaftMetrics};
 use crate::{Error, Result};
 
 /// One member of the cluster: (id, address, voter).
@@ -421,8 +422,8 @@ fn describe(members: &[Member]) -> String {
 }
 
 type WriteError = openraft::error::RaftError<
-    crate::cluster::TypeConfig,
-    openraft::error::ClientWriteError<crate::cluster::TypeConfig>,
+    crate::raft_types::TypeConfig,
+    openraft::error::ClientWriteError<crate::raft_types::TypeConfig>,
 >;
 
 fn membership_error(e: WriteError) -> Error {

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ServerState;
 
-use crate::cluster::{Acker, Dispatcher, Hold, NodeId, Proposer, Raft, TypeConfig};
+use crate::cluster::{Acker, Dispatcher, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy, PushTarget};
+use crate::raft_types::{NodeId, TypeConfig};
+use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{
     Command, KeyRef, Rejection, Response, Specs, Timer, TimerKey, TimerSpec, TimerState, When,
@@ -142,7 +144,7 @@ impl From<QuorumLost> for Error {
 
 /// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
 /// longer than [`QUORUM_LOST_AFTER`].
-fn quorum_lost(m: &crate::cluster::RaftMetrics) -> Option<QuorumLost> {
+fn quorum_lost(m: &crate::raft_types::RaftMetrics) -> Option<QuorumLost> {
     let voters = m.membership_config.membership().voter_ids().count();
     // An absolute instant (openraft 0.10): the age is as of now, not of the last publication.
     let since = openraft::Instant::elapsed(&*m.last_quorum_acked?).as_millis() as u64;

@@ -37,13 +37,12 @@ use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
 use crate::cluster::purger::Purger;
-use crate::cluster::{
-    Acker, DispatchLoop, Dispatcher, FireDriver, FireSignal, Hold, Network, Proposer, Raft,
-};
+use crate::cluster::{Acker, DispatchLoop, Dispatcher, FireDriver, Network, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::listen::Listener;
 use crate::node::Node;
 use crate::storage::{self, LogEngine, StateMachine, Store};
+use crate::storage::{FireSignal, Hold};
 use crate::tls::Port;
 use crate::{Error, Result};
 
@@ -473,12 +472,5 @@ const HAND_OFF_LIMIT: Duration = Duration::from_secs(10);
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
-/// A one-node cluster on a loopback port with its data in `dir`, for unit tests.
 #[cfg(test)]
-pub(crate) async fn single_node(dir: &std::path::Path) -> RunningNode {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let peers = [(1, addr)].into_iter().collect();
-    let config = NodeConfig::new(1, dir.to_path_buf(), peers);
-    start(config, listener).await.unwrap()
-}
+mod tests;

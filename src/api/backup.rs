@@ -14,7 +14,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::pb;
-use crate::cluster::{NodeId, Snapshot};
+use crate::raft_types::NodeId;
+use crate::storage::Snapshot;
 
 /// Bytes per data message.
 const CHUNK_BYTES: usize = 1 << 20;

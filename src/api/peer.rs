@@ -16,7 +16,8 @@ use tonic::{Request, Response, Status};
 
 use super::pb::{raft_server, RaftMessage};
 use crate::cluster::network::{BUCKET_MS_HEADER, TERM_HEADER};
-use crate::cluster::{LogId, Raft, TypeConfig};
+use crate::cluster::Raft;
+use crate::raft_types::{LogId, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
 
@@ -380,7 +381,7 @@ impl raft_server::Raft for PeerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{log_id, Entry, Vote};
+    use crate::raft_types::{log_id, Entry, Vote};
     use openraft::EntryPayload;
 
     fn append(
@@ -472,7 +473,7 @@ mod tests {
 #[cfg(test)]
 mod decode_tests {
     use super::*;
-    use crate::cluster::{log_id, Entry, Vote};
+    use crate::raft_types::{log_id, Entry, Vote};
     use crate::timer::{Command, TimerKey, TimerSpec, When};
     use openraft::EntryPayload;
 

@@ -617,7 +617,7 @@ async fn hand_over(mut sub: Subscription, tx: &Sink) -> End {
 }
 
 // These two drop the watch guards before returning, so the futures stay `Send`.
-async fn lost_leadership(metrics: &mut crate::cluster::ServerMetricsRx) {
+async fn lost_leadership(metrics: &mut crate::raft_types::ServerMetricsRx) {
     let _ = metrics.wait_until(|m| m.state != ServerState::Leader).await;
 }
 

@@ -41,11 +41,14 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::driver::{while_leader, FireSignal};
+use super::driver::while_leader;
 use super::limits::Buckets;
-use super::{Hold, NodeId, Raft};
+use super::Raft;
 use crate::clock::Clock;
 use crate::namespace::Policy;
+use crate::raft_types::NodeId;
+use crate::storage::FireSignal;
+use crate::storage::Hold;
 use crate::storage::Store;
 use crate::timer::{Command, Grant, Granted, LeaseRef, Response, Timer, TimerKey};
 use crate::Result;

@@ -18,62 +18,17 @@
 //! moves forward and only due timers fire), and the whole task ends on shutdown.
 
 use openraft::async_runtime::WatchReceiver as _;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
-use super::{NodeId, Raft};
+use super::Raft;
 use crate::clock::Clock;
-use crate::storage::Store;
+use crate::raft_types::NodeId;
+use crate::storage::{FireSignal, Store};
 use crate::timer::{Command, Response};
-
-/// How the state machine wakes the leader's workers. The fire driver: apply compares each newly
-/// scheduled due time with the time the driver sleeps until, and notifies only when the new one
-/// is earlier. The delivery dispatcher: notified whenever an entry made a timer READY.
-#[derive(Debug)]
-pub struct FireSignal {
-    notify: Notify,
-    ready: Notify,
-    /// The due time the driver sleeps until; `i64::MAX` while it looks at the wheel or the
-    /// wheel is empty (any schedule must wake it).
-    target_ms: AtomicI64,
-}
-
-impl Default for FireSignal {
-    fn default() -> Self {
-        FireSignal {
-            notify: Notify::new(),
-            ready: Notify::new(),
-            target_ms: AtomicI64::new(i64::MAX),
-        }
-    }
-}
-
-impl FireSignal {
-    /// Called by apply: a timer now waits on the wheel due at `due_ms`.
-    pub fn scheduled(&self, due_ms: i64) {
-        if due_ms < self.target_ms.load(Ordering::Acquire) {
-            self.notify.notify_one();
-        }
-    }
-
-    /// Called by apply: a timer became READY for delivery.
-    pub fn made_ready(&self) {
-        self.ready.notify_one();
-    }
-
-    /// Resolves after the next `made_ready` (or at once if one came since the last wait).
-    pub async fn ready_notified(&self) {
-        self.ready.notified().await
-    }
-
-    fn set_target(&self, due_ms: i64) {
-        self.target_ms.store(due_ms, Ordering::Release);
-    }
-}
 
 /// The leader's fire loop for one node.
 pub struct FireDriver {
@@ -88,7 +43,7 @@ pub struct FireDriver {
     /// A deliberate bug for the chaos checker's proof (`Faults::fire_early_ms`); 0 in service.
     pub fire_early_ms: i64,
     /// Closed while leadership is handed over.
-    pub hold: super::Hold,
+    pub hold: crate::storage::Hold,
     /// What the members read: Fire entries name this build's tzdb version
     /// (`FireWithZones`) once every member reads that form (`level.rs`) and runs this tzdb —
     /// then every replica moves series rows to these rules; while the members differ, bare
@@ -137,7 +92,7 @@ pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
     tracing::error!(id, "{what} stops: Raft has stopped");
 }
 
-type RaftMetrics = crate::cluster::RaftMetrics;
+type RaftMetrics = crate::raft_types::RaftMetrics;
 type ServerMetrics = openraft::metrics::RaftServerMetrics<super::TypeConfig>;
 
 /// Whether Raft has stopped for good (a fatal error, or shut down).
@@ -192,7 +147,7 @@ impl FireDriver {
                 }
             };
             let Some(due_ms) = next else {
-                self.signal.notify.notified().await;
+                self.signal.scheduled_notified().await;
                 continue;
             };
             let now_ms = self.clock.now_ms() + self.fire_early_ms;
@@ -200,7 +155,7 @@ impl FireDriver {
                 self.signal.set_target(due_ms);
                 tokio::select! {
                     _ = tokio::time::sleep(self.clock.until(due_ms - self.fire_early_ms)) => {}
-                    _ = self.signal.notify.notified() => {}
+                    _ = self.signal.scheduled_notified() => {}
                 }
                 continue;
             }
@@ -266,41 +221,5 @@ impl FireDriver {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicU32;
-
-    use super::*;
-
-    /// Regression (found by the chaos harness's disk-full fault): when Raft stopped on a fatal
-    /// error, the leader workers restarted `lead()` in a hot loop. They must stop instead.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn workers_stop_when_raft_stops() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let node = crate::server::single_node(dir.path()).await;
-        let raft = node.node.raft.clone();
-        let (_stop, shutdown) = watch::channel(false);
-        let leads = Arc::new(AtomicU32::new(0));
-        let counter = leads.clone();
-        let worker = tokio::spawn(async move {
-            while_leader(1, &raft, "test worker", shutdown, || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                std::future::pending::<()>()
-            })
-            .await
-        });
-        while leads.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        node.node.raft.shutdown().await.unwrap();
-        tokio::time::timeout(Duration::from_secs(5), worker)
-            .await
-            .expect("the worker kept running after Raft stopped")
-            .unwrap();
-        assert_eq!(leads.load(Ordering::SeqCst), 1, "lead() was restarted");
-        node.shutdown().await;
     }
 }

@@ -34,8 +34,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::driver::while_leader;
-use super::{Hold, NodeId, Raft};
+use super::Raft;
 use crate::config::NodeConfig;
+use crate::raft_types::NodeId;
+use crate::storage::Hold;
 use crate::storage::Store;
 use crate::timer::Command;
 

@@ -14,8 +14,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::driver::while_leader;
-use super::{Hold, NodeId, Raft};
+use super::Raft;
 use crate::clock::Clock;
+use crate::raft_types::NodeId;
+use crate::storage::Hold;
 use crate::storage::Store;
 use crate::timer::{Command, Response};
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::cluster::NodeId;
+use crate::raft_types::NodeId;
 use crate::{Error, Result};
 
 pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};

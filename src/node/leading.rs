@@ -124,7 +124,7 @@ impl LeaderView {
     }
 }
 
-fn caught_up(m: &crate::cluster::RaftMetrics) -> bool {
+fn caught_up(m: &crate::raft_types::RaftMetrics) -> bool {
     m.last_applied
         .is_some_and(|applied| applied.leader_id.term >= m.current_term)
 }

@@ -45,7 +45,7 @@ impl Store {
     pub fn admit(&self, width_ms: u64, term: u64, from: &str, pinned: bool) -> Result<()> {
         let applied = self.db.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)?;
         let holds_nothing = match applied {
-            Some(v) => codec::decode::<Option<crate::cluster::LogId>>(&v)?.is_none(),
+            Some(v) => codec::decode::<Option<crate::raft_types::LogId>>(&v)?.is_none(),
             None => true,
         };
         let mine = self.width_ms();

@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::cluster::Entry;
+use crate::raft_types::Entry;
 
 /// Most encoded bytes of entries the cache keeps (their decoded size is some 2-3 times this).
 pub const CAP_BYTES: usize = 4 << 20;
@@ -127,7 +127,7 @@ impl LogCache {
 mod tests {
     use openraft::EntryPayload;
 
-    use crate::cluster::log_id;
+    use crate::raft_types::log_id;
 
     use super::*;
 

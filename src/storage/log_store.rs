@@ -48,7 +48,7 @@ use super::log_engine::{
 };
 use super::meta::LAST_APPLIED;
 use super::{cf, codec, CF_META, CF_RAFT};
-use crate::cluster::{Entry, LogId, TypeConfig, Vote};
+use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
 
 type StResult<T> = io::Result<T>;
 

@@ -5,7 +5,7 @@
 //! each entry's effects, so what is on disk is always a consistent (effects, last_applied) pair.
 //! [`NsMeta`] rows are read and written by the entries that touch their namespace.
 
-use crate::cluster::{LogId, StoredMembership};
+use crate::raft_types::{LogId, StoredMembership};
 use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use openraft::{BasicNode, Membership};
 
-use crate::cluster::{log_id, LogId, StoredMembership};
+use crate::raft_types::{log_id, LogId, StoredMembership};
 use rocksdb::WriteOptions;
 use serde::Serialize;
 

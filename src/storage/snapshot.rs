@@ -33,8 +33,16 @@ use serde::{Deserialize, Serialize};
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
 use super::snapshot_file::{id_of, RowReader, RowWriter, SnapshotFile};
 use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
-use crate::cluster::{LogId, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::raft_types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::{Error, Result};
+
+/// A snapshot: its meta and its file (openraft's snapshot, with our file as its data).
+pub type Snapshot = openraft::Snapshot<
+    crate::raft_types::LeaderId,
+    crate::raft_types::NodeId,
+    openraft::BasicNode,
+    SnapshotFile,
+>;
 
 /// Key in the `raft` family: the id of a snapshot whose install has begun and not finished.
 pub(super) const INSTALLING: &[u8] = b"installing_snapshot";

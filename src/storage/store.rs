@@ -111,7 +111,7 @@ pub struct Store {
     /// A gate every batch of committed entries passes before it is applied: open, except
     /// while a test holds a replica behind its log (a new leader that has not yet applied its
     /// predecessor's acknowledged entries). Passing an open gate costs a borrow.
-    pub apply_hold: crate::cluster::Hold,
+    pub apply_hold: crate::storage::Hold,
 }
 
 /// The state machine seen through one snapshot, for deriving timers.
@@ -726,7 +726,9 @@ impl Store {
             }
         }
         let applied = match snap.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)? {
-            Some(v) => codec::decode::<Option<crate::cluster::LogId>>(&v)?.map_or(0, |l| l.index),
+            Some(v) => {
+                codec::decode::<Option<crate::raft_types::LogId>>(&v)?.map_or(0, |l| l.index)
+            }
             None => 0,
         };
         Ok((applied, h.finish()))

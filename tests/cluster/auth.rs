@@ -755,7 +755,7 @@ async fn a_leader_behind_a_new_key() -> (
     String,
     u64,
     u64,
-    Vec<timerdb::cluster::hold::Closed>,
+    Vec<timerdb::storage::hold::Closed>,
 ) {
     let mut c = TestCluster::start(3).await;
     let leader = c.leader().await;
@@ -842,7 +842,7 @@ async fn followers_held() -> (
     TestCluster,
     u64,
     Vec<u64>,
-    Vec<timerdb::cluster::hold::Closed>,
+    Vec<timerdb::storage::hold::Closed>,
 ) {
     let c = TestCluster::start(3).await;
     let leader = c.leader().await;
@@ -852,7 +852,7 @@ async fn followers_held() -> (
 }
 
 /// Holds the apply of every node of `c` but `leader`: (those nodes, the guards).
-fn hold_followers(c: &TestCluster, leader: u64) -> (Vec<u64>, Vec<timerdb::cluster::hold::Closed>) {
+fn hold_followers(c: &TestCluster, leader: u64) -> (Vec<u64>, Vec<timerdb::storage::hold::Closed>) {
     let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
     let held = others
         .iter()

@@ -84,7 +84,7 @@ async fn garbage_truncated_and_oversized_bodies_get_a_status_on_every_rpc() {
     let terabyte = {
         let marker = "marker-marker-marker";
         use openraft_legacy::network_v1::{InstallSnapshotRequest, SnapshotMeta};
-        let req = InstallSnapshotRequest::<timerdb::cluster::TypeConfig> {
+        let req = InstallSnapshotRequest::<timerdb::raft_types::TypeConfig> {
             vote: openraft::Vote::new_committed(1, 1),
             meta: SnapshotMeta {
                 last_log_id: None,

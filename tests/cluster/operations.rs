@@ -222,9 +222,9 @@ async fn hello(addr: &str, width: u64, term: u64) -> Result<(), tonic::Status> {
 async fn append(addr: &str, index: u64, width: Option<u64>) -> Result<(), tonic::Status> {
     use openraft::EntryPayload;
     use timerdb::api::pb::raft_client::RaftClient;
-    use timerdb::cluster::{log_id, Entry, Vote};
+    use timerdb::raft_types::{log_id, Entry, Vote};
     let log_id = log_id(1, 9, index);
-    let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+    let append = openraft::raft::AppendEntriesRequest::<timerdb::raft_types::TypeConfig> {
         vote: Vote::new_committed(1, 9),
         prev_log_id: None,
         entries: vec![Entry {
@@ -494,7 +494,7 @@ async fn a_snapshot_chunk_from_a_deposed_leader_is_answered_with_the_newer_vote(
         InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, SnapshotMeta,
     };
     use timerdb::api::pb::raft_client::RaftClient;
-    use timerdb::cluster::{TypeConfig, Vote};
+    use timerdb::raft_types::{TypeConfig, Vote};
     let c = TestCluster::start(3).await;
     let follower = c.follower().await;
     let theirs = c.node(follower).node.raft.metrics().borrow_watched().vote;

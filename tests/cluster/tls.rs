@@ -257,11 +257,11 @@ pub(crate) async fn peer_attack(
     use openraft::Vote;
     let mut raft = RaftClient::new(ch);
     let msg = |data: Vec<u8>| pb::RaftMessage { data };
-    let vote = openraft::raft::VoteRequest::<timerdb::cluster::TypeConfig>::new(
+    let vote = openraft::raft::VoteRequest::<timerdb::raft_types::TypeConfig>::new(
         Vote::new(term + 1_000_000, 9),
         None,
     );
-    let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+    let append = openraft::raft::AppendEntriesRequest::<timerdb::raft_types::TypeConfig> {
         vote: Vote::new_committed(term + 1_000_000, 9),
         prev_log_id: None,
         entries: vec![],

@@ -136,17 +136,18 @@ async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() 
         r
     };
     let ahead = term + 1_000;
-    let vote = openraft::raft::VoteRequest::<timerdb::cluster::TypeConfig>::new(
+    let vote = openraft::raft::VoteRequest::<timerdb::raft_types::TypeConfig>::new(
         openraft::Vote::new(ahead, 9),
         None,
     );
-    let append = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+    let append = openraft::raft::AppendEntriesRequest::<timerdb::raft_types::TypeConfig> {
         vote: openraft::Vote::new_committed(ahead, 9),
         prev_log_id: None,
         entries: vec![],
         leader_commit: None,
     };
-    let enc = timerdb::storage::encode::<openraft::raft::VoteRequest<timerdb::cluster::TypeConfig>>;
+    let enc =
+        timerdb::storage::encode::<openraft::raft::VoteRequest<timerdb::raft_types::TypeConfig>>;
     let e = raft.vote(with_width(enc(&vote))).await.unwrap_err();
     assert_eq!(
         e.code(),
@@ -168,7 +169,7 @@ async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() 
         .metadata_mut()
         .insert("x-timerdb-term", term.to_string().parse().unwrap());
     raft.hello(hello).await.unwrap();
-    let zombie = openraft::raft::AppendEntriesRequest::<timerdb::cluster::TypeConfig> {
+    let zombie = openraft::raft::AppendEntriesRequest::<timerdb::raft_types::TypeConfig> {
         vote: openraft::Vote::new_committed(term - 1, 8),
         ..append
     };

@@ -8,8 +8,8 @@ use openraft::EntryPayload;
 use openraft_legacy::network_v1::InstallSnapshotRequest;
 use prost::Message;
 use timerdb::api::pb;
-use timerdb::cluster::{log_id, Entry, TypeConfig, Vote};
 use timerdb::config::Limits;
+use timerdb::raft_types::{log_id, Entry, TypeConfig, Vote};
 use timerdb::storage::{decode, encode};
 use timerdb::timer::{Command, TimerKey, TimerSpec, When};
 

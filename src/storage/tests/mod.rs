@@ -10,8 +10,9 @@ use openraft::EntryPayload;
 use tempfile::TempDir;
 
 use super::*;
-use crate::cluster::{log_id, Entry, FireSignal, LogId, StorageError, TypeConfig, Vote};
+use crate::raft_types::{log_id, Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::storage::log_engine::{index_of, log_key};
+use crate::storage::FireSignal;
 use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::Wheel;
 use crate::Error;
@@ -550,7 +551,7 @@ fn workload() -> Vec<Command> {
 
 /// Builds a snapshot of `sm` and installs it into a fresh replica.
 /// A snapshot of `sm` as it is now.
-async fn build_snapshot(sm: &mut StateMachine) -> crate::cluster::Snapshot {
+async fn build_snapshot(sm: &mut StateMachine) -> crate::storage::Snapshot {
     sm.get_snapshot_builder()
         .await
         .build_snapshot()
@@ -558,7 +559,7 @@ async fn build_snapshot(sm: &mut StateMachine) -> crate::cluster::Snapshot {
         .unwrap()
 }
 
-async fn replica_from_snapshot(sm: &mut StateMachine) -> (Sm, crate::cluster::SnapshotMeta) {
+async fn replica_from_snapshot(sm: &mut StateMachine) -> (Sm, crate::raft_types::SnapshotMeta) {
     let snap = build_snapshot(sm).await;
     let mut other = Sm::new();
     other

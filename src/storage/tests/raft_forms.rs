@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use openraft::{BasicNode, Membership};
 
-use crate::cluster::{StoredMembership, Vote};
+use crate::raft_types::{StoredMembership, Vote};
 
 use super::*;
 
@@ -54,7 +54,7 @@ fn membership() -> Membership<u64, BasicNode> {
 
 #[test]
 fn openraft_types_keep_their_bytes() {
-    let log_id = crate::cluster::log_id(3, 2, 42);
+    let log_id = crate::raft_types::log_id(3, 2, 42);
     pinned("vote", &Vote::new(3, 2), VOTE);
     pinned("committed vote", &Vote::new_committed(4, 1), COMMITTED_VOTE);
     pinned("log id", &Some(log_id), LOG_ID);
@@ -87,12 +87,12 @@ fn openraft_types_keep_their_bytes() {
 #[test]
 fn openraft_peer_messages_keep_their_bytes() {
     use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
-    let log_id = crate::cluster::log_id(3, 2, 42);
+    let log_id = crate::raft_types::log_id(3, 2, 42);
     let append: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
         vote: Vote::new_committed(3, 2),
         prev_log_id: Some(log_id),
         entries: vec![Entry {
-            log_id: crate::cluster::log_id(3, 2, 43),
+            log_id: crate::raft_types::log_id(3, 2, 43),
             payload: EntryPayload::Blank,
         }],
         leader_commit: Some(log_id),

@@ -71,7 +71,7 @@ async fn an_install_stopped_before_it_began_leaves_the_state_alone() {
 }
 
 pub(super) fn log_id(index: u64) -> LogId {
-    crate::cluster::log_id(1, 1, index)
+    crate::raft_types::log_id(1, 1, index)
 }
 
 /// Entry `i` of the logs below: a blank first entry (openraft's log starts at 0), then

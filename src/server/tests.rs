@@ -1,0 +1,95 @@
+//! Tests that need a wired node: a one-node cluster on a loopback port, started as `timerd`
+//! starts one. They test the cluster's workers and peer client against a real Raft, which only
+//! the server wires; they live here so that the layers below never reach up to it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver as _;
+use openraft::error::StreamingError;
+use openraft::network::RPCOption;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::{start, RunningNode};
+use crate::cluster::driver::while_leader;
+use crate::cluster::network::{PeerClient, SNAPSHOT_TRIES};
+use crate::config::NodeConfig;
+use openraft::network::v2::RaftNetworkV2 as _;
+
+/// A one-node cluster on a loopback port with its data in `dir`, for unit tests.
+async fn single_node(dir: &std::path::Path) -> RunningNode {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let peers = [(1, addr)].into_iter().collect();
+    let config = NodeConfig::new(1, dir.to_path_buf(), peers);
+    start(config, listener).await.unwrap()
+}
+
+/// Regression (found by the chaos harness's disk-full fault): when Raft stopped on a fatal
+/// error, the leader workers restarted `lead()` in a hot loop. They must stop instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_stop_when_raft_stops() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    let raft = node.node.raft.clone();
+    let (_stop, shutdown) = watch::channel(false);
+    let leads = Arc::new(AtomicU32::new(0));
+    let counter = leads.clone();
+    let worker = tokio::spawn(async move {
+        while_leader(1, &raft, "test worker", shutdown, || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>()
+        })
+        .await
+    });
+    while leads.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.node.raft.shutdown().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), worker)
+        .await
+        .expect("the worker kept running after Raft stopped")
+        .unwrap();
+    assert_eq!(leads.load(Ordering::SeqCst), 1, "lead() was restarted");
+    node.shutdown().await;
+}
+
+/// Review 34b: openraft-legacy's sender tried a failed chunk again after 1 ms without end
+/// (a leader read and encoded 4 MiB chunks in a loop while a follower was down). This one
+/// pauses between tries and gives up after a few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    let snapshot = loop {
+        match node.node.backup().await {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let levels = (Arc::default(), node.node.config.clone());
+    let mut client = PeerClient::new(2, &dead_addr, node.node.store.clone(), levels);
+    let vote = node.node.raft.metrics().borrow_watched().vote;
+    let started = tokio::time::Instant::now();
+    let option = RPCOption::new(Duration::from_millis(100));
+    let sent = client.full_snapshot(vote, snapshot, std::future::pending(), option);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), sent)
+        .await
+        .expect("the transfer never gave up");
+    assert!(
+        matches!(outcome, Err(StreamingError::Unreachable(_))),
+        "{outcome:?}"
+    );
+    let took = started.elapsed();
+    let paced = Duration::from_millis(500) * (SNAPSHOT_TRIES - 1);
+    assert!(
+        took >= paced,
+        "{SNAPSHOT_TRIES} tries in {took:?}: not paced"
+    );
+    node.shutdown().await;
+}
