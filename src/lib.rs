@@ -34,6 +34,7 @@ pub mod backup;
 pub mod clock;
 pub mod cluster;
 pub mod codec;
+pub mod command;
 pub mod config;
 pub mod error;
 pub mod listen;

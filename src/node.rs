@@ -15,14 +15,13 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ServerState;
 
 use crate::cluster::{Acker, Dispatcher, Proposer, Raft};
+use crate::command::{Command, Rejection, Response};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
-use crate::timer::{
-    Command, KeyRef, Rejection, Response, Specs, Timer, TimerKey, TimerSpec, TimerState, When,
-};
+use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::{Error, Result};
 pub use ack::Acked;
 
@@ -508,7 +507,7 @@ impl Node {
             if let Some(target) = push.as_mut().filter(|t| t.secrets.is_empty()) {
                 target.secrets = match current.push {
                     Some(old) => old.secrets,
-                    None => vec![crate::push::sign::Secret::generate()],
+                    None => vec![crate::namespace::sign::Secret::generate()],
                 };
             }
             if let Some(target) = &push {
@@ -526,7 +525,7 @@ impl Node {
         if let Some(target) = push.as_mut() {
             if target.secrets.is_empty() {
                 keep_secrets = true;
-                target.secrets = vec![crate::push::sign::Secret::generate()];
+                target.secrets = vec![crate::namespace::sign::Secret::generate()];
             }
             target.validate(&policy)?;
         }

@@ -3,7 +3,7 @@
 //!
 //! openraft 0.10 spells its types through the type configuration (`LogIdOf<C>`, …); the
 //! aliases here are the one place that does, so the rest of the code names them as plainly as
-//! under 0.9. The module sits just above the log's commands ([`crate::timer::Command`] is an
+//! under 0.9. The module sits just above the log's commands ([`crate::command::Command`] is an
 //! entry's payload) and below everything that stores, replicates or serves them: storage (the
 //! log and the state machine), the cluster (replication, the leader's workers) and the config
 //! (a node's id). Two aliases that name an upper layer's type live with that layer: the
@@ -16,7 +16,7 @@ pub mod runtime;
 
 use openraft::BasicNode;
 
-use crate::timer::{Command, Response};
+use crate::command::{Command, Response};
 
 /// A node's id in the cluster (1, 2, 3 …).
 pub type NodeId = u64;

@@ -164,7 +164,7 @@ pub async fn start_with(
     };
     tasks.push(tokio::spawn(purger.run(rx.clone())));
     let trust = crate::push::trust::Trust::load(node.config.push_ca.as_deref())?;
-    let guard = node.config.push_guard();
+    let guard = crate::push::guard::Guard::of(&node.config);
     let pusher = crate::push::worker::PushLoop {
         pusher: crate::push::namespace::Pusher {
             node: node.clone(),

@@ -10,8 +10,8 @@ use tonic::{Request, Response, Status};
 
 use super::pb::{self, access_server};
 use crate::auth::{self, AccessChange, Key, Principal, Role};
+use crate::command::{Command, Response as Applied};
 use crate::node::Node;
-use crate::timer::{Command, Response as Applied};
 use crate::{Error, Result};
 
 /// Serves the Access API on one node.

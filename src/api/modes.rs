@@ -4,8 +4,8 @@
 
 use super::convert::{self, state_from_pb};
 use super::pb;
+use crate::command::{Cond, Mode, Shift};
 use crate::config::Limits;
-use crate::timer::{Cond, Mode, Shift};
 use crate::Error;
 
 fn invalid(msg: String) -> Error {

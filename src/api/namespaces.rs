@@ -125,8 +125,7 @@ async fn check_reach(node: &Node, url: &str) -> Result<(), Status> {
         return Ok(());
     };
     let port = uri.port_u16().unwrap_or(443);
-    node.config
-        .push_guard()
+    crate::push::guard::Guard::of(&node.config)
         .check_target(host, port)
         .await
         .map_err(Status::invalid_argument)

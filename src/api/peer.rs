@@ -473,8 +473,9 @@ mod tests {
 #[cfg(test)]
 mod decode_tests {
     use super::*;
+    use crate::command::Command;
     use crate::raft_types::{log_id, Entry, Vote};
-    use crate::timer::{Command, TimerKey, TimerSpec, When};
+    use crate::timer::{TimerKey, TimerSpec, When};
     use openraft::EntryPayload;
 
     /// Issue 34 part 5: a follower decodes an AppendEntries of ScheduleBatch entries with a few

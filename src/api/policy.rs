@@ -9,10 +9,10 @@
 
 use super::pb;
 use crate::config::Limits;
+use crate::namespace::sign::Secret;
 use crate::namespace::{
     Misfire, MisfireAction, Namespace, Policy, PushTarget, DEFAULT_PUSH_TIMEOUT_MS,
 };
-use crate::push::sign::Secret;
 use crate::Error;
 
 /// Validates a PutNamespace: the name, every policy field and the push target.

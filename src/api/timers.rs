@@ -15,10 +15,10 @@ use super::modes;
 use super::pb::{self, timers_server};
 use super::recurrence;
 use super::subscribe;
+use crate::command::Shift;
 use crate::config::Limits;
 use crate::node::Node;
 use crate::storage::Page;
-use crate::timer::Shift;
 
 /// Serves the Timers API on one node.
 pub struct TimersService {

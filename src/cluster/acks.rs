@@ -33,7 +33,8 @@ use super::lanes::Lanes;
 use super::queued::{Draining, Queued, Ticket};
 use super::Proposer;
 use crate::clock::Clock;
-use crate::timer::{Command, LeaseRef, Response, TimerKey};
+use crate::command::{Command, LeaseRef, Response};
+use crate::timer::TimerKey;
 
 /// Most acks in one command (a lease counts as one).
 const MAX_ACKS: usize = 10_000;

@@ -45,12 +45,13 @@ use super::driver::while_leader;
 use super::limits::Buckets;
 use super::Raft;
 use crate::clock::Clock;
+use crate::command::{Command, Grant, Granted, LeaseRef, Response};
 use crate::namespace::Policy;
 use crate::raft_types::NodeId;
 use crate::storage::FireSignal;
 use crate::storage::Hold;
 use crate::storage::Store;
-use crate::timer::{Command, Grant, Granted, LeaseRef, Response, Timer, TimerKey};
+use crate::timer::{Timer, TimerKey};
 use crate::Result;
 
 /// How often the loop looks again without a signal: unsettled deliveries whose deadline passed

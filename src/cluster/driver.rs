@@ -26,9 +26,9 @@ use tokio::sync::watch;
 
 use super::Raft;
 use crate::clock::Clock;
+use crate::command::{Command, Response};
 use crate::raft_types::NodeId;
 use crate::storage::{FireSignal, Store};
-use crate::timer::{Command, Response};
 
 /// The leader's fire loop for one node.
 pub struct FireDriver {

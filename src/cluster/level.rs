@@ -5,7 +5,7 @@
 //! AppendEntries carrying it, and every one after. During a rolling upgrade that would stop a
 //! cluster whose upgraded node leads at the first such entry (issue 33 review F1). So each form
 //! added after the first release has a level ([`Command::level`]), each build serves up to its
-//! own ([`LEVEL`]) and says so in [`LEVEL_HEADER`] on every peer request and answer, and a
+//! own (`command::LEVEL`) and says so in [`LEVEL_HEADER`] on every peer request and answer, and a
 //! leader proposes a form only if the lowest level it last heard from each member (itself
 //! included) reaches it; until then it proposes the older form of the same change, which
 //! every build applies (with the older form's known limits, docs/operations.md).
@@ -35,18 +35,11 @@ use tokio::sync::watch;
 
 use super::driver::while_leader;
 use super::Raft;
+use crate::command::Command;
 use crate::config::NodeConfig;
 use crate::raft_types::NodeId;
 use crate::storage::Hold;
 use crate::storage::Store;
-use crate::timer::Command;
-
-/// The level of this build: 1 added `ConfigureNamespace`, `ZoneRules` (with
-/// `SeriesChange::Pause`), `FireWithZones` and `RaiseLevel`. They came in over several commits
-/// of issue 33, none released: level 1 is the set at that issue's resolution. From then on a
-/// form, or a nested variant, added after a release takes a new level; `storage/tests/forms.rs`
-/// pins the bytes of every form so a change to an older one is caught.
-pub const LEVEL: u32 = 1;
 
 /// The header every peer call and answer carries: the sender's level.
 pub const LEVEL_HEADER: &str = "x-timerdb-level";
@@ -289,136 +282,9 @@ pub fn advertise(metadata: &mut tonic::metadata::MetadataMap, level: u32, tzdb: 
     }
 }
 
-impl Command {
-    /// The lowest feature level whose builds can decode this command. Every variant is named
-    /// (no catch-all): a new one makes its author choose.
-    pub fn level(&self) -> u32 {
-        match self {
-            Command::ConfigureNamespace { .. }
-            | Command::ZoneRules { .. }
-            | Command::FireWithZones { .. } => 1,
-            // A build below `level` must not take it: it could not read what follows.
-            Command::RaiseLevel { level } => (*level).max(1),
-            Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
-            Command::Schedule { .. }
-            | Command::ScheduleBatch { .. }
-            | Command::Cancel { .. }
-            | Command::Reschedule { .. }
-            | Command::Fire { .. }
-            | Command::Deliver { .. }
-            | Command::Ack { .. }
-            | Command::Acks { .. }
-            | Command::Nack { .. }
-            | Command::Pushed { .. }
-            | Command::PauseNamespace { .. }
-            | Command::Redrive { .. }
-            | Command::PutNamespace { .. }
-            | Command::Purge { .. }
-            | Command::Access(_)
-            | Command::ScheduleSeries { .. }
-            | Command::PauseSeries { .. }
-            | Command::ScheduleWith { .. }
-            | Command::CancelIf { .. }
-            | Command::RescheduleIf { .. }
-            | Command::UpsertSeries { .. }
-            | Command::SetNamespace { .. } => 0,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::{Misfire, Policy};
-    use crate::series::{Recurrence, SeriesSpec};
-    use crate::timer::{Cond, SeriesChange, TimerKey};
-
-    /// How many variants `Command` had before the level (f8d3df2): bincode names a variant
-    /// by its index, so a build before the level decodes exactly indexes below this.
-    const LEVEL_0_VARIANTS: u8 = 23;
-
-    /// The bincode tag of `cmd` (a varint: a tag under 251 is its own first byte).
-    fn tag(cmd: &Command) -> u8 {
-        crate::storage::encode(cmd)[0]
-    }
-
-    #[test]
-    fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
-        let spec = SeriesSpec {
-            key: TimerKey::new("ns", "s"),
-            recurrence: Recurrence::every_for_test(1000),
-            payload: vec![],
-            content_type: String::new(),
-        };
-        let (name, policy, misfire) = ("ns".to_string(), Policy::default(), Misfire::default());
-        let older = [
-            (
-                10,
-                Command::PauseNamespace {
-                    name: name.clone(),
-                    paused: true,
-                },
-            ),
-            (
-                16,
-                Command::ScheduleSeries {
-                    now_ms: 1,
-                    spec: spec.clone(),
-                },
-            ),
-            (
-                21,
-                Command::UpsertSeries {
-                    now_ms: 1,
-                    spec: spec.clone(),
-                    cond: Cond::default(),
-                },
-            ),
-            (
-                22,
-                Command::SetNamespace {
-                    name: name.clone(),
-                    policy,
-                    push: None,
-                    misfire,
-                },
-            ),
-        ];
-        for (at, cmd) in &older {
-            assert_eq!(
-                tag(cmd),
-                *at,
-                "{cmd:?} moved: older builds read another variant"
-            );
-            assert_eq!(cmd.level(), 0);
-        }
-        let newer = [
-            Command::ConfigureNamespace {
-                name,
-                policy,
-                push: None,
-                misfire,
-                keep_secrets: true,
-            },
-            Command::with_zone_rules(SeriesChange::Schedule { now_ms: 1, spec }),
-            Command::FireWithZones {
-                tzdb: "2026f".into(),
-                now_ms: 1,
-                max: 1,
-                grants: vec![],
-            },
-            Command::RaiseLevel { level: 1 },
-        ];
-        for cmd in newer {
-            assert!(tag(&cmd) >= LEVEL_0_VARIANTS, "{cmd:?}");
-            assert_eq!(cmd.level(), LEVEL);
-            let multi = Command::Multi(vec![older[0].1.clone(), cmd]);
-            assert_eq!(multi.level(), LEVEL, "a Multi is as new as its newest part");
-        }
-        assert_eq!(Command::Multi(vec![older[0].1.clone()]).level(), 0);
-        let above = Command::RaiseLevel { level: LEVEL + 1 };
-        assert_eq!(above.level(), LEVEL + 1, "a build below it must refuse it");
-    }
 
     #[test]
     fn a_member_never_heard_from_counts_as_the_oldest() {

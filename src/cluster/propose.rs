@@ -16,8 +16,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::Raft;
+use crate::command::{Command, Response};
 use crate::storage::Hold;
-use crate::timer::{Command, Response};
 use crate::wheel::MAX_ROWS_PER_ENTRY;
 use crate::Result;
 

@@ -16,10 +16,10 @@ use tokio::sync::watch;
 use super::driver::while_leader;
 use super::Raft;
 use crate::clock::Clock;
+use crate::command::{Command, Response};
 use crate::raft_types::NodeId;
 use crate::storage::Hold;
 use crate::storage::Store;
-use crate::timer::{Command, Response};
 
 impl Purger {
     /// Lets the delivery cursors pass finished rows that no Fire entry passes (their namespace
@@ -33,7 +33,7 @@ impl Purger {
         }
         let grants = passable
             .into_iter()
-            .map(|namespace| crate::timer::Grant {
+            .map(|namespace| crate::command::Grant {
                 namespace,
                 room: 0,
                 push: false,

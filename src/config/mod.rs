@@ -189,13 +189,6 @@ impl Faults {
 }
 
 impl NodeConfig {
-    /// Where push may connect (`--push-allow-private`).
-    pub fn push_guard(&self) -> crate::push::guard::Guard {
-        crate::push::guard::Guard {
-            allow_private: self.push_allow_private,
-        }
-    }
-
     /// A configuration with defaults for everything but identity and placement.
     pub fn new(id: NodeId, data_dir: PathBuf, peers: BTreeMap<NodeId, String>) -> Self {
         NodeConfig {
@@ -214,7 +207,7 @@ impl NodeConfig {
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),
-            level: crate::cluster::level::LEVEL,
+            level: crate::command::LEVEL,
             older_peer_rpcs: false,
             tzdb: crate::series::tzdb_version().to_string(),
             join: false,

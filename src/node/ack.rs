@@ -25,8 +25,9 @@
 use std::hash::{Hash, Hasher};
 
 use super::{Leader, Node};
+use crate::command::Command;
 use crate::storage::ack_refusal;
-use crate::timer::{Command, Timer, TimerKey};
+use crate::timer::{Timer, TimerKey};
 use crate::{Error, Result};
 
 /// What an Ack came to.

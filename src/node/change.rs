@@ -2,9 +2,10 @@
 //! the log, decided in apply (`storage/change.rs`), so callers racing on one timer are ordered.
 
 use super::Node;
+use crate::command::{Command, Cond, Mode, Response, Shift};
 use crate::namespace::Misfire;
 use crate::series::SeriesSpec;
-use crate::timer::{Command, Cond, Mode, Response, Shift, Timer, TimerKey, TimerSpec};
+use crate::timer::{Timer, TimerKey, TimerSpec};
 use crate::Result;
 
 impl Node {
@@ -32,7 +33,7 @@ impl Node {
     /// Creates a recurring timer or replaces an existing one's rule (Schedule(upsert)).
     pub async fn upsert_series(&self, spec: SeriesSpec, cond: Cond) -> Result<(Timer, bool)> {
         self.check_series(&spec)?;
-        let cmd = self.series_entry(crate::timer::SeriesChange::Upsert {
+        let cmd = self.series_entry(crate::command::SeriesChange::Upsert {
             now_ms: self.now_ms(),
             spec,
             cond,

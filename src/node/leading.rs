@@ -15,8 +15,8 @@ use openraft::async_runtime::WatchReceiver as _;
 use std::time::Duration;
 
 use super::Node;
+use crate::command::{Command, SeriesChange};
 use crate::series::RuleSpec;
-use crate::timer::{Command, SeriesChange};
 use crate::{Error, Result};
 
 impl Node {

@@ -11,7 +11,7 @@ impl Node {
     /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
     pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
         self.check_series(&spec)?;
-        let cmd = self.series_entry(crate::timer::SeriesChange::Schedule {
+        let cmd = self.series_entry(crate::command::SeriesChange::Schedule {
             now_ms: self.now_ms(),
             spec,
         })?;
@@ -26,7 +26,7 @@ impl Node {
 
     /// Pauses (`paused`) or resumes a recurring timer.
     pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<Timer> {
-        let cmd = self.series_entry(crate::timer::SeriesChange::Pause {
+        let cmd = self.series_entry(crate::command::SeriesChange::Pause {
             now_ms: self.now_ms(),
             key,
             paused,

@@ -77,6 +77,13 @@ fn v6_kind(ip: Ipv6Addr) -> Option<&'static str> {
 }
 
 impl Guard {
+    /// The guard a node's configuration asks for (`--push-allow-private`).
+    pub fn of(config: &crate::config::NodeConfig) -> Guard {
+        Guard {
+            allow_private: config.push_allow_private,
+        }
+    }
+
     /// Refuses `ip` unless it is public or private addresses are allowed; the message says
     /// what the operator can do.
     pub fn check_ip(&self, host: &str, ip: IpAddr) -> Result<(), String> {

@@ -20,12 +20,12 @@
 pub mod guard;
 pub mod http;
 pub mod namespace;
-pub mod sign;
 pub mod trust;
 pub mod worker;
 
 use std::time::Duration;
 
+use crate::namespace::sign;
 use crate::timer::{Outcome, Timer, DEFAULT_CONTENT_TYPE};
 
 /// Most requests one namespace has outstanding on this leader: its lanes, each with at most

@@ -37,14 +37,15 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::http::{self, HttpSender};
-use super::sign::Secret;
 use super::{Answer, GrpcSender, Message, MAX_PUSH_IN_FLIGHT};
 use crate::cluster::acks::StreamAcks;
 use crate::cluster::{Delivery, Subscription};
+use crate::command::Command;
 use crate::metrics::PushMetrics;
+use crate::namespace::sign::Secret;
 use crate::namespace::{Protocol, PushTarget};
 use crate::node::Node;
-use crate::timer::{AttemptRecord, Channel, Command};
+use crate::timer::{AttemptRecord, Channel};
 
 /// Most deliveries a namespace may have leased beyond its requests under way.
 pub const MAX_QUEUE: usize = 4096;

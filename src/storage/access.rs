@@ -13,7 +13,7 @@ use super::meta::ACCESS;
 use super::store::Store;
 use super::{cf, codec, CF_META};
 use crate::auth::{AccessChange, AccessState};
-use crate::timer::{Rejection, Response};
+use crate::command::{Rejection, Response};
 use crate::Result;
 
 impl Store {

@@ -29,11 +29,9 @@ use super::meta::{NsMeta, Progress};
 use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
+use crate::command::{BatchAnswer, Command, Cond, Rejection, Response, Scheduled, Shift};
 use crate::namespace::{Config, Namespace, Policy, PushTarget};
-use crate::timer::{
-    BatchAnswer, Command, Cond, KeyRef, Rejection, Response, Scheduled, Shift, SpecRef, Specs,
-    Timer, TimerKey, TimerSpec,
-};
+use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerKey, TimerSpec};
 use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
@@ -637,7 +635,7 @@ impl<'a> Applier<'a> {
         &mut self,
         tzdb: String,
         zone_fp: u64,
-        change: crate::timer::SeriesChange,
+        change: crate::command::SeriesChange,
     ) -> Result<Response> {
         // A pause or resume names no spec: the stored row's stamp is checked where its rule
         // is read (`Applier::rule_of`).

@@ -10,10 +10,9 @@
 
 use super::apply::Applier;
 use super::row::{Kind, Row};
+use crate::command::{Cond, Mode, Rejection, Response, Shift};
 use crate::namespace::Misfire;
-use crate::timer::{
-    Cond, Mode, Rejection, Response, Shift, Timer, TimerKey, TimerSpec, TimerState,
-};
+use crate::timer::{Timer, TimerKey, TimerSpec, TimerState};
 use crate::Result;
 
 fn answer(timer: Timer, created: bool) -> Response {

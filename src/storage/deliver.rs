@@ -23,10 +23,8 @@ use super::fire::record_attempt;
 use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
-use crate::timer::{
-    AttemptRecord, Channel, Grant, Granted, LeaseRef, Outcome, Phase, Rejection, Response, Timer,
-    TimerKey, TimerState,
-};
+use crate::command::{Grant, Granted, LeaseRef, Rejection, Response};
+use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
 use crate::wheel;
 use crate::Result;
 

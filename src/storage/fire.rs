@@ -22,7 +22,8 @@ use super::apply::Applier;
 use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, own_misfire, Kind, Row, Settled};
 use super::{cf, codec, CF_DEADLINES, CF_FIRES};
-use crate::timer::{log_attempt, AttemptRecord, Channel, Grant, Outcome, Response, Timer};
+use crate::command::{Grant, Response};
+use crate::timer::{log_attempt, AttemptRecord, Channel, Outcome, Timer};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 

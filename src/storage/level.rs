@@ -16,7 +16,7 @@ use super::apply::Applier;
 use super::meta::LEVEL;
 use super::store::Store;
 use super::{cf, codec, CF_META};
-use crate::timer::Response;
+use crate::command::Response;
 use crate::Result;
 
 impl Store {

@@ -16,7 +16,7 @@ use rocksdb::{Direction, IteratorMode, ReadOptions};
 use super::apply::Applier;
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_NSMETA, CF_WHEEL};
-use crate::timer::Response;
+use crate::command::Response;
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 

@@ -20,10 +20,9 @@ use super::read::Reader;
 use super::row::{self, Kind};
 use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
+use crate::command::{Cond, Rejection, Response};
 use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
-use crate::timer::{
-    Cond, KeyRef, Rejection, Response, Specs, Timer, TimerKey, TimerSpec, TimerState, When,
-};
+use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 

@@ -27,9 +27,9 @@ use super::read::Reader;
 use super::snapshot::{SnapshotBuilder, Snapshots};
 use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
+use crate::command::Response;
 use crate::raft_types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::storage::{FireSignal, Snapshot};
-use crate::timer::Response;
 use crate::wheel::Slot;
 use crate::{Error, Result};
 

@@ -21,8 +21,9 @@ use super::{
     cf, codec, decode, prefix_end, Fnv64, CF_DEADLINES, CF_INDEX, CF_LEASES, CF_META,
     CF_NAMESPACES, CF_NSMETA, CF_WHEEL, SM_CFS,
 };
+use crate::command::Granted;
 use crate::namespace::{Config, Namespace, Policy};
-use crate::timer::{Granted, Timer, TimerKey, TimerState};
+use crate::timer::{Timer, TimerKey, TimerState};
 use crate::wheel::{self, Slot, Wheel};
 use crate::{Error, Result};
 

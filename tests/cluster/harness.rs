@@ -114,7 +114,7 @@ impl TestCluster {
     /// (its `RaiseLevel` entry, `cluster/level.rs`), so a test that counts log entries from
     /// here does not count that one.
     async fn settle_level(&self) {
-        let level = timerdb::cluster::level::LEVEL;
+        let level = timerdb::command::LEVEL;
         let ids = self.running();
         if ids
             .iter()

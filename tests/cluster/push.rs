@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use timerdb::api::pb;
-use timerdb::push::sign::Secret;
+use timerdb::namespace::sign::Secret;
 use tonic::Code;
 
 use crate::delivery::{ids, schedule_many, wait_count};

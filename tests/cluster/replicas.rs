@@ -132,7 +132,7 @@ async fn a_pause_and_a_rotation_committed_meanwhile_survive_a_put_namespace() {
         .unwrap();
     node.pause_namespace(ns.into(), true).await.unwrap();
     let rotated = vec![
-        timerdb::push::sign::Secret::generate(),
+        timerdb::namespace::sign::Secret::generate(),
         generated[0].clone(),
     ];
     let rotation = target("http://127.0.0.1:9/first", rotated.clone());

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use timerdb::api::pb;
-use timerdb::cluster::level::LEVEL;
+use timerdb::command::Command;
+use timerdb::command::LEVEL;
 use timerdb::namespace::Policy;
-use timerdb::timer::Command;
 
 use crate::harness::*;
 

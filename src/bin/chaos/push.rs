@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use timerdb::push::sign::Secret;
+use timerdb::namespace::sign::Secret;
 use tokio::sync::watch;
 
 use crate::checker::{Findings, SkewWindow};

@@ -32,15 +32,13 @@ use std::sync::Arc;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use timerdb::auth::{AccessChange, Key, Role};
+use timerdb::command::{Command, Cond, Grant, Mode, Response, SeriesChange, Shift};
 use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::raft_types::{log_id, Entry};
 use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
 use timerdb::storage::FireSignal;
 use timerdb::storage::{self, decode, encode, IndexGc, StateMachine, Store};
-use timerdb::timer::{
-    Command, Cond, Grant, Mode, Response, SeriesChange, Shift, TimerKey, TimerSpec, TimerState,
-    When,
-};
+use timerdb::timer::{TimerKey, TimerSpec, TimerState, When};
 use timerdb::wheel::Wheel;
 
 use crate::targets::Verdict;

@@ -8,10 +8,11 @@ use openraft::EntryPayload;
 use openraft_legacy::network_v1::InstallSnapshotRequest;
 use prost::Message;
 use timerdb::api::pb;
+use timerdb::command::Command;
 use timerdb::config::Limits;
 use timerdb::raft_types::{log_id, Entry, TypeConfig, Vote};
 use timerdb::storage::{decode, encode};
-use timerdb::timer::{Command, TimerKey, TimerSpec, When};
+use timerdb::timer::{TimerKey, TimerSpec, When};
 
 /// A target's verdict on one input: a short class of what happened (new classes are kept in
 /// the corpus: the only guidance a coverage-blind fuzzer has), or a broken invariant.

@@ -3,8 +3,9 @@
 //! without a write, the log bounded to the latest ten, and every replica alike.
 
 use super::*;
+use crate::command::Grant;
 use crate::namespace::Policy;
-use crate::timer::{AttemptRecord, Channel, Grant, Outcome, ATTEMPT_LOG_LEN};
+use crate::timer::{AttemptRecord, Channel, Outcome, ATTEMPT_LOG_LEN};
 
 const ACK_MS: i64 = 1000;
 

@@ -3,7 +3,7 @@
 //! timer shows through its life, and the create-only rule for repeats.
 
 use super::*;
-use crate::timer::{Cond, Grant, Mode, Shift};
+use crate::command::{Cond, Grant, Mode, Shift};
 
 fn with(id: &str, at: i64, payload: &str, mode: Mode, cond: Cond) -> Command {
     Command::ScheduleWith {

@@ -3,8 +3,9 @@
 //! replicated times; and what a timer's life costs in key writes.
 
 use super::*;
+use crate::command::{Grant, Granted, LeaseRef};
 use crate::namespace::Policy;
-use crate::timer::{Grant, Granted, LeaseRef, Phase};
+use crate::timer::Phase;
 
 const ACK_MS: i64 = 1000;
 const RETENTION_MS: i64 = 60_000;

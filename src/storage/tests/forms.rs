@@ -14,8 +14,8 @@
 //! the changed form a new level.
 
 use super::*;
+use crate::command::SeriesChange;
 use crate::namespace::{Misfire, MisfireAction, Policy, PushTarget};
-use crate::timer::SeriesChange;
 
 /// The forms a build writes: the mixed workload of the determinism tests, and each newer form
 /// with every nested variant it can carry.
@@ -81,7 +81,7 @@ fn forms() -> Vec<Command> {
         tzdb: "2026a".into(),
         now_ms: T0,
         max: 100,
-        grants: vec![crate::timer::Grant {
+        grants: vec![crate::command::Grant {
             namespace: "ns".into(),
             room: 3,
             push: true,
@@ -102,7 +102,8 @@ fn forms() -> Vec<Command> {
         cond: Default::default(),
     });
     // Push outcomes, every variant of the attempt record's enums.
-    use crate::timer::{AttemptRecord, Channel, LeaseRef, Outcome};
+    use crate::command::LeaseRef;
+    use crate::timer::{AttemptRecord, Channel, Outcome};
     let outcomes = [
         Outcome::Acked,
         Outcome::Nacked,

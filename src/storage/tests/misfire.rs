@@ -3,8 +3,9 @@
 //! handed to a consumer, can be redriven (DEAD), and nothing is ever fired early.
 
 use super::*;
+use crate::command::{Cond, Grant};
 use crate::namespace::{Misfire, MisfireAction, Policy};
-use crate::timer::{Cond, Grant, Outcome};
+use crate::timer::Outcome;
 
 fn policy(action: MisfireAction, max_lateness_ms: u64) -> Command {
     Command::SetNamespace {

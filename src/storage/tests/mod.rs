@@ -10,10 +10,11 @@ use openraft::EntryPayload;
 use tempfile::TempDir;
 
 use super::*;
+use crate::command::{Command, Rejection, Response};
 use crate::raft_types::{log_id, Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::storage::log_engine::{index_of, log_key};
 use crate::storage::FireSignal;
-use crate::timer::{Command, Rejection, Response, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::Wheel;
 use crate::Error;
 
@@ -482,7 +483,7 @@ fn workload() -> Vec<Command> {
     let b = |i: i64| TimerKey::new("ns", format!("b{i}"));
     cmds.push(Command::Deliver {
         now_ms: T0 + 40,
-        grants: vec![crate::timer::Grant {
+        grants: vec![crate::command::Grant {
             namespace: "ns".into(),
             room: 20,
             push: false,

@@ -5,8 +5,8 @@
 //! (`timerdb-fuzz apply` does the same on generated programs.)
 
 use super::*;
+use crate::command::{Grant, Shift};
 use crate::namespace::{Misfire, MisfireAction, Policy};
-use crate::timer::{Grant, Shift};
 
 /// Two replicas of one log: `steady` never restarts; `disturbed` restarts or installs a
 /// snapshot of `steady` on demand.

@@ -3,8 +3,8 @@
 //! delete, and the refusals.
 
 use super::*;
+use crate::command::Grant;
 use crate::series::{occurrence_id, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec, Status};
-use crate::timer::Grant;
 
 const SEC: i64 = 1000;
 
@@ -393,7 +393,7 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let stamped = |id: &str, zone_fp: u64| Command::ZoneRules {
         tzdb: "2099a".into(),
         zone_fp,
-        change: crate::timer::SeriesChange::Schedule {
+        change: crate::command::SeriesChange::Schedule {
             now_ms: T0,
             spec: SeriesSpec {
                 key: TimerKey::new("ns", id),
