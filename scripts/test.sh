@@ -15,6 +15,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== the client crate builds only the client services (no server stubs, no peer Raft service)"
+if cargo tree -p timerdb-client -e features -i timerdb-proto | grep -E 'feature "(server|peer)"'; then
+  echo "timerdb-client turns on a server-side feature of timerdb-proto" >&2
+  exit 1
+fi
 echo "== building release timerd (the million-timer snapshot test runs it) and timerdb-fuzz"
 cargo build --release --bin timerd --bin timerdb-fuzz --bin timerdb-sim
 export TIMERDB_TIMERD="${CARGO_TARGET_DIR:-target}/release/timerd"

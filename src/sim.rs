@@ -134,7 +134,7 @@ fn roll(w: &mut World, n: u64) -> u64 {
 }
 
 /// A random number from the world's seeded generator, if a world is installed (openraft's
-/// draws: election timeouts, its first tick; see `cluster::runtime`).
+/// draws: election timeouts, its first tick; see `raft_types::runtime`).
 pub fn dice() -> Option<u64> {
     with(|w| roll(w, u64::MAX))
 }

@@ -45,12 +45,12 @@ pub mod revocable;
 pub mod subscribe;
 pub mod timers;
 
-/// Generated protobuf and gRPC code for `timerdb.v1` (generated once, in the client crate,
-/// so server, tools and client library share the types).
-pub use timerdb_client::pb;
+/// Generated protobuf and gRPC code for `timerdb.v1` (the `timerdb-proto` crate's, which the
+/// client library and the tools share).
+pub use timerdb_proto::pb;
 
 /// The encoded descriptors of every timerdb service, for server reflection.
-pub use timerdb_client::FILE_DESCRIPTOR_SET;
+pub use timerdb_proto::FILE_DESCRIPTOR_SET;
 
 /// Largest client message: a ScheduleBatch of `max_batch` timers with payloads.
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -43,10 +43,10 @@ use openraft_legacy::network_v1::{
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::Channel;
 
-use crate::api::pb::{raft_client::RaftClient, RaftMessage};
 use crate::raft_types::{NodeId, TypeConfig, Vote};
 use crate::storage::Snapshot;
 use crate::storage::{decode, encode};
+use timerdb_proto::pb::{raft_client::RaftClient, RaftMessage};
 
 /// Largest peer message accepted or sent: entries batch many timers with their payloads.
 pub const MAX_PEER_MESSAGE_BYTES: usize = crate::storage::MAX_DECODE_BYTES;

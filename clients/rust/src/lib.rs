@@ -1,6 +1,7 @@
 //! The Rust client of timerdb.
 //!
-//! - [`pb`]: the generated `timerdb.v1` messages and gRPC stubs (the server uses the same).
+//! - [`pb`]: the generated `timerdb.v1` messages and client stubs (`timerdb-proto`, which the
+//!   server uses too).
 //! - [`Connector`] ([`connect`]): how to reach a node — plain or TLS (a CA, a client
 //!   certificate), an API key sent as `authorization: Bearer` — making [`Conn`]s, a channel with
 //!   its credential, for code that talks to one node on purpose.
@@ -31,16 +32,9 @@ pub use connect::{Conn, Connector};
 pub use consumer::{AckOutcome, Subscription, SubscriptionOptions};
 pub use retry::Retry;
 
-/// Generated protobuf and gRPC code for `timerdb.v1`.
-#[allow(clippy::all, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("timerdb.v1");
-    include!(concat!(env!("OUT_DIR"), "/timerdb.v1.serde.rs"));
-}
-
-/// The encoded descriptors of every `timerdb.v1` service (server reflection, schemas).
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/timerdb_descriptor.bin"));
+/// The generated `timerdb.v1` messages and client stubs (the `timerdb-proto` crate's; with the
+/// `receiver` feature, the server stub a gRPC push receiver implements too).
+pub use timerdb_proto::pb;
 
 /// What a call of this library fails with: the server's status (for a connection that failed,
 /// UNAVAILABLE with the cause as its source).
