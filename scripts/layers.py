@@ -1,19 +1,18 @@
 #!/usr/bin/env python3
 """The server library's floors: every `crate::` path in src/ (the library, not src/bin/) must
-name a module on the same floor or below its own. docs/architecture.md draws the floors.
+name a module on a floor below its own, and no files may import each other in a circle.
+docs/architecture.md draws the floors.
 
-A floor lists modules that may use each other (none does today across a floor's modules
-unless listed together); a module's files are `src/NAME.rs` and everything under `src/NAME/`.
+A floor lists modules that do not use each other: a module names only modules on lower floors
+(a path to a module of its own floor is a sideways arrow, and fails like an upward one, so no
+two modules can ever import each other). A module's files are `src/NAME.rs` and everything
+under `src/NAME/`. Within a module the files must not form a circle (see `circles`).
 Paths are read as text: `use crate::x::...` lines (with their braces) and `crate::x::` inside
 code. Comments and strings are skipped as far as a line-based reader can.
 
-The check is a ratchet while issue 35 takes the upward imports out: KNOWN lists the ones that
-were there when the check came (file, module it reaches up to). An upward path not in KNOWN
-fails; so does an entry of KNOWN that no longer occurs (take it out: the list only shrinks).
-
-  scripts/layers.py            check; exit 1 on a new upward path or a stale KNOWN entry
-  scripts/layers.py --list     every upward path, known or not, with its line
-  scripts/layers.py --self-test  plants an upward import in a copy and checks it is caught
+  scripts/layers.py              check; exit 1 on an upward or sideways path or a circle
+  scripts/layers.py --list       every upward or sideways path, with its line, and the circles
+  scripts/layers.py --self-test  plants each kind of slip in a copy and checks it is caught
 """
 import os
 import re
@@ -29,14 +28,17 @@ FLOORS = [
     ["clock"],
     ["wheel", "recur"],
     ["namespace", "auth"],
-    ["timer", "series"],
+    ["timer"],
+    ["series"],
     ["command"],
     ["raft_types"],
-    ["metrics", "tls", "listen"],
+    ["metrics", "tls"],
+    ["listen"],
     ["config"],
     ["storage"],
     ["cluster"],
-    ["node", "membership", "backup", "sample"],
+    ["node"],
+    ["membership", "backup", "sample"],
     ["push"],
     ["api"],
     ["server"],
@@ -132,22 +134,152 @@ def upward(root):
                 if name not in floors:
                     # `crate::Result`, macros, items re-exported at the root.
                     continue
-                if floors[name] > floors[me]:
+                if name != me and floors[name] >= floors[me]:
                     found.append((os.path.relpath(path, root), name, n))
     return found, unknown
 
 
-def known(root):
-    path = os.path.join(root, "scripts", "layers-known.txt")
-    out = set()
-    if os.path.exists(path):
-        for line in open(path, encoding="utf-8"):
-            line = line.split("#")[0].strip()
-            if line:
-                f, m = line.split()
-                out.add((f, m))
+
+# ---- Circles between files ---------------------------------------------------------------
+# Within a module the floors say nothing, so files are checked for circles: file A names
+# something file B defines, and B (or a file B names, and so on) names A. A module's root file
+# (`mod.rs`, `NAME.rs`) is its front door: its `mod` lines and its `pub use` re-exports are
+# not arrows (a name re-exported there is taken as the file that defines it), the rest of its
+# code is. `#[cfg(test)]` files (tests.rs, tests/) are left out: a test may name what it tests.
+
+PATH_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
+GROUP_RE = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^}]*)\}")
+
+
+def module_file(src, parts):
+    """The file of module `parts` (a list of names from the crate root), or None."""
+    if not parts:
+        return os.path.join(src, "lib.rs")
+    base = os.path.join(src, *parts)
+    for cand in (base + ".rs", os.path.join(base, "mod.rs")):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def module_parts(src, path):
+    rel = os.path.relpath(path, src)[:-3].split(os.sep)
+    if rel[-1] == "mod":
+        rel = rel[:-1]
+    return rel
+
+
+def reexports(path):
+    """Names a module's root file re-exports: name -> the submodule path it comes from."""
+    out = {}
+    text = "\n".join(code_lines(open(path, encoding="utf-8").read()))
+    for m in re.finditer(r"pub use ([a-z_][a-z0-9_]*)::(\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*)\s*;", text):
+        sub, names = m.group(1), m.group(2).strip("{}")
+        for n in names.split(","):
+            n = n.strip().split(" as ")[-1].strip()
+            if n:
+                out[n] = sub
     return out
 
+
+def resolve(src, parts):
+    """The file a path names: the deepest module file on it, or the file a name re-exported
+    there comes from."""
+    found = module_file(src, [])
+    i = 0
+    while i < len(parts):
+        nxt = module_file(src, parts[: i + 1])
+        if nxt is None:
+            break
+        found = nxt
+        i += 1
+    if i < len(parts) and found:
+        sub = reexports(found).get(parts[i])
+        if sub:
+            deeper = module_file(src, parts[:i] + [sub])
+            if deeper:
+                found = deeper
+    return found
+
+
+def is_test_file(src, path):
+    rel = os.path.relpath(path, src).split(os.sep)
+    return "tests" in rel or rel[-1] == "tests.rs"
+
+
+def file_arrows(root):
+    src = os.path.join(root, "src")
+    arrows = {}
+    for path in sorted(library_files(root)):
+        if is_test_file(src, path):
+            continue
+        me = module_parts(src, path)
+        is_root = os.path.basename(path) == "mod.rs" or os.path.isdir(path[:-3])
+        targets = set()
+        for line in code_lines(open(path, encoding="utf-8").read()):
+            s = line.strip()
+            if s.startswith("#[cfg(test)]"):
+                break  # the file's test module comes last
+            if is_root and (s.startswith("pub use ") or re.match(r"(pub(\([a-z]+\))? )?mod ", s)):
+                continue
+            paths = []
+            for g in GROUP_RE.finditer(line):
+                for item in g.group(3).split(","):
+                    item = item.strip().split(" as ")[0].split("::")
+                    paths.append((g.group(1), g.group(2).split("::")[1:] + [p for p in item if p]))
+            line2 = GROUP_RE.sub("", line)
+            for m in PATH_RE.finditer(line2):
+                paths.append((m.group(1), m.group(2).split("::")[1:]))
+            for head, rest in paths:
+                if head == "crate":
+                    parts = rest
+                elif head == "self":
+                    parts = me + rest
+                else:
+                    up = me[:-1]
+                    while rest and rest[0] == "super":
+                        up, rest = up[:-1], rest[1:]
+                    parts = up + rest
+                target = resolve(src, [p for p in parts if p and p != "self"])
+                if target and target != path and not is_test_file(src, target):
+                    targets.add(target)
+        arrows[path] = targets
+    return arrows
+
+
+def circles(root):
+    """Strongly connected groups of more than one file (Tarjan)."""
+    graph = file_arrows(root)
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(os.path.relpath(p, root) for p in group))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
 
 def check(root, verbose=True):
     found, unknown = upward(root)
@@ -155,20 +287,19 @@ def check(root, verbose=True):
     if unknown:
         print(f"modules with no floor in scripts/layers.py: {sorted(unknown)}")
         ok = False
-    allowed = known(root)
-    seen = {(f, m) for f, m, _ in found}
-    new = [(f, m, n) for f, m, n in found if (f, m) not in allowed]
-    stale = sorted(allowed - seen)
-    for f, m, n in new:
-        print(f"{f}:{n}: reaches up to `{m}` (floor {floor_of()[m]}); its own is lower")
-    for f, m in stale:
-        print(f"scripts/layers-known.txt: `{f} {m}` no longer occurs; take it out")
-    if new or stale:
+    for f, m, n in found:
+        print(f"{f}:{n}: reaches up (or sideways) to `{m}` (floor {floor_of()[m]}); its own is not higher")
+    if found:
+        ok = False
+    loops = circles(root)
+    for group in loops:
+        print("circle of files (they reach each other): " + " -> ".join(group))
+    if loops:
         ok = False
     if verbose:
         print(
-            f"layers: {len(found)} upward path(s) in {len(seen)} file/module pair(s), "
-            f"{len(allowed)} known; {'ok' if ok else 'FAILED'}"
+            f"layers: {len(found)} upward or sideways path(s); {len(loops)} circle(s) of files; "
+            f"{'ok' if ok else 'FAILED'}"
         )
     return ok
 
@@ -188,7 +319,21 @@ def self_test(root):
         with open(plant, "a", encoding="utf-8") as f:
             f.write('\n// use crate::server::RunningNode;\nconst _S: &str = "crate::api::x";\n')
         assert check(copy, verbose=False), "a comment or a string was taken for an import"
-    print("layers: self-test ok (a planted upward import is caught; comments are not imports)")
+        shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
+        # Sideways: recur is on wheel's floor.
+        with open(plant, "a", encoding="utf-8") as f:
+            f.write("\n#[allow(unused_imports)]\nuse crate::recur::Rule;\n")
+        assert not check(copy, verbose=False), "a planted sideways import was not caught"
+        shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
+        # A circle of files inside one module: driver.rs already names leading.rs.
+        leading = os.path.join(copy, "src", "cluster", "leading.rs")
+        with open(leading, "a", encoding="utf-8") as f:
+            f.write("\n#[allow(unused_imports)]\nuse super::driver::FireDriver;\n")
+        assert not check(copy, verbose=False), "a planted circle of files was not caught"
+    print(
+        "layers: self-test ok (planted upward and sideways imports and a circle of files are "
+        "caught; comments are not imports)"
+    )
 
 
 if __name__ == "__main__":
@@ -199,6 +344,8 @@ if __name__ == "__main__":
         found, unknown = upward(root)
         for f, m, n in found:
             print(f"{f}:{n} -> {m}")
+        for group in circles(root):
+            print("circle:", " ".join(group))
         if unknown:
             print("no floor:", sorted(unknown))
     else:

@@ -19,6 +19,7 @@ use crate::command::{Command, Rejection, Response};
 use crate::config::NodeConfig;
 use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::raft_types::{NodeId, TypeConfig};
+use crate::series::{SeriesView, TimerOrSeries};
 use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
@@ -341,15 +342,16 @@ impl Node {
         }
     }
 
-    pub async fn cancel(&self, key: TimerKey) -> Result<Timer> {
+    /// Cancels the timer at `key`, or the recurring timer there when no timer has it.
+    pub async fn cancel(&self, key: TimerKey) -> Result<TimerOrSeries> {
         if self.config.faults.ignore_cancel {
-            return faults::ignore_cancel(&self.store, key);
+            return faults::ignore_cancel(&self.store, key).map(TimerOrSeries::Timer);
         }
         let cmd = Command::Cancel {
             now_ms: self.now_ms(),
             key,
         };
-        self.write_timer(cmd).await
+        self.write_found(cmd).await
     }
 
     pub async fn reschedule(&self, key: TimerKey, when: When) -> Result<Timer> {
@@ -470,6 +472,23 @@ impl Node {
     async fn write_timer(&self, cmd: Command) -> Result<Timer> {
         match self.write(cmd).await? {
             Response::Timer { timer, .. } => Ok(timer),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Replicates a change of a key that may name a timer or a recurring timer.
+    async fn write_found(&self, cmd: Command) -> Result<TimerOrSeries> {
+        match self.write(cmd).await? {
+            Response::Timer { timer, .. } => Ok(TimerOrSeries::Timer(timer)),
+            Response::Series { series, .. } => Ok(TimerOrSeries::Series(*series)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Replicates a change of a recurring timer.
+    async fn write_series(&self, cmd: Command) -> Result<(SeriesView, bool)> {
+        match self.write(cmd).await? {
+            Response::Series { series, created } => Ok((*series, created)),
             other => Err(unexpected(other)),
         }
     }

@@ -576,10 +576,10 @@ pub struct SeriesView {
 }
 
 impl SeriesView {
-    /// The series as a [`Timer`] (what Schedule, Get, Cancel and List answer): its key,
-    /// payload and next fire time, PENDING while occurrences are to come (active or paused),
-    /// ACKED once it ended, CANCELLED once deleted; the rest in `series`.
-    pub fn into_timer(self) -> Timer {
+    /// The timer a client sees for the series (a recurring timer's Get, Cancel and List show
+    /// it beside the series' own state): its key, payload and next fire time, PENDING while
+    /// occurrences are to come (active or paused), ACKED once it ended, CANCELLED once deleted.
+    pub fn timer(&self) -> Timer {
         let s = &self.series;
         let next = s.next.map_or(0, |n| n.fire_at_ms);
         Timer {
@@ -603,7 +603,24 @@ impl SeriesView {
             content_type: s.spec.content_type.clone(),
             attempt_log: Vec::new(),
             revision: s.revision,
-            series: Some(Box::new(self)),
+        }
+    }
+}
+
+/// What a key names, as a client sees it: a timer, or a recurring timer (its series). A Get
+/// or a Cancel may meet either; the series is its own type, not a field of every timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TimerOrSeries {
+    Timer(Timer),
+    Series(SeriesView),
+}
+
+impl TimerOrSeries {
+    /// The key it has.
+    pub fn key(&self) -> &TimerKey {
+        match self {
+            TimerOrSeries::Timer(t) => &t.key,
+            TimerOrSeries::Series(v) => &v.series.spec.key,
         }
     }
 }

@@ -35,8 +35,8 @@ use crate::api::pb::{
 use crate::api::peer::PeerService;
 use crate::api::timers::TimersService;
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
-use crate::cluster::network::MAX_PEER_MESSAGE_BYTES;
 use crate::cluster::purger::Purger;
+use crate::cluster::MAX_PEER_MESSAGE_BYTES;
 use crate::cluster::{Acker, DispatchLoop, Dispatcher, FireDriver, Network, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::listen::Listener;

@@ -229,9 +229,6 @@ pub struct Timer {
     pub content_type: String,
     /// The latest attempts, oldest first (at most [`ATTEMPT_LOG_LEN`]).
     pub attempt_log: Vec<AttemptRecord>,
-    /// Set when this is a recurring timer (a series), not one timer: its rule, state and
-    /// occurrences. Its `fire_at_ms` is then the next occurrence's.
-    pub series: Option<Box<crate::series::SeriesView>>,
     /// 1 at creation, +1 for every change of its spec or state (reschedule, upsert, fire,
     /// ack, cancel, DEAD, redrive); redeliveries do not count. What `if_revision` compares.
     pub revision: u64,
@@ -260,7 +257,6 @@ impl Timer {
             redrives: 0,
             content_type: spec.content_type,
             attempt_log: Vec::new(),
-            series: None,
             revision: 1,
         }
     }

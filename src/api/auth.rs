@@ -248,7 +248,7 @@ impl Gate {
     async fn until_caught_up_as_leader(&self) -> Result<(), Status> {
         match self.node.until_applied_own_term(CATCH_UP).await {
             true => Ok(()),
-            false => Err(super::forward::not_applied_status(
+            false => Err(super::headers::not_applied_status(
                 "this node was just elected leader and is still applying its predecessor's \
                  entries: it cannot check the call's credentials yet; send it again"
                     .into(),
@@ -288,12 +288,12 @@ impl Gate {
         // A forwarded call skips what the member that forwarded it already did (a stream's
         // ack filter at the client's edge; the retry to the next leader), so only a member may
         // say a call is forwarded.
-        if req.headers().contains_key(super::forward::FORWARDED_HEADER) {
+        if req.headers().contains_key(super::headers::FORWARDED_HEADER) {
             if let Err(why) = self.peer(req.extensions().get::<ConnInfo>()) {
                 denied(path, "not_peer", None);
                 return Err(Status::unauthenticated(format!(
                     "{} marks a call a member forwarded, and this caller is no member: {why}",
-                    super::forward::FORWARDED_HEADER
+                    super::headers::FORWARDED_HEADER
                 )));
             }
         }
@@ -519,14 +519,14 @@ pub fn still_holds(principal: Option<&Principal>, state: &AccessState) -> Result
         Some(Principal::Bootstrap) => Ok(()),
         Some(Principal::Key(k)) => match state.keys.get(&k.id) {
             Some(now) if now == k => Ok(()),
-            Some(_) => Err(super::forward::not_applied_status(
+            Some(_) => Err(super::headers::not_applied_status(
                 "the call's API key changed while the call waited for a leader: send it again"
                     .into(),
             )),
             None => Err(Status::unauthenticated(Unauthenticated::Unknown.message())),
         },
         // Judged while auth was off, its credentials were not read: judged afresh on a resend.
-        Some(Principal::Anyone) | None => Err(super::forward::not_applied_status(
+        Some(Principal::Anyone) | None => Err(super::headers::not_applied_status(
             "auth was turned on while the call waited for a leader: send it again".into(),
         )),
     }

@@ -48,7 +48,7 @@ impl From<Error> for Status {
             | Error::NoQuorum(_)
             | Error::NotYet(_)
             | Error::OutcomeUnknown(_) => {
-                use super::forward::{NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER};
+                use super::headers::{NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER};
                 let mut status = Status::new(Code::Unavailable, e.to_string());
                 let mark = |status: &mut Status, header: &'static str| {
                     let one = tonic::metadata::MetadataValue::from_static("1");
@@ -369,7 +369,7 @@ impl From<Timer> for pb::Timer {
             redrives: t.redrives,
             content_type: t.content_type,
             attempt_log: t.attempt_log.into_iter().map(attempt_to_pb).collect(),
-            series: t.series.map(|v| super::recurrence::series_to_pb(*v)),
+            series: None,
             revision: t.revision,
         }
     }

@@ -36,22 +36,14 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
+use super::headers::{
+    not_applied_status, FORWARDED_HEADER, NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER,
+};
 use super::layer::{Answer, Around, Inner};
 use super::methods::{self, Route};
 use super::pb::timers_client::TimersClient;
 use super::MAX_CLIENT_MESSAGE_BYTES;
 use crate::node::{Leader, Node};
-
-/// Marks a request forwarded by a follower.
-pub const FORWARDED_HEADER: &str = "x-timerdb-forwarded";
-/// On an UNAVAILABLE answer: the handler found this node not (or no longer) the leader, so the
-/// request may go to the next leader — if it did nothing, or is safe to repeat (set by the
-/// `Error` → `Status` conversion).
-pub const RETRY_HEADER: &str = "x-timerdb-retry";
-/// On an UNAVAILABLE answer: the call did nothing (it was not proposed), so it may be sent again.
-pub const NOT_APPLIED_HEADER: &str = "x-timerdb-not-applied";
-/// On an UNAVAILABLE answer: the call may or may not have happened.
-pub const OUTCOME_UNKNOWN_HEADER: &str = "x-timerdb-outcome-unknown";
 
 /// Pause between attempts while the leader is unknown or changing.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
@@ -285,14 +277,6 @@ fn retry_safe(path: &str, message: &[u8]) -> bool {
 /// Whether an answer says the call did nothing.
 fn not_applied(resp: &http::Response<Body>) -> bool {
     resp.headers().contains_key(NOT_APPLIED_HEADER)
-}
-
-/// UNAVAILABLE for a call this node refused without doing anything.
-pub(super) fn not_applied_status(msg: String) -> Status {
-    let mut s = Status::unavailable(msg);
-    let one = tonic::metadata::MetadataValue::from_static("1");
-    s.metadata_mut().insert(NOT_APPLIED_HEADER, one);
-    s
 }
 
 /// UNAVAILABLE for a forwarded call whose outcome is unknown and that is not sent again.

@@ -234,7 +234,7 @@ pub fn message_limit(path: &str) -> usize {
     if path.starts_with("/timerdb.v1.Timers/") {
         super::MAX_CLIENT_MESSAGE_BYTES
     } else if path.starts_with("/timerdb.v1.Raft/") {
-        crate::cluster::network::MAX_PEER_MESSAGE_BYTES
+        crate::cluster::MAX_PEER_MESSAGE_BYTES
     } else {
         super::MAX_SMALL_MESSAGE_BYTES
     }

@@ -29,6 +29,7 @@ pub mod cluster;
 pub mod convert;
 pub mod first;
 pub mod forward;
+pub mod headers;
 pub mod health;
 pub mod http;
 pub mod layer;

@@ -6,7 +6,7 @@ use super::convert::{self, MAX_FIRE_AT_MS};
 use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
 use crate::series::{
-    self, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec, SeriesView,
+    self, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec, SeriesView, TimerOrSeries,
     DEFAULT_CATCH_UP_WINDOW_MS, DEFAULT_MAX_LATENESS_MS, OCCURRENCE_SUFFIX_BYTES,
 };
 use crate::Error;
@@ -201,8 +201,28 @@ fn recurrence_to_pb(r: Recurrence) -> pb::Recurrence {
     }
 }
 
+/// A recurring timer as the API shows it: the timer a client sees for it, with the series'
+/// own state in `series`.
+impl From<SeriesView> for pb::Timer {
+    fn from(v: SeriesView) -> pb::Timer {
+        let mut timer: pb::Timer = v.timer().into();
+        timer.series = Some(series_to_pb(v));
+        timer
+    }
+}
+
+/// What a key names, as a Timer message.
+impl From<TimerOrSeries> for pb::Timer {
+    fn from(found: TimerOrSeries) -> pb::Timer {
+        match found {
+            TimerOrSeries::Timer(t) => t.into(),
+            TimerOrSeries::Series(v) => v.into(),
+        }
+    }
+}
+
 /// A series' state for the `series` field of a Timer.
-pub fn series_to_pb(v: SeriesView) -> pb::Series {
+fn series_to_pb(v: SeriesView) -> pb::Series {
     let s = v.series;
     let next_id = s
         .next

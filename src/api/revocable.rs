@@ -107,7 +107,7 @@ impl hyper::body::Body for Revocable {
                 true => Status::unauthenticated(self.why.clone()),
                 // Let in while auth was off, its caller's credentials were never read: a
                 // caller with a key reconnects and is judged afresh, one without is refused.
-                false => super::forward::not_applied_status(self.why.clone()),
+                false => super::headers::not_applied_status(self.why.clone()),
             };
             crate::metrics::auth_denied("(open stream)", "revoked");
             tracing::warn!("an open call ended: {}", self.why);

@@ -48,26 +48,27 @@ impl timers_server::Timers for TimersService {
         let req = request.get_ref();
         let (mode, cond) = modes::mode(req)?;
         let node = self.node();
-        let (timer, created) = match (req.recurrence.is_some(), mode) {
-            (true, None) => {
+        let (timer, created): (pb::Timer, bool) = match (req.recurrence.is_some(), mode) {
+            (true, mode) => {
                 let spec = recurrence::series_spec(req, self.limits())?;
-                node.schedule_series(spec).await?
-            }
-            (true, Some(_)) => {
-                let spec = recurrence::series_spec(req, self.limits())?;
-                node.upsert_series(spec, cond).await?
+                let (series, created) = match mode {
+                    None => node.schedule_series(spec).await?,
+                    Some(_) => node.upsert_series(spec, cond).await?,
+                };
+                (series.into(), created)
             }
             (false, mode) => {
                 let spec = convert::spec(req, self.limits())?;
                 let misfire = super::policy::misfire(req.max_lateness_ms, req.misfire, "")?;
-                match (mode, misfire) {
+                let (timer, created) = match (mode, misfire) {
                     (None, None) => node.schedule(spec).await?,
                     (mode, misfire) => node.schedule_with(spec, mode, cond, misfire).await?,
-                }
+                };
+                (timer.into(), created)
             }
         };
         Ok(Response::new(pb::ScheduleResponse {
-            timer: Some(timer.into()),
+            timer: Some(timer),
             created,
         }))
     }
@@ -143,23 +144,20 @@ impl timers_server::Timers for TimersService {
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let query = convert::list_query(request.get_ref(), self.limits())?;
-        let page = if request.get_ref().recurring {
+        let (timers, next_after): (Vec<pb::Timer>, _) = if request.get_ref().recurring {
             let after = query.after.as_deref();
-            let (timers, next_after) = self
+            let (series, next_after) = self
                 .node()
                 .list_series(&query.namespace, after, query.limit)
                 .await?;
-            Page { timers, next_after }
+            (series.into_iter().map(Into::into).collect(), next_after)
         } else {
-            self.node().list(&query).await?
+            let Page { timers, next_after } = self.node().list(&query).await?;
+            (timers.into_iter().map(Into::into).collect(), next_after)
         };
         Ok(Response::new(pb::ListResponse {
-            timers: page.timers.into_iter().map(Into::into).collect(),
-            next_page_token: page
-                .next_after
-                .as_deref()
-                .map(encode_token)
-                .unwrap_or_default(),
+            timers,
+            next_page_token: next_after.as_deref().map(encode_token).unwrap_or_default(),
         }))
     }
 

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::driver::while_leader;
+use super::leading::while_leader;
 use super::limits::Buckets;
 use super::Raft;
 use crate::clock::Clock;

@@ -21,7 +21,7 @@ use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ServerState;
+use super::leading::while_leader;
 use tokio::sync::watch;
 
 use super::Raft;
@@ -50,73 +50,6 @@ pub struct FireDriver {
     /// `Fire`, whose rule is the row's (an upgraded replica of a changed zone stops there).
     pub levels: Arc<super::Levels>,
     pub config: Arc<crate::config::NodeConfig>,
-}
-
-/// Runs `lead()` whenever node `id` leads and has applied everything committed before, dropping
-/// it as soon as leadership is lost and calling it again if it returns; returns when `shutdown`
-/// turns true. `what` names the worker in logs.
-pub(crate) async fn while_leader<F: std::future::Future<Output = ()>>(
-    id: NodeId,
-    raft: &Raft,
-    what: &str,
-    mut shutdown: watch::Receiver<bool>,
-    mut lead: impl FnMut() -> F,
-) {
-    // The role only: see `ServerMetricsRx`. Raft stopping closes it (`Err`).
-    let mut metrics = raft.server_metrics();
-    loop {
-        // (Server metrics never say `Shutdown`: their channel closing is the stop.)
-        let leads =
-            |m: &ServerMetrics| m.state == ServerState::Leader && m.current_leader == Some(id);
-        let ended = |closed: bool| closed || stopped(&raft.metrics().borrow_watched());
-        tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(leads) => if ended(r.is_err()) { break },
-        }
-        tracing::info!(id, "became leader: {what} starts");
-        // A new term ends this leadership even if this node leads again in it before the
-        // watcher looks (Leader, Follower, Leader would otherwise read as "still Leader").
-        // The leader id, not the whole vote: the metrics can show a new leader's vote before
-        // and after it is marked committed, and that is one leadership, not two.
-        let term = *metrics.borrow_watched().vote.leader_id();
-        tokio::select! {
-            _ = shutdown.wait_for(|stop| *stop) => return,
-            r = metrics.wait_until(|m| m.state != ServerState::Leader || *m.vote.leader_id() != term) => {
-                if ended(r.is_err()) { break }
-            }
-            _ = caught_up_then(raft, what, &mut lead) => {}
-        }
-        tracing::info!(id, "{what} stops leading");
-    }
-    // Raft stopped on a fatal error (e.g. the disk is full): nothing to lead any more.
-    tracing::error!(id, "{what} stops: Raft has stopped");
-}
-
-type RaftMetrics = crate::raft_types::RaftMetrics;
-type ServerMetrics = openraft::metrics::RaftServerMetrics<super::TypeConfig>;
-
-/// Whether Raft has stopped for good (a fatal error, or shut down).
-pub fn stopped(m: &RaftMetrics) -> bool {
-    m.running_state.is_err() || m.state == ServerState::Shutdown
-}
-
-/// Runs `lead()` once every entry of earlier terms is applied (`ensure_linearizable`), so the
-/// worker reads the whole committed state; after a failure, pauses and returns.
-async fn caught_up_then<F: std::future::Future<Output = ()>>(
-    raft: &Raft,
-    what: &str,
-    lead: &mut impl FnMut() -> F,
-) {
-    match raft
-        .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex)
-        .await
-    {
-        Ok(_) => lead().await,
-        Err(e) => {
-            tracing::warn!(error = %e, "{what}: not yet able to read; retrying");
-            tokio::time::sleep(ERROR_BACKOFF).await;
-        }
-    }
 }
 
 /// Pause after an unexpected error before the driver tries again.

@@ -16,6 +16,7 @@ pub mod acks;
 pub mod dispatch;
 pub mod driver;
 pub mod lanes;
+pub mod leading;
 pub mod level;
 pub mod limits;
 pub mod network;
@@ -38,6 +39,10 @@ use crate::raft_types::TypeConfig;
 /// leader answers UNAVAILABLE within about a second. A partitioned leader's followers elect a
 /// new one after 0.5–0.75 s of silence, so by then it is no longer the leader anyway.
 pub const QUORUM_LOST_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// Largest peer message accepted or sent: entries batch many timers with their payloads. The
+/// proposer keeps each entry to half of it, so an AppendEntries always carries at least one.
+pub const MAX_PEER_MESSAGE_BYTES: usize = crate::codec::MAX_DECODE_BYTES;
 
 /// The Raft handle of a timerdb node.
 pub type Raft = openraft::Raft<TypeConfig, crate::storage::StateMachine>;

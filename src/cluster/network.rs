@@ -43,13 +43,11 @@ use openraft_legacy::network_v1::{
 use serde::{de::DeserializeOwned, Serialize};
 use tonic::transport::Channel;
 
+use super::MAX_PEER_MESSAGE_BYTES;
 use crate::raft_types::{NodeId, TypeConfig, Vote};
 use crate::storage::Snapshot;
 use crate::storage::{decode, encode};
 use timerdb_proto::pb::{raft_client::RaftClient, RaftMessage};
-
-/// Largest peer message accepted or sent: entries batch many timers with their payloads.
-pub const MAX_PEER_MESSAGE_BYTES: usize = crate::storage::MAX_DECODE_BYTES;
 
 /// The header every peer call carries: the sender's bucket width in ms (see `raft.proto`).
 pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";

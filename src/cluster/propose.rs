@@ -41,7 +41,7 @@ const MAX_WEIGHT: usize = 10_000;
 const MAX_MULTI_BYTES: usize = 4 << 20;
 /// Most bytes one entry may hold: what a peer accepts in one message, with room for the
 /// AppendEntries around it. A command beyond it could be committed by no follower.
-const MAX_ENTRY_BYTES: usize = super::network::MAX_PEER_MESSAGE_BYTES / 2;
+const MAX_ENTRY_BYTES: usize = super::MAX_PEER_MESSAGE_BYTES / 2;
 
 type Waiter = oneshot::Sender<Result<Response>>;
 

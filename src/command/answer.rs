@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Command, Granted};
 use crate::namespace::Namespace;
+use crate::series::SeriesView;
 use crate::timer::{Timer, TimerKey, TimerState};
 
 /// Why a command was rejected at apply time. Deterministic: every replica rejects alike.
@@ -44,6 +45,12 @@ pub enum Response {
     /// Schedule, Cancel, Reschedule: the timer after the command; `created` for Schedule.
     Timer {
         timer: Timer,
+        created: bool,
+    },
+    /// A change of a recurring timer (schedule, upsert, pause, cancel): the series after it;
+    /// `created` for a schedule.
+    Series {
+        series: Box<SeriesView>,
         created: bool,
     },
     /// ScheduleBatch: one answer per spec, in request order.

@@ -4,7 +4,7 @@
 use super::Node;
 use crate::command::{Command, Cond, Mode, Response, Shift};
 use crate::namespace::Misfire;
-use crate::series::SeriesSpec;
+use crate::series::{SeriesSpec, SeriesView, TimerOrSeries};
 use crate::timer::{Timer, TimerKey, TimerSpec};
 use crate::Result;
 
@@ -31,23 +31,24 @@ impl Node {
     }
 
     /// Creates a recurring timer or replaces an existing one's rule (Schedule(upsert)).
-    pub async fn upsert_series(&self, spec: SeriesSpec, cond: Cond) -> Result<(Timer, bool)> {
+    pub async fn upsert_series(&self, spec: SeriesSpec, cond: Cond) -> Result<(SeriesView, bool)> {
         self.check_series(&spec)?;
         let cmd = self.series_entry(crate::command::SeriesChange::Upsert {
             now_ms: self.now_ms(),
             spec,
             cond,
         })?;
-        self.write_created(cmd).await
+        self.write_series(cmd).await
     }
 
-    pub async fn cancel_if(&self, key: TimerKey, cond: Cond) -> Result<Timer> {
+    /// Cancels the timer (or recurring timer) at `key` if `cond` holds.
+    pub async fn cancel_if(&self, key: TimerKey, cond: Cond) -> Result<TimerOrSeries> {
         let cmd = Command::CancelIf {
             now_ms: self.now_ms(),
             key,
             cond,
         };
-        self.write_timer(cmd).await
+        self.write_found(cmd).await
     }
 
     pub async fn reschedule_if(&self, key: TimerKey, shift: Shift, cond: Cond) -> Result<Timer> {

@@ -73,7 +73,7 @@ impl Node {
         let rule = match change {
             SeriesChange::Pause {
                 key, paused: false, ..
-            } => match self.store.series(key, 0)?.and_then(|t| t.series) {
+            } => match self.store.series(key, 0)? {
                 Some(view) => view.series.spec.recurrence.rule,
                 None => return Ok(None),
             },

@@ -3,19 +3,19 @@
 //! state machine after the read barrier, like any read.
 
 use super::Node;
-use crate::series::SeriesSpec;
-use crate::timer::{Timer, TimerKey};
+use crate::series::{SeriesSpec, SeriesView, TimerOrSeries};
+use crate::timer::TimerKey;
 use crate::{Error, Result};
 
 impl Node {
     /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
-    pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(Timer, bool)> {
+    pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(SeriesView, bool)> {
         self.check_series(&spec)?;
         let cmd = self.series_entry(crate::command::SeriesChange::Schedule {
             now_ms: self.now_ms(),
             spec,
         })?;
-        self.write_created(cmd).await
+        self.write_series(cmd).await
     }
 
     /// The namespace's payload limit and schedule rate, as for one timer.
@@ -25,24 +25,25 @@ impl Node {
     }
 
     /// Pauses (`paused`) or resumes a recurring timer.
-    pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<Timer> {
+    pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<SeriesView> {
         let cmd = self.series_entry(crate::command::SeriesChange::Pause {
             now_ms: self.now_ms(),
             key,
             paused,
         })?;
-        self.write_timer(cmd).await
+        Ok(self.write_series(cmd).await?.0)
     }
 
     /// A timer or, when none has the key, the recurring timer there, with its next `upcoming`
     /// occurrence times (linearizable).
-    pub async fn get_with(&self, key: &TimerKey, upcoming: usize) -> Result<Timer> {
+    pub async fn get_with(&self, key: &TimerKey, upcoming: usize) -> Result<TimerOrSeries> {
         self.read_barrier().await?;
         if let Some(t) = self.store.get(key)? {
-            return Ok(t);
+            return Ok(TimerOrSeries::Timer(t));
         }
         self.store
             .series(key, upcoming)?
+            .map(TimerOrSeries::Series)
             .ok_or_else(|| Error::NotFound(format!("timer {key} not found")))
     }
 
@@ -52,7 +53,7 @@ impl Node {
         namespace: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<Timer>, Option<String>)> {
+    ) -> Result<(Vec<SeriesView>, Option<String>)> {
         self.read_barrier().await?;
         self.store.list_series(namespace, after, limit)
     }

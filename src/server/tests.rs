@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{start, RunningNode};
-use crate::cluster::driver::while_leader;
+use crate::cluster::leading::while_leader;
 use crate::cluster::network::{PeerClient, SNAPSHOT_TRIES};
 use crate::config::NodeConfig;
 use openraft::network::v2::RaftNetworkV2 as _;

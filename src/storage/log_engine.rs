@@ -33,8 +33,9 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, DB};
 
-use super::log_store::{GroupState, LogStore};
+use super::log_cache::LogCache;
 use super::{cf, CF_LOG, CF_RAFT, CF_RAFT_LOG};
+use crate::raft_types::LogId;
 
 /// A Raft group's id on a node. Group 0 is the single-group cluster's one group.
 pub type GroupId = u32;
@@ -88,9 +89,20 @@ pub struct LogEngine {
     /// Extra ms every fsync takes first: a slow disk, for tests (0: none).
     fsync_delay_ms: Arc<AtomicU64>,
     /// Each open group's shared state, so two handles on one group share one cache.
-    groups: Mutex<HashMap<GroupId, Weak<GroupState>>>,
+    pub(super) groups: Mutex<HashMap<GroupId, Weak<GroupState>>>,
     /// `SyncWAL`s done since the engine started (benchmarks and tests count rounds).
     fsyncs: Arc<AtomicU64>,
+}
+
+/// What the handles on one group share.
+#[derive(Default)]
+pub struct GroupState {
+    /// The latest commit index openraft told this store (0: none yet), for health checks.
+    pub(super) committed: Arc<AtomicU64>,
+    /// The newest entries, decoded.
+    pub(super) cache: LogCache,
+    /// A purge openraft asked for past the state machine's applied index (see the invariants).
+    pub(super) deferred: std::sync::Mutex<Option<LogId>>,
 }
 
 impl Drop for LogEngine {
@@ -125,22 +137,6 @@ impl LogEngine {
             groups: Mutex::default(),
             fsyncs,
         })
-    }
-
-    /// `group`'s log store. Handles on one group share its state (its cache of decoded
-    /// entries, its deferred purge), however many are taken.
-    pub fn group(self: &Arc<Self>, group: GroupId) -> LogStore {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        groups.retain(|_, g| g.strong_count() > 0);
-        let state = match groups.get(&group).and_then(Weak::upgrade) {
-            Some(state) => state,
-            None => {
-                let state = Arc::new(GroupState::default());
-                groups.insert(group, Arc::downgrade(&state));
-                state
-            }
-        };
-        LogStore::of_group(self.clone(), group, state)
     }
 
     /// How many `SyncWAL`s the syncer has done (each answers every append queued before it).

@@ -42,9 +42,9 @@ use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::WriteBatch;
 
-use super::log_cache::LogCache;
 use super::log_engine::{
-    group_key, read_err, write_err, GroupId, LogEngine, COMMITTED, GROUP0, LAST_PURGED, VOTE,
+    group_key, read_err, write_err, GroupId, GroupState, LogEngine, COMMITTED, GROUP0, LAST_PURGED,
+    VOTE,
 };
 use super::meta::LAST_APPLIED;
 use super::{cf, codec, CF_META, CF_RAFT};
@@ -64,15 +64,26 @@ pub struct LogStore {
     state: Arc<GroupState>,
 }
 
-/// What the handles on one group share.
-#[derive(Default)]
-pub struct GroupState {
-    /// The latest commit index openraft told this store (0: none yet), for health checks.
-    committed: Arc<AtomicU64>,
-    /// The newest entries, decoded.
-    cache: LogCache,
-    /// A purge openraft asked for past the state machine's applied index (see the invariants).
-    deferred: std::sync::Mutex<Option<LogId>>,
+impl LogEngine {
+    /// `group`'s log store. Handles on one group share its state (its cache of decoded
+    /// entries, its deferred purge), however many are taken.
+    pub fn group(self: &Arc<Self>, group: GroupId) -> LogStore {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|_, g| g.strong_count() > 0);
+        let state = match groups.get(&group).and_then(std::sync::Weak::upgrade) {
+            Some(state) => state,
+            None => {
+                let state = Arc::new(GroupState::default());
+                groups.insert(group, Arc::downgrade(&state));
+                state
+            }
+        };
+        LogStore {
+            engine: self.clone(),
+            group,
+            state,
+        }
+    }
 }
 
 impl LogStore {
@@ -81,14 +92,6 @@ impl LogStore {
     #[cfg(test)]
     pub fn new(db: Arc<rocksdb::DB>) -> Self {
         LogEngine::new(db).group(GROUP0)
-    }
-
-    pub(super) fn of_group(engine: Arc<LogEngine>, group: GroupId, state: Arc<GroupState>) -> Self {
-        LogStore {
-            engine,
-            group,
-            state,
-        }
     }
 
     /// Makes every log fsync of this store's engine take `ms` longer (0: as the disk is): a

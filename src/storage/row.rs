@@ -216,7 +216,6 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
         redrives: b.redrives,
         content_type: b.content_type.clone(),
         attempt_log: b.log.clone(),
-        series: None,
         revision: b.ext.revision.max(1),
     };
     match row.kind {

@@ -22,7 +22,7 @@ use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
 use crate::command::{Cond, Rejection, Response};
 use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
-use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{KeyRef, Specs, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
 
@@ -127,8 +127,8 @@ impl Applier<'_> {
             upcoming_ms: series::upcoming(s, UPCOMING_IN_ANSWERS),
             recent: Vec::new(),
         };
-        Response::Timer {
-            timer: view.into_timer(),
+        Response::Series {
+            series: Box::new(view),
             created,
         }
     }
@@ -462,7 +462,7 @@ impl Applier<'_> {
 impl Store {
     /// The series at `key` as a client sees it, with its next `upcoming` occurrence times and
     /// the current state of its latest occurrences.
-    pub fn series(&self, key: &TimerKey, upcoming: usize) -> Result<Option<Timer>> {
+    pub fn series(&self, key: &TimerKey, upcoming: usize) -> Result<Option<SeriesView>> {
         let mut snap = Snap::new(&self.db)?;
         series_in(&mut snap, key, upcoming)
     }
@@ -473,7 +473,7 @@ impl Store {
         namespace: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<Timer>, Option<String>)> {
+    ) -> Result<(Vec<SeriesView>, Option<String>)> {
         let prefix = wheel::namespace_prefix(namespace);
         let start = match after {
             Some(id) => {
@@ -507,12 +507,14 @@ impl Store {
                 out.push(t);
             }
         }
-        let next = more.then(|| out.last().map(|t| t.key.id.clone())).flatten();
+        let next = more
+            .then(|| out.last().map(|v| v.series.spec.key.id.clone()))
+            .flatten();
         Ok((out, next))
     }
 }
 
-fn series_in(snap: &mut Snap<'_>, key: &TimerKey, upcoming: usize) -> Result<Option<Timer>> {
+fn series_in(snap: &mut Snap<'_>, key: &TimerKey, upcoming: usize) -> Result<Option<SeriesView>> {
     let Some(raw) = snap.reader.get(CF_SERIES, &key.index_key())? else {
         return Ok(None);
     };
@@ -528,5 +530,5 @@ fn series_in(snap: &mut Snap<'_>, key: &TimerKey, upcoming: usize) -> Result<Opt
         series: s,
         recent,
     };
-    Ok(Some(view.into_timer()))
+    Ok(Some(view))
 }

@@ -177,8 +177,12 @@ impl Sm {
     }
 }
 
+/// A timer or a recurring timer was created.
 fn created(r: &Response) -> bool {
-    matches!(r, Response::Timer { created: true, .. })
+    matches!(
+        r,
+        Response::Timer { created: true, .. } | Response::Series { created: true, .. }
+    )
 }
 
 #[tokio::test]

@@ -31,12 +31,10 @@ fn occ(s: &Sm, id: &str, nominal: i64) -> Option<Timer> {
 }
 
 fn series(s: &Sm, id: &str) -> crate::series::SeriesView {
-    let t = s
-        .store
+    s.store
         .series(&TimerKey::new("ns", id), 5)
         .unwrap()
-        .unwrap();
-    *t.series.unwrap()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -46,7 +44,7 @@ async fn each_occurrence_is_placed_in_apply_and_fires_once() {
     assert!(created(&r), "{r:?}");
     let again = s.apply(create("tick", every(SEC))).await;
     assert!(
-        matches!(again, Response::Timer { created: false, .. }),
+        matches!(again, Response::Series { created: false, .. }),
         "{again:?}"
     );
     // Only the first occurrence exists, PENDING, named by its nominal time.
@@ -297,7 +295,7 @@ async fn pause_resume_cancel_and_refusals() {
             })
             .await;
         assert!(
-            matches!(&r, Response::Timer { timer, .. } if timer.state == TimerState::Cancelled),
+            matches!(&r, Response::Series { series, .. } if series.timer().state == TimerState::Cancelled),
             "{r:?}"
         );
     }
