@@ -38,7 +38,6 @@ FLOORS = [
     ["storage"],
     ["cluster"],
     ["node"],
-    ["membership", "backup", "sample"],
     ["push"],
     ["api"],
     ["server"],

@@ -5,6 +5,13 @@
 //! timers are linearizable (a ReadIndex round through `ensure_linearizable`, then the local
 //! state machine). An apply-time `Rejected` becomes the matching error here, so callers see one
 //! error type. Nothing here knows about protobuf or forwarding.
+//!
+//! Every `impl Node` is under `node/`, one file per concern: this file the struct, the write
+//! and read paths and the timers' plain verbs; [`change`] conditional and mode-dependent
+//! changes; [`series`] recurring timers; [`namespaces`] namespace policies; [`ack`] the unary
+//! Ack; [`membership`] adding, removing and handing over to members; [`backup`] online backups;
+//! [`overview`] the leader's view for dashboards; [`leading`] what a new leader owes before it
+//! answers; [`quorum`] refusing at once without a quorum; [`sample`] the once-a-second gauges.
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
@@ -17,7 +24,6 @@ use openraft::ServerState;
 use crate::cluster::{Acker, Dispatcher, Proposer, Raft};
 use crate::command::{Command, Rejection, Response};
 use crate::config::NodeConfig;
-use crate::namespace::{Namespace, Policy, PushTarget};
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::series::{SeriesView, TimerOrSeries};
 use crate::storage::Hold;
@@ -25,6 +31,8 @@ use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::{Error, Result};
 pub use ack::Acked;
+pub use membership::Member;
+pub use quorum::{quorum_watch, QUORUM_LOST_AFTER};
 
 /// Who leads, as this node knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,64 +102,6 @@ pub struct Node {
     pub quorum_lost: tokio::sync::watch::Receiver<bool>,
 }
 
-/// Watches openraft's metrics in one task and says when this leader loses (or regains) its
-/// quorum. Every write in flight waits on this one flag: subscribed to the metrics instead,
-/// each of them would be woken and would count the voters again at every metrics change —
-/// several per entry — which cost a leader with 200 writes in flight ~2 % of its CPU.
-pub fn quorum_watch(raft: &Raft) -> tokio::sync::watch::Receiver<bool> {
-    let mut metrics = raft.metrics();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        loop {
-            let lost = quorum_lost(&metrics.borrow_and_update()).is_some();
-            tx.send_if_modified(|was| std::mem::replace(was, lost) != lost);
-            // The age of the last quorum ack grows while the metrics stay still (an isolated
-            // leader publishes nothing new): look again at least every 100 ms.
-            tokio::select! {
-                changed = metrics.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
-                _ = tx.closed() => return,
-            }
-        }
-    });
-    rx
-}
-
-// Defined with the cluster (its proposer retries within it); named here as the node's rule.
-pub use crate::cluster::QUORUM_LOST_AFTER;
-
-/// A leader cut off from its quorum for `.0` ms.
-struct QuorumLost(u64);
-
-impl QuorumLost {
-    /// For a write that may already be in the log: its outcome is unknown.
-    fn unknown_outcome(self) -> Error {
-        Error::OutcomeUnknown(format!(
-            "this leader has heard from no quorum for {} ms; the write's outcome is unknown",
-            self.0
-        ))
-    }
-}
-
-impl From<QuorumLost> for Error {
-    fn from(q: QuorumLost) -> Error {
-        Error::NoQuorum(format!(
-            "this leader has heard from no quorum for {} ms (is it cut off?); try another node",
-            q.0
-        ))
-    }
-}
-
-/// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
-/// longer than [`QUORUM_LOST_AFTER`].
-fn quorum_lost(m: &crate::raft_types::RaftMetrics) -> Option<QuorumLost> {
-    let voters = m.membership_config.membership().voter_ids().count();
-    // An absolute instant (openraft 0.10): the age is as of now, not of the last publication.
-    let since = openraft::Instant::elapsed(&*m.last_quorum_acked?).as_millis() as u64;
-    (m.state == ServerState::Leader && voters > 1 && since > QUORUM_LOST_AFTER.as_millis() as u64)
-        .then_some(QuorumLost(since))
-}
-
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
 const REDRIVE_CHUNK: usize = 1000;
 
@@ -213,35 +163,6 @@ impl Node {
             e = self.quorum_lost() => return Err(e.into()),
         }
         Ok(())
-    }
-
-    /// Refuses at once when this node leads but has not heard from a quorum for
-    /// [`QUORUM_LOST_AFTER`] (openraft 0.9 has no CheckQuorum: an isolated leader would keep
-    /// taking proposals that can never commit, each waiting out the write timeout).
-    fn check_quorum(&self) -> Result<()> {
-        let lost = quorum_lost(&self.raft.metrics().borrow_watched());
-        match lost {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
-    }
-
-    /// Resolves once this leader has gone [`QUORUM_LOST_AFTER`] without a quorum.
-    async fn quorum_lost(&self) -> QuorumLost {
-        let mut flag = self.quorum_lost.clone();
-        loop {
-            if flag.wait_for(|lost| *lost).await.is_err() {
-                // Raft stopped: other errors will say so.
-                return std::future::pending().await;
-            }
-            if let Some(lost) = quorum_lost(&self.raft.metrics().borrow_watched()) {
-                return lost;
-            }
-            // Regained between the flag and this look: wait for the next loss.
-            if flag.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
     }
 
     fn now_ms(&self) -> i64 {
@@ -493,90 +414,6 @@ impl Node {
         }
     }
 
-    /// Replicates a namespace's policy and push target (already validated). The paused flag
-    /// is kept (pause and resume have their own command); a push target given without secrets
-    /// keeps the namespace's current ones, or gets a new one generated here, on the leader, so
-    /// the log carries it and every replica stores the same.
-    pub async fn put_namespace(
-        &self,
-        name: String,
-        policy: Policy,
-        push: Option<PushTarget>,
-    ) -> Result<Namespace> {
-        let cmd = self.namespace_entry(name, policy, push)?;
-        match self.write(cmd).await? {
-            Response::Namespace(ns) => Ok(ns),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// The entry [`Node::put_namespace`] proposes. It reads nothing of this node's state:
-    /// what the call keeps (the paused flag; the secrets, when none are given) is resolved as
-    /// the entry applies, so a Pause or a rotation committed meanwhile is not undone. (While
-    /// a member's build predates that form, the older one, which reads them here.)
-    pub fn namespace_entry(
-        &self,
-        name: String,
-        mut policy: Policy,
-        mut push: Option<PushTarget>,
-    ) -> Result<Command> {
-        if self.cluster_level() < 1 {
-            let current = self.store.namespace(&name)?;
-            policy.paused = current.policy.paused;
-            if let Some(target) = push.as_mut().filter(|t| t.secrets.is_empty()) {
-                target.secrets = match current.push {
-                    Some(old) => old.secrets,
-                    None => vec![crate::namespace::sign::Secret::generate()],
-                };
-            }
-            if let Some(target) = &push {
-                target.validate(&policy)?;
-            }
-            let misfire = policy.misfire;
-            return Ok(Command::SetNamespace {
-                name,
-                policy,
-                push,
-                misfire,
-            });
-        }
-        let mut keep_secrets = false;
-        if let Some(target) = push.as_mut() {
-            if target.secrets.is_empty() {
-                keep_secrets = true;
-                target.secrets = vec![crate::namespace::sign::Secret::generate()];
-            }
-            target.validate(&policy)?;
-        }
-        Ok(Command::ConfigureNamespace {
-            name,
-            misfire: policy.misfire,
-            policy,
-            push,
-            keep_secrets,
-        })
-    }
-
-    /// Pauses (or resumes) the dispatching of a namespace's fired timers.
-    pub async fn pause_namespace(&self, name: String, paused: bool) -> Result<Namespace> {
-        match self.write(Command::PauseNamespace { name, paused }).await? {
-            Response::Namespace(ns) => Ok(ns),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Linearizable read of a namespace (the default policy if never configured).
-    pub async fn namespace(&self, name: &str) -> Result<Namespace> {
-        self.read_barrier().await?;
-        self.store.namespace(name)
-    }
-
-    /// Linearizable page of configured namespaces.
-    pub async fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
-        self.read_barrier().await?;
-        self.store.namespaces(after, limit)
-    }
-
     /// Linearizable read of one timer.
     pub async fn get(&self, key: &TimerKey) -> Result<Timer> {
         self.read_barrier().await?;
@@ -620,9 +457,14 @@ impl Node {
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
 mod ack;
+mod backup;
 mod change;
 mod leading;
+mod membership;
+mod namespaces;
 pub mod overview;
+mod quorum;
+pub mod sample;
 mod series;
 
 mod faults {
@@ -671,7 +513,7 @@ fn role_name(state: ServerState) -> &'static str {
     }
 }
 
-fn unexpected(r: Response) -> Error {
+pub(super) fn unexpected(r: Response) -> Error {
     Error::Internal(format!("unexpected response {r:?}"))
 }
 

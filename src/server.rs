@@ -199,7 +199,7 @@ pub async fn start_with(
         db_owner.clone(),
         rx.clone(),
     )));
-    tasks.push(tokio::spawn(crate::sample::sample_loop(
+    tasks.push(tokio::spawn(crate::node::sample::sample_loop(
         node.clone(),
         rx.clone(),
     )));

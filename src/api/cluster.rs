@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::backup;
 use super::pb::{self, cluster_server};
-use crate::membership::Member;
+use crate::node::Member;
 use crate::node::Node;
 
 /// Serves the Cluster service on one node.

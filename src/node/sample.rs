@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge};
 
-use crate::node::Node;
+use super::Node;
 
 /// Sets the gauges from `node` every second until `shutdown`.
 pub async fn sample_loop(node: Arc<Node>, mut shutdown: tokio::sync::watch::Receiver<bool>) {

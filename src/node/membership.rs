@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use openraft::{BasicNode, ChangeMembers, ServerState};
 
+use super::Node;
 use crate::cluster::network;
-use crate::node::Node;
 use crate::raft_types::{NodeId, RaftMetrics};
 use crate::{Error, Result};
 

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use openraft::async_runtime::WatchReceiver as _;
 
-use crate::node::Node;
+use super::Node;
 use crate::storage::Snapshot;
 use crate::{Error, Result};
 
