@@ -5,26 +5,28 @@
 //! wheel orders timers by fire time, replicated with openraft. Only the leader reads the clock:
 //! its fire driver commits `Fire { now_ms }` entries and every replica applies them alike.
 //!
-//! Modules, from the bottom up:
-//! - [`sim`]: the deterministic simulator's seams (a virtual clock, an in-memory network),
-//!   inactive outside a simulation.
+//! Modules, floor by floor from the bottom up (a module names only modules on lower floors;
+//! `scripts/layers.py` checks it, docs/architecture.md draws it):
+//! - [`error`], [`codec`]: the one error type; the bounded binary encoding of stored values
+//!   and peer messages. (`alloc_count`, a test allocator, is compiled into tests only.)
+//! - [`sim`]: the deterministic simulator's seams, inert outside a simulation.
 //! - [`clock`]: the only reader of the wall clock.
-//! - [`codec`]: the binary encoding of stored values and peer messages (bincode, bounded).
-//! - [`timer`]: domain types and the replicated command vocabulary.
-//! - [`namespace`]: namespaces and their replicated policy.
-//! - [`recur`], [`series`]: recurrence arithmetic, and recurring timers' occurrences (pure).
-//! - [`auth`]: API keys, roles and the replicated auth switch (who may do what).
-//! - [`wheel`]: bucket arithmetic and order-preserving key encoding (pure).
-//! - [`storage`]: RocksDB log store and state machine (apply, snapshots).
-//! - [`cluster`]: openraft types, peer network, fire driver.
-//! - [`node`]: a node's operations in domain terms.
-//! - [`backup`]: online backups (the leader's snapshot of every acknowledged write).
+//! - [`wheel`], [`recur`]: slots and order-preserving keys; recurrence arithmetic (pure).
+//! - [`namespace`], [`auth`]: namespaces, their replicated policy and push targets (with the
+//!   signing secrets); API keys, roles and the auth switch.
+//! - [`timer`]: the domain: a timer, its key, spec and states.
+//! - [`series`]: recurring timers: the stored series, occurrences, the plan apply follows.
+//! - [`command`]: the log's vocabulary: `Command`, `Response`, the feature level.
+//! - [`raft_types`]: openraft's types as timerdb spells them.
+//! - [`metrics`], [`tls`]: Prometheus names and exporter; rustls configurations and dialling.
+//! - [`listen`]: accepting connections and reading their certificates.
+//! - [`config`]: a node's configuration and its sources.
+//! - [`storage`]: RocksDB: the log engine, the state machine (apply), snapshots, reads.
+//! - [`cluster`]: the Raft handle, the peer network, the proposer, the leader's workers.
+//! - [`node`]: a node's operations in domain terms, the door every layer above uses.
 //! - [`push`]: push delivery, the leader calling receivers back (HTTP webhooks, gRPC).
-//! - [`api`]: gRPC services, validation, forwarding to the leader.
-//! - [`sample`]: the once-a-second gauge sampler of a running node.
+//! - [`api`]: the gRPC and HTTP/JSON surface: the stack of layers, the services, conversions.
 //! - [`server`]: wires a node together and runs it.
-//! - [`tls`]: transport security of the client and peer ports (rustls), and dialling peers.
-//! - [`config`], [`error`]: configuration and the one error type.
 
 #[cfg(test)]
 mod alloc_count;

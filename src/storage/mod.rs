@@ -15,7 +15,7 @@
 //! | `namespaces` | namespace name | bincode [`Policy`](crate::namespace::Policy) | [`StateMachine`] |
 //!
 //! The delivery data model (rows, slots, the fire cursor, leases, range purges) is described
-//! in docs/architecture.md; `row.rs` derives a timer's state from it.
+//! in docs/delivery.md; `row.rs` derives a timer's state from it.
 //!
 //! Durability: log appends, votes, truncations and purges are fsynced before openraft hears they
 //! are done (appends through the [`LogEngine`]'s syncer, which groups the appends of every group
