@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The server library's floors: every `crate::` path in src/ (the library, not src/bin/) must
-name a module on a floor below its own, and no files may import each other in a circle.
+name a module on a floor below its own, no files may import each other in a circle, and no
+file is longer than MAX_LINES.
 docs/architecture.md draws the floors.
 
 A floor lists modules that do not use each other: a module names only modules on lower floors
@@ -42,6 +43,9 @@ FLOORS = [
     ["api"],
     ["server"],
 ]
+
+# Longest file of the library (STYLE: files under ~600 lines; the test command holds it).
+MAX_LINES = 600
 
 USE_RE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 
@@ -290,6 +294,16 @@ def check(root, verbose=True):
         print(f"{f}:{n}: reaches up (or sideways) to `{m}` (floor {floor_of()[m]}); its own is not higher")
     if found:
         ok = False
+    long = [
+        (os.path.relpath(p, root), n)
+        for p in sorted(library_files(root))
+        for n in [sum(1 for _ in open(p, encoding="utf-8"))]
+        if n > MAX_LINES
+    ]
+    for f, n in long:
+        print(f"{f}: {n} lines; a file of the library holds at most {MAX_LINES} (split it by concern)")
+    if long:
+        ok = False
     loops = circles(root)
     for group in loops:
         print("circle of files (they reach each other): " + " -> ".join(group))
@@ -324,14 +338,19 @@ def self_test(root):
             f.write("\n#[allow(unused_imports)]\nuse crate::recur::Rule;\n")
         assert not check(copy, verbose=False), "a planted sideways import was not caught"
         shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
+        # A file grown past the bound.
+        with open(plant, "a", encoding="utf-8") as f:
+            f.write("\n" * (MAX_LINES + 1))
+        assert not check(copy, verbose=False), "a file over the bound was not caught"
+        shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
         # A circle of files inside one module: driver.rs already names leading.rs.
         leading = os.path.join(copy, "src", "cluster", "leading.rs")
         with open(leading, "a", encoding="utf-8") as f:
             f.write("\n#[allow(unused_imports)]\nuse super::driver::FireDriver;\n")
         assert not check(copy, verbose=False), "a planted circle of files was not caught"
     print(
-        "layers: self-test ok (planted upward and sideways imports and a circle of files are "
-        "caught; comments are not imports)"
+        "layers: self-test ok (planted upward and sideways imports, a long file and a circle of "
+        "files are caught; comments are not imports)"
     )
 
 

@@ -40,20 +40,18 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::auth::Credential;
-use super::convert::check_name;
 use super::forward::{self, Router};
 use super::pb;
 use crate::cluster::acks::{StreamAcks, HOLD};
-use crate::cluster::{AckItem, Delivery, Subscription};
-use crate::config::Limits;
+use crate::cluster::{AckItem, Subscription};
 use crate::node::{Leader, Node};
 use crate::timer::TimerKey;
 use crate::Error;
 
-/// Unacked deliveries a stream may hold when the client asks for 0.
-pub const DEFAULT_MAX_IN_FLIGHT: u32 = 100;
-/// The most a client may ask for.
-pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
+mod wire;
+use wire::{to_pb, to_pb_acks};
+pub use wire::{validate, validate_acks, StreamAck, DEFAULT_MAX_IN_FLIGHT, MAX_MAX_IN_FLIGHT};
+
 /// Pause before looking for the leader again after a stream broke or while none is known.
 const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(100);
 /// Acks a stream keeps for the next leader while it has none; beyond, they are dropped (the
@@ -65,72 +63,12 @@ pub type DeliveryStream = Pin<Box<dyn Stream<Item = Result<pb::Delivery, Status>
 
 type Sink = mpsc::Sender<Result<pb::Delivery, Status>>;
 
-/// An ack (or nack) a consumer sent on its stream, validated.
-#[derive(Debug, Clone)]
-pub struct StreamAck {
-    pub id: String,
-    pub attempt: u32,
-    pub nack: bool,
-}
-
 /// What a Consume stream's reader passes on: acks, or the reason the stream must end. Bounded
 /// ([`INBOUND`] messages): while the stream cannot take more, the reader does not read, and
 /// HTTP/2 flow control holds the client back.
 pub type Inbound = mpsc::Receiver<Result<Vec<StreamAck>, Status>>;
 /// Messages of acks waiting between a Consume stream's reader and its task.
 pub const INBOUND: usize = 8;
-
-/// Validates a Subscribe and fills in the defaults.
-pub fn validate(
-    mut req: pb::SubscribeRequest,
-    limits: &Limits,
-) -> Result<pb::SubscribeRequest, Error> {
-    check_name("namespace", &req.namespace, limits.max_namespace_bytes)?;
-    if req.consumer.len() > limits.max_id_bytes {
-        return Err(Error::InvalidArgument(format!(
-            "consumer name is {} bytes; the limit is {}",
-            req.consumer.len(),
-            limits.max_id_bytes
-        )));
-    }
-    if req.max_in_flight > MAX_MAX_IN_FLIGHT {
-        return Err(Error::InvalidArgument(format!(
-            "max_in_flight {} is over the limit of {MAX_MAX_IN_FLIGHT}",
-            req.max_in_flight
-        )));
-    }
-    if req.max_in_flight == 0 {
-        req.max_in_flight = DEFAULT_MAX_IN_FLIGHT;
-    }
-    Ok(req)
-}
-
-/// Validates the acks of one Consume message (at most `max_batch` of them).
-pub fn validate_acks(acks: Vec<pb::DeliveryAck>, limits: &Limits) -> Result<Vec<StreamAck>, Error> {
-    if acks.len() > limits.max_batch {
-        return Err(Error::InvalidArgument(format!(
-            "{} acks in one Consume message; the limit is {}",
-            acks.len(),
-            limits.max_batch
-        )));
-    }
-    acks.into_iter()
-        .map(|a| {
-            check_name("id", &a.id, limits.max_id_bytes)?;
-            if a.attempt == 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "ack of {}: attempt must be at least 1 (deliveries count from 1)",
-                    a.id
-                )));
-            }
-            Ok(StreamAck {
-                id: a.id,
-                attempt: a.attempt,
-                nack: a.nack,
-            })
-        })
-        .collect()
-}
 
 /// Starts the task behind one Subscribe (`acks`: `None`) or Consume and returns its stream.
 pub fn start(
@@ -586,16 +524,6 @@ impl Budget {
     }
 }
 
-fn to_pb_acks(acks: Vec<StreamAck>) -> Vec<pb::DeliveryAck> {
-    acks.into_iter()
-        .map(|a| pb::DeliveryAck {
-            id: a.id,
-            attempt: a.attempt,
-            nack: a.nack,
-        })
-        .collect()
-}
-
 /// Leadership moved: the deliveries this node's dispatcher already handed to the subscription
 /// were committed, so they go to the client before the stream follows the new leader. Dropped,
 /// they would wait out their ack deadline to be delivered again.
@@ -633,11 +561,4 @@ fn dispatch_rate(node: &Node, namespace: &str) -> Option<(u32, u32)> {
     policy
         .max_dispatches_per_second
         .map(|r| (r, policy.max_burst))
-}
-
-fn to_pb(d: Delivery) -> pb::Delivery {
-    pb::Delivery {
-        attempt: d.attempt,
-        timer: Some(d.timer.into()),
-    }
 }

@@ -37,7 +37,9 @@ pub enum Rejection {
     },
 }
 
-/// What applying a command produced; returned to the proposer.
+/// What applying a command produced; returned to the proposer. Never stored nor sent to a
+/// peer (a follower forwards the client's request, not an answer); still, new variants go at
+/// the end, as `Command`'s do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
     /// Membership and blank entries.
@@ -45,12 +47,6 @@ pub enum Response {
     /// Schedule, Cancel, Reschedule: the timer after the command; `created` for Schedule.
     Timer {
         timer: Timer,
-        created: bool,
-    },
-    /// A change of a recurring timer (schedule, upsert, pause, cancel): the series after it;
-    /// `created` for a schedule.
-    Series {
-        series: Box<SeriesView>,
         created: bool,
     },
     /// ScheduleBatch: one answer per spec, in request order.
@@ -87,6 +83,12 @@ pub enum Response {
         key: Option<crate::auth::Key>,
     },
     Rejected(Rejection),
+    /// A change of a recurring timer (schedule, upsert, pause, cancel): the series after it;
+    /// `created` for a schedule.
+    Series {
+        series: Box<SeriesView>,
+        created: bool,
+    },
 }
 
 /// What a ScheduleBatch did with each of its specs. The timers it created are not copied into

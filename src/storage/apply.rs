@@ -14,9 +14,9 @@
 //! database only; the model keeps them apart from what the same entry writes (a scan reads
 //! behind a cursor, new rows go after it: see `fire.rs` and `deliver.rs`).
 //!
-//! This file holds the machinery and the client commands Schedule, ScheduleBatch and
-//! PutNamespace; `change.rs` holds Cancel, Reschedule and the Schedule modes, `fire.rs`,
-//! `deliver.rs`, `purge.rs` and `series.rs` the rest.
+//! This file holds the machinery; `schedule.rs` holds Schedule and ScheduleBatch,
+//! `namespaces.rs` the namespace commands, `change.rs` Cancel, Reschedule and the Schedule
+//! modes, `fire.rs`, `deliver.rs`, `purge.rs` and `series.rs` the rest.
 
 use std::sync::{Arc, Mutex};
 
@@ -29,10 +29,10 @@ use super::meta::{NsMeta, Progress};
 use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
-use crate::command::{BatchAnswer, Command, Cond, Rejection, Response, Scheduled, Shift};
-use crate::namespace::{Config, Namespace, Policy, PushTarget};
-use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerKey, TimerSpec};
-use crate::wheel::{self, Slot, Wheel, MAX_ROWS_PER_ENTRY};
+use crate::command::{Command, Cond, Response, Shift};
+use crate::namespace::{Config, Policy, PushTarget};
+use crate::timer::{KeyRef, Timer, TimerKey};
+use crate::wheel::{self, Slot, Wheel};
 use crate::{Error, Result};
 
 /// Applies commands for one log entry into `batch`.
@@ -45,7 +45,7 @@ pub(super) struct Applier<'a> {
     pub index: u64,
     pub heads: Arc<Mutex<Heads>>,
     /// Rows placed so far by this entry (the next seq's position).
-    next_pos: u32,
+    pub(super) next_pos: u32,
     /// The earliest due time this entry put on the wheel (rows or deadlines), to wake the
     /// fire driver.
     pub earliest_new_due: Option<i64>,
@@ -62,7 +62,7 @@ pub(super) struct Applier<'a> {
     /// the batch is written.
     pub placed: HashMap<String, Slot>,
     /// Whether writes are staged for the entry's later reads (see `command`).
-    stage: bool,
+    pub(super) stage: bool,
     /// Namespaces whose head must be read again once the batch is written: those the heads
     /// cache sent the Fire to look at. Node-local (a head may be early): it decides what the
     /// cache is told, never what the entry writes.
@@ -76,19 +76,19 @@ pub(super) struct Applier<'a> {
     pub events: crate::metrics::Events,
     /// The range this entry's Fire moved the cursor over, and its time.
     pub(super) fired: Option<(Slot, Slot, i64)>,
-    policies: HashMap<String, Policy>,
+    pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
-    pushes: HashMap<String, Option<PushTarget>>,
-    nsmeta: HashMap<String, NsMeta>,
+    pub(super) pushes: HashMap<String, Option<PushTarget>>,
+    pub(super) nsmeta: HashMap<String, NsMeta>,
     /// Rows written by this entry, by slot (slots are unique across namespaces).
-    rows: HashMap<Slot, Option<Row>>,
+    pub(super) rows: HashMap<Slot, Option<Row>>,
     /// Index entries written by this entry, by their encoded key.
-    index_staged: HashMap<Vec<u8>, Option<Slot>>,
+    pub(super) index_staged: HashMap<Vec<u8>, Option<Slot>>,
     /// Index entries read from the database for this entry's commands in one batched read
     /// before they ran (see `prefetch_index`), by encoded key. The database does not change
     /// while an entry applies, so they stay true; staged writes are consulted first.
-    index_read: HashMap<Vec<u8>, Option<Slot>>,
-    leases: HashMap<(String, Slot), Lease>,
+    pub(super) index_read: HashMap<Vec<u8>, Option<Slot>>,
+    pub(super) leases: HashMap<(String, Slot), Lease>,
     /// The access state as this entry changed it (`access.rs`).
     pub(super) access_staged: Option<crate::auth::AccessState>,
     /// Whether this entry changed the access state (published once the batch is written).
@@ -205,7 +205,7 @@ impl<'a> Applier<'a> {
         }
     }
 
-    fn command(&mut self, cmd: Command) -> Result<Response> {
+    pub(super) fn command(&mut self, cmd: Command) -> Result<Response> {
         match cmd {
             Command::Schedule { now_ms, spec } => self.schedule(now_ms, &spec),
             Command::ScheduleBatch { .. } | Command::Multi(_) => Err(Error::Internal(format!(
@@ -343,7 +343,7 @@ impl<'a> Applier<'a> {
     }
 
     /// `namespace`'s stored configuration as this entry has it, and whether it was configured.
-    fn config(&mut self, namespace: &str) -> Result<(Config, bool)> {
+    pub(super) fn config(&mut self, namespace: &str) -> Result<(Config, bool)> {
         if let (Some(policy), Some(push)) =
             (self.policies.get(namespace), self.pushes.get(namespace))
         {
@@ -481,307 +481,6 @@ impl<'a> Applier<'a> {
     /// Reads of the database as it is (not of this entry's writes).
     pub(super) fn reader(&self) -> Reader<'a> {
         Reader::live(self.db)
-    }
-
-    // --- writes ---
-
-    pub(super) fn put_row(&mut self, namespace: &str, slot: Slot, row: Row) {
-        self.batch.put_cf(
-            cf(self.db, CF_WHEEL),
-            wheel::slot_key(namespace, slot),
-            row.encode(),
-        );
-        if self.stage {
-            self.rows.insert(slot, Some(row));
-        }
-    }
-
-    pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
-        self.batch
-            .delete_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot));
-        self.rows.insert(slot, None);
-    }
-
-    /// Points the index entry `k` (a `TimerKey::index_key`) at `slot`, or deletes it.
-    pub(super) fn set_index(&mut self, k: Vec<u8>, slot: Option<Slot>) {
-        match slot {
-            Some(s) => self.batch.put_cf(cf(self.db, CF_INDEX), &k, s.encode()),
-            None => self.batch.delete_cf(cf(self.db, CF_INDEX), &k),
-        }
-        if self.stage {
-            self.index_staged.insert(k, slot);
-        }
-    }
-
-    pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
-        self.batch.put_cf(
-            cf(self.db, CF_LEASES),
-            wheel::slot_key(namespace, to),
-            codec::encode(&lease),
-        );
-        self.leases.insert((namespace.to_string(), to), lease);
-    }
-
-    /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
-    pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
-        let slot = self.next_slot(due_ms)?;
-        let key = wheel::timer_key_of(namespace, &row.body.id);
-        self.put_row(namespace, slot, row);
-        self.set_index(key, Some(slot));
-        self.placed_at(namespace, slot);
-        Ok(slot)
-    }
-
-    /// The slot for the entry's next row, due at `due_ms`.
-    fn next_slot(&mut self, due_ms: i64) -> Result<Slot> {
-        if self.next_pos >= MAX_ROWS_PER_ENTRY {
-            return Err(Error::Internal(format!(
-                "entry {} places more than {MAX_ROWS_PER_ENTRY} rows",
-                self.index
-            )));
-        }
-        let seq = Slot::seq(self.index, self.next_pos);
-        self.next_pos += 1;
-        Ok(self.wheel.placement(due_ms, self.progress.cursor, seq))
-    }
-
-    /// Records a row placed at `slot`, for the heads and the fire driver's wake-up.
-    fn placed_at(&mut self, namespace: &str, slot: Slot) {
-        match self.placed.get_mut(namespace) {
-            Some(first) => *first = (*first).min(slot),
-            None => {
-                self.placed.insert(namespace.to_string(), slot);
-            }
-        }
-        self.wakes_at(self.wheel.due_ms(slot.bucket));
-    }
-
-    /// Deletes the row at `slot` and places `row` anew, due at `due_ms`.
-    pub(super) fn move_row(
-        &mut self,
-        namespace: &str,
-        slot: Slot,
-        row: Row,
-        due_ms: i64,
-    ) -> Result<Slot> {
-        self.delete_row(namespace, slot);
-        self.place(namespace, row, due_ms)
-    }
-
-    /// Something this entry wrote comes due at `due_ms`: the driver must not sleep past it.
-    pub(super) fn wakes_at(&mut self, due_ms: i64) {
-        self.earliest_new_due = Some(self.earliest_new_due.map_or(due_ms, |d| d.min(due_ms)));
-    }
-
-    /// Counts timers of `namespace` entering (+) or leaving (−) PENDING.
-    pub(super) fn count_pending(&mut self, namespace: &str, delta: i64) -> Result<()> {
-        self.progress.pending = self.progress.pending.saturating_add_signed(delta);
-        let ns = self.ns(namespace)?;
-        ns.pending = ns.pending.saturating_add_signed(delta);
-        Ok(())
-    }
-
-    /// Counts timers of `namespace` created (+) or purged (−).
-    pub(super) fn count_stored(&mut self, namespace: &str, delta: i64) -> Result<()> {
-        self.progress.stored = self.progress.stored.saturating_add_signed(delta);
-        let ns = self.ns(namespace)?;
-        ns.stored = ns.stored.saturating_add_signed(delta);
-        Ok(())
-    }
-
-    // --- client commands ---
-
-    fn put_namespace(&mut self, name: String, config: Config) -> Response {
-        self.namespaces_changed = true;
-        self.policies.insert(name.clone(), config.policy);
-        self.pushes.insert(name.clone(), config.push.clone());
-        let key = name.as_bytes().to_vec();
-        self.batch.put_cf(
-            cf(self.db, CF_NAMESPACES),
-            key,
-            super::config_bytes(&config),
-        );
-        Response::Namespace(Namespace {
-            name,
-            policy: config.policy,
-            push: config.push,
-            configured: true,
-        })
-    }
-
-    /// A PutNamespace: `policy` and `push` replace the namespace's, except for what it keeps
-    /// of the namespace as it is now (see `Command::ConfigureNamespace`).
-    fn configure_namespace(
-        &mut self,
-        name: String,
-        mut policy: Policy,
-        mut push: Option<PushTarget>,
-        misfire: crate::namespace::Misfire,
-        keep_secrets: bool,
-    ) -> Result<Response> {
-        let (current, _) = self.config(&name)?;
-        policy.misfire = misfire;
-        policy.paused = current.policy.paused;
-        if let (Some(target), Some(old), true) = (push.as_mut(), current.push, keep_secrets) {
-            target.secrets = old.secrets;
-        }
-        Ok(self.put_namespace(name, Config { policy, push }))
-    }
-
-    /// A series command as its proposer computed it: refused (the node stops, it does not
-    /// diverge) if this build's rules for the zone are not the proposer's, else applied with
-    /// the proposer's tzdb version on the rows it writes.
-    fn with_zone_rules(
-        &mut self,
-        tzdb: String,
-        zone_fp: u64,
-        change: crate::command::SeriesChange,
-    ) -> Result<Response> {
-        // A pause or resume names no spec: the stored row's stamp is checked where its rule
-        // is read (`Applier::rule_of`).
-        if let Some(spec) = change.spec() {
-            if spec.recurrence.zone_fingerprint() != zone_fp {
-                return Err(Error::Storage(format!(
-                    "series {} was proposed with other rules for its zone (tzdb {tzdb}) than \
-                     this build's (tzdb {}): upgrade every node to one build \
-                     (docs/recurrence.md)",
-                    spec.key,
-                    crate::series::tzdb_version()
-                )));
-            }
-        }
-        self.zone_tzdb = Some(tzdb);
-        let r = self.command(change.into_command());
-        self.zone_tzdb = None;
-        r
-    }
-
-    /// Sets a namespace's paused flag, keeping the rest of its configuration (a namespace
-    /// never configured gets the defaults).
-    fn pause_namespace(&mut self, name: String, paused: bool) -> Result<Response> {
-        let (mut config, _) = self.config(&name)?;
-        config.policy.paused = paused;
-        Ok(self.put_namespace(name, config))
-    }
-
-    /// Places a new PENDING timer for `spec`. Its row is encoded from the spec where it lies;
-    /// only an entry whose later commands may read it (`stage`) also keeps a `Row`.
-    pub(super) fn create<'s>(&mut self, now_ms: i64, spec: impl Into<SpecRef<'s>>) -> Result<()> {
-        self.create_with(now_ms, spec, None)
-    }
-
-    /// [`Applier::create`], the timer with its own misfire policy if `misfire` is set.
-    pub(super) fn create_with<'s>(
-        &mut self,
-        now_ms: i64,
-        spec: impl Into<SpecRef<'s>>,
-        misfire: Option<crate::namespace::Misfire>,
-    ) -> Result<()> {
-        let spec = spec.into();
-        let ns = spec.key.namespace;
-        self.progress.pending += 1;
-        self.progress.stored += 1;
-        let meta = self.ns(ns)?;
-        meta.pending += 1;
-        meta.stored += 1;
-        self.events.scheduled();
-        if self.stage || misfire.is_some() {
-            let mut row = super::row::pending(spec, now_ms);
-            row.body.ext.misfire = misfire;
-            self.place(ns, row, spec.when.resolve(now_ms))?;
-        } else {
-            let slot = self.next_slot(spec.when.resolve(now_ms))?;
-            self.batch.put_cf(
-                cf(self.db, CF_WHEEL),
-                wheel::slot_key(ns, slot),
-                super::row::encode_pending(spec, now_ms),
-            );
-            self.set_index(wheel::timer_key_of(ns, spec.key.id), Some(slot));
-            self.placed_at(ns, slot);
-        }
-        Ok(())
-    }
-
-    /// The existing timer at `spec`'s key, if any, as a client sees it.
-    pub(super) fn existing<'k>(&mut self, key: impl Into<KeyRef<'k>>) -> Result<Option<Timer>> {
-        let key = key.into();
-        match self.find(key)? {
-            Some((slot, row)) => Ok(Some(self.view(key.namespace, slot, &row)?)),
-            None => Ok(None),
-        }
-    }
-
-    fn schedule(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<Response> {
-        // A recurring timer's id is taken (as ScheduleWith and ScheduleSeries also say).
-        if self.series_row(&spec.key)?.is_some() {
-            let key = spec.key.clone();
-            return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
-        }
-        match self.existing(&spec.key)? {
-            Some(existing) if existing.same_request(spec.as_ref()) => Ok(Response::Timer {
-                timer: existing,
-                created: false,
-            }),
-            Some(_) => Ok(Response::Rejected(Rejection::AlreadyExists(
-                spec.key.clone(),
-            ))),
-            None => {
-                self.create(now_ms, spec)?;
-                Ok(Response::Timer {
-                    timer: Timer::pending(spec.clone(), now_ms),
-                    created: true,
-                })
-            }
-        }
-    }
-
-    /// All or none: any conflicting key rejects the whole batch before anything is staged.
-    /// The answer shares `entry` (the command the specs lie in, at `at` if a Multi's) rather
-    /// than copying each new timer into it: see [`BatchAnswer`].
-    fn schedule_batch(
-        &mut self,
-        now_ms: i64,
-        specs: &Specs,
-        entry: &Arc<Command>,
-        at: Option<usize>,
-    ) -> Result<Response> {
-        if let Some(key) = self.series_among(specs)? {
-            return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
-        }
-        self.prefetch_index(specs.iter().map(|s| s.key))?;
-        let mut items: Vec<Scheduled> = Vec::with_capacity(specs.len());
-        let mut first_in_batch: HashMap<KeyRef<'_>, usize> = HashMap::default();
-        for (i, spec) in specs.iter().enumerate() {
-            if let Some(&j) = first_in_batch.get(&spec.key) {
-                if specs.get(j) != Some(spec) {
-                    return Ok(Response::Rejected(Rejection::AlreadyExists(
-                        spec.key.to_owned(),
-                    )));
-                }
-                items.push(Scheduled::SameAs(j));
-                continue;
-            }
-            first_in_batch.insert(spec.key, i);
-            match self.existing(spec.key)? {
-                Some(t) if !t.same_request(spec) => {
-                    return Ok(Response::Rejected(Rejection::AlreadyExists(
-                        spec.key.to_owned(),
-                    )))
-                }
-                Some(t) => items.push(Scheduled::Existing(Box::new(t))),
-                None => items.push(Scheduled::Created),
-            }
-        }
-        for (spec, item) in specs.iter().zip(&items) {
-            if matches!(item, Scheduled::Created) {
-                self.create(now_ms, spec)?;
-            }
-        }
-        Ok(Response::Batch(BatchAnswer {
-            command: entry.clone(),
-            at,
-            items,
-        }))
     }
 }
 

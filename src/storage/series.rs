@@ -459,6 +459,36 @@ impl Applier<'_> {
     }
 }
 
+impl Applier<'_> {
+    /// A series command as its proposer computed it: refused (the node stops, it does not
+    /// diverge) if this build's rules for the zone are not the proposer's, else applied with
+    /// the proposer's tzdb version on the rows it writes.
+    pub(super) fn with_zone_rules(
+        &mut self,
+        tzdb: String,
+        zone_fp: u64,
+        change: crate::command::SeriesChange,
+    ) -> Result<Response> {
+        // A pause or resume names no spec: the stored row's stamp is checked where its rule
+        // is read (`Applier::rule_of`).
+        if let Some(spec) = change.spec() {
+            if spec.recurrence.zone_fingerprint() != zone_fp {
+                return Err(Error::Storage(format!(
+                    "series {} was proposed with other rules for its zone (tzdb {tzdb}) than \
+                     this build's (tzdb {}): upgrade every node to one build \
+                     (docs/recurrence.md)",
+                    spec.key,
+                    crate::series::tzdb_version()
+                )));
+            }
+        }
+        self.zone_tzdb = Some(tzdb);
+        let r = self.command(change.into_command());
+        self.zone_tzdb = None;
+        r
+    }
+}
+
 impl Store {
     /// The series at `key` as a client sees it, with its next `upcoming` occurrence times and
     /// the current state of its latest occurrences.
