@@ -14,9 +14,7 @@ use timerdb::raft_types::{log_id, Entry, TypeConfig, Vote};
 use timerdb::storage::{decode, encode};
 use timerdb::timer::{TimerKey, TimerSpec, When};
 
-/// A target's verdict on one input: a short class of what happened (new classes are kept in
-/// the corpus: the only guidance a coverage-blind fuzzer has), or a broken invariant.
-pub type Verdict = Result<String, String>;
+pub use crate::apply::Verdict;
 
 /// Which targets exist.
 pub const TARGETS: [&str; 4] = ["peer", "backup", "convert", "apply"];

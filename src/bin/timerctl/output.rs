@@ -176,7 +176,7 @@ pub fn timer_json(t: &pb::Timer) -> Value {
         "content_type": t.content_type,
         "revision": t.revision,
         "attempt_log": t.attempt_log.iter().map(attempt_json).collect::<Vec<_>>(),
-        "series": t.series.as_ref().map(crate::recur::series_json),
+        "series": t.series.as_ref().map(series_json),
     })
 }
 
@@ -237,7 +237,7 @@ pub fn timer(verb: &str, t: &pb::Timer) {
         println!("{verb} {}", timer_line(t));
     }
     if let (false, Some(s)) = (json(), &t.series) {
-        for line in crate::recur::series_lines(s) {
+        for line in series_lines(s) {
             println!("{line}");
         }
     }
@@ -296,4 +296,76 @@ pub fn members_json(members: &[pb::Member]) -> Value {
         .map(|m| json!({"id": m.node_id, "addr": m.addr, "voter": m.voter}))
         .collect();
     json!({ "members": list })
+}
+
+// A recurring timer's series, shown under its timer.
+
+fn rule_text(r: &pb::Recurrence) -> String {
+    if r.cron.is_empty() {
+        format!(
+            "every {}",
+            humantime::format_duration(Duration::from_millis(r.every_ms.max(0) as u64))
+        )
+    } else {
+        format!("cron {:?} in {}", r.cron, r.time_zone)
+    }
+}
+
+/// The lines that follow a recurring timer's line in text output.
+pub fn series_lines(s: &pb::Series) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(r) = &s.recurrence {
+        let misfire = pb::Misfire::try_from(r.misfire).map_or("?", |m| m.as_str_name());
+        let overlap = pb::Overlap::try_from(r.overlap).map_or("?", |m| m.as_str_name());
+        out.push(format!(
+            "  recurring: {}  {}  {}  {}{}",
+            rule_text(r),
+            s.status,
+            misfire.to_lowercase(),
+            overlap.to_lowercase(),
+            if r.jitter_ms > 0 {
+                format!("  jitter {} ms", r.jitter_ms)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    out.push(format!(
+        "  fired {}  skipped {}  missed {}  next {}",
+        s.fired,
+        s.skipped,
+        s.missed,
+        s.next_ms.first().map_or("-".into(), |n| fmt_ms(*n))
+    ));
+    for o in &s.recent {
+        out.push(format!("  {}  {}  {}", o.id, o.fate, state_name(o.state)));
+    }
+    out
+}
+
+/// A recurring timer's part of the JSON output.
+pub fn series_json(s: &pb::Series) -> Value {
+    let r = s.recurrence.clone().unwrap_or_default();
+    json!({
+        "cron": r.cron,
+        "time_zone": r.time_zone,
+        "every_ms": r.every_ms,
+        "anchor_ms": r.anchor_ms,
+        "start_ms": r.start_ms,
+        "end_ms": r.end_ms,
+        "max_count": r.max_count,
+        "misfire": pb::Misfire::try_from(r.misfire).map_or("?", |m| m.as_str_name()),
+        "overlap": pb::Overlap::try_from(r.overlap).map_or("?", |m| m.as_str_name()),
+        "jitter_ms": r.jitter_ms,
+        "status": s.status,
+        "next_ms": s.next_ms,
+        "next_id": s.next_id,
+        "fired": s.fired,
+        "skipped": s.skipped,
+        "missed": s.missed,
+        "tzdb": s.tzdb,
+        "recent": s.recent.iter().map(|o| json!({
+            "id": o.id, "fate": o.fate, "state": state_name(o.state)
+        })).collect::<Vec<_>>(),
+    })
 }

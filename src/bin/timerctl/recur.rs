@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::ValueEnum;
-use serde_json::{json, Value};
+use serde_json::json;
 use timerdb::api::pb::{self, timers_client::TimersClient};
 
 use crate::output::{self, fmt_ms};
@@ -173,79 +173,4 @@ pub async fn pause(
         .unwrap_or_default();
     output::timer(if paused { "paused" } else { "resumed" }, &t);
     Ok(())
-}
-
-fn rule_text(r: &pb::Recurrence) -> String {
-    if r.cron.is_empty() {
-        format!(
-            "every {}",
-            humantime::format_duration(Duration::from_millis(r.every_ms.max(0) as u64))
-        )
-    } else {
-        format!("cron {:?} in {}", r.cron, r.time_zone)
-    }
-}
-
-/// The lines that follow a recurring timer's line in text output.
-pub fn series_lines(s: &pb::Series) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(r) = &s.recurrence {
-        let misfire = pb::Misfire::try_from(r.misfire).map_or("?", |m| m.as_str_name());
-        let overlap = pb::Overlap::try_from(r.overlap).map_or("?", |m| m.as_str_name());
-        out.push(format!(
-            "  recurring: {}  {}  {}  {}{}",
-            rule_text(r),
-            s.status,
-            misfire.to_lowercase(),
-            overlap.to_lowercase(),
-            if r.jitter_ms > 0 {
-                format!("  jitter {} ms", r.jitter_ms)
-            } else {
-                String::new()
-            }
-        ));
-    }
-    out.push(format!(
-        "  fired {}  skipped {}  missed {}  next {}",
-        s.fired,
-        s.skipped,
-        s.missed,
-        s.next_ms.first().map_or("-".into(), |n| fmt_ms(*n))
-    ));
-    for o in &s.recent {
-        out.push(format!(
-            "  {}  {}  {}",
-            o.id,
-            o.fate,
-            output::state_name(o.state)
-        ));
-    }
-    out
-}
-
-/// A recurring timer's part of the JSON output.
-pub fn series_json(s: &pb::Series) -> Value {
-    let r = s.recurrence.clone().unwrap_or_default();
-    json!({
-        "cron": r.cron,
-        "time_zone": r.time_zone,
-        "every_ms": r.every_ms,
-        "anchor_ms": r.anchor_ms,
-        "start_ms": r.start_ms,
-        "end_ms": r.end_ms,
-        "max_count": r.max_count,
-        "misfire": pb::Misfire::try_from(r.misfire).map_or("?", |m| m.as_str_name()),
-        "overlap": pb::Overlap::try_from(r.overlap).map_or("?", |m| m.as_str_name()),
-        "jitter_ms": r.jitter_ms,
-        "status": s.status,
-        "next_ms": s.next_ms,
-        "next_id": s.next_id,
-        "fired": s.fired,
-        "skipped": s.skipped,
-        "missed": s.missed,
-        "tzdb": s.tzdb,
-        "recent": s.recent.iter().map(|o| json!({
-            "id": o.id, "fate": o.fate, "state": output::state_name(o.state)
-        })).collect::<Vec<_>>(),
-    })
 }
