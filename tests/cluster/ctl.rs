@@ -39,6 +39,20 @@ async fn timerctl_tables_json_and_helpful_errors() {
     let (mut procs, _) = start_three(&tmp);
     let l = leader(&procs).await;
     let ep = procs[(l + 1) % 3].addr.clone();
+    // A leader is elected by two votes: the third node may not have had its first
+    // AppendEntries yet (it then knows no members and calls itself a learner of term 0).
+    // The table is of a formed cluster, so wait until both others follow.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for p in procs.iter().filter(|p| p.addr != procs[l].addr) {
+        while status(&p.addr).await.is_none_or(|s| s.role != "follower") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} never followed",
+                p.addr
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
 
     // Phase 1: the whole cluster as a table, from a follower.
     let (out, err) = text(&ctl(&ep, &["status"]));
