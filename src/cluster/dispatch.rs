@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::leading::while_leader;
 use super::limits::Buckets;
+use super::workers::while_leader;
 use super::Raft;
 use crate::clock::Clock;
 use crate::command::{Command, Grant, Granted, LeaseRef, Response};

@@ -21,7 +21,7 @@ use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::leading::while_leader;
+use super::workers::while_leader;
 use tokio::sync::watch;
 
 use super::Raft;

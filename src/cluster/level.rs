@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::leading::while_leader;
+use super::workers::while_leader;
 use super::Raft;
 use crate::command::Command;
 use crate::config::NodeConfig;

@@ -16,13 +16,13 @@ pub mod acks;
 pub mod dispatch;
 pub mod driver;
 pub mod lanes;
-pub mod leading;
 pub mod level;
 pub mod limits;
 pub mod network;
 pub mod propose;
 pub mod purger;
 pub mod queued;
+pub mod workers;
 
 pub use acks::{AckItem, Acker};
 pub use dispatch::{Delivery, DispatchLoop, Dispatcher, LeaseTag, Subscription};

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::leading::while_leader;
+use super::workers::while_leader;
 use super::Raft;
 use crate::clock::Clock;
 use crate::command::{Command, Response};

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::namespace::{Pusher, Shared, Target, MAX_QUEUE};
 use super::MAX_PUSH_IN_FLIGHT;
-use crate::cluster::leading::while_leader;
+use crate::cluster::workers::while_leader;
 use crate::namespace::PushTarget;
 
 /// How often the namespaces are read for push targets without a change (a safety net: changes

@@ -13,8 +13,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::{start, RunningNode};
-use crate::cluster::leading::while_leader;
 use crate::cluster::network::{PeerClient, SNAPSHOT_TRIES};
+use crate::cluster::workers::while_leader;
 use crate::config::NodeConfig;
 use openraft::network::v2::RaftNetworkV2 as _;
 

@@ -1,4 +1,4 @@
-//! Leading: how a leader's worker (the fire driver, the dispatcher, the purger, the level
+//! The leader's workers: how each (the fire driver, the dispatcher, the purger, the level
 //! raiser, the pusher) runs only while its node leads.
 //!
 //! [`while_leader`] watches openraft's role metrics, starts the worker once the node leads and
