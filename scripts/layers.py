@@ -343,9 +343,10 @@ def self_test(root):
             f.write("\n" * (MAX_LINES + 1))
         assert not check(copy, verbose=False), "a file over the bound was not caught"
         shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
-        # A circle of files inside one module: driver.rs already names leading.rs.
-        leading = os.path.join(copy, "src", "cluster", "leading.rs")
-        with open(leading, "a", encoding="utf-8") as f:
+        # A circle of files inside one module: driver.rs already names workers.rs.
+        workers = os.path.join(copy, "src", "cluster", "workers.rs")
+        assert os.path.exists(workers), "the self-test's circle plant names a file that is gone"
+        with open(workers, "a", encoding="utf-8") as f:
             f.write("\n#[allow(unused_imports)]\nuse super::driver::FireDriver;\n")
         assert not check(copy, verbose=False), "a planted circle of files was not caught"
     print(
