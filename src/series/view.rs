@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Fate, Series};
-use crate::timer::{Phase, Timer, TimerKey, TimerState, When};
+use crate::timer::{Phase, Timer, TimerState, When};
 
 /// A series as a client sees it: the stored series, the next occurrence times and what
 /// became of the latest occurrences (their current state, where they still exist).
@@ -55,16 +55,6 @@ impl SeriesView {
 pub enum TimerOrSeries {
     Timer(Timer),
     Series(SeriesView),
-}
-
-impl TimerOrSeries {
-    /// The key it has.
-    pub fn key(&self) -> &TimerKey {
-        match self {
-            TimerOrSeries::Timer(t) => &t.key,
-            TimerOrSeries::Series(v) => &v.series.spec.key,
-        }
-    }
 }
 
 /// The next `n` occurrence times of `series` (nominal, as the occurrence ids name them), from
