@@ -12,6 +12,19 @@
 //! release has a feature level ([`Command::level`], [`LEVEL`]) so a leader proposes it only
 //! once every member can read it (`cluster::level`). `storage/tests/forms.rs` pins the bytes of
 //! every form.
+//!
+//! **Folded forms.** A Schedule, a Cancel and a Reschedule are each one command with optional
+//! conditions ([`Command::Schedule`] with its [`Options`], [`Command::Cancel`] and
+//! [`Command::Reschedule`] with a [`Cond`] that may be unset), and a node has one verb for each.
+//! Their first, unconditional forms (`LegacySchedule`, `LegacyCancel`, `LegacyReschedule`,
+//! variants 0, 2 and 3) stay in the enum because older logs and snapshots hold them: they are
+//! read and applied exactly as the folded command with nothing set (`storage/tests/folded.rs`
+//! proves it, step by step and from a data directory's log), and never proposed again.
+//! The folded commands are the conditional variants of issue 32 (18, 19, 20), already of level
+//! 0, so the fold needed no new storage format: every build since reads what this one writes,
+//! and this one reads every older log. A new variant would have bought nothing a reader sees
+//! and cost a level, a rolling-upgrade window and a format older builds refuse. (`name()` keeps
+//! each form's name in the log: `schedule` is the legacy form, `schedule_with` the folded.)
 
 use serde::{Deserialize, Serialize};
 
@@ -58,14 +71,16 @@ pub struct LeaseRef {
 /// The replicated vocabulary: what one log entry asks the state machine to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Create a timer (idempotent on identical content).
-    Schedule { now_ms: i64, spec: TimerSpec },
+    /// The first form of a create-only [`Command::Schedule`]: read from older logs, applied
+    /// as that, never proposed (see the module's "Folded forms").
+    LegacySchedule { now_ms: i64, spec: TimerSpec },
     /// Create many timers atomically: all or none.
     ScheduleBatch { now_ms: i64, specs: Specs },
-    /// PENDING → CANCELLED. Cancelling a CANCELLED timer again succeeds (retries are harmless).
-    Cancel { now_ms: i64, key: TimerKey },
-    /// Move a PENDING timer to a new time.
-    Reschedule {
+    /// The first form of an unconditional [`Command::Cancel`]: read, never proposed.
+    LegacyCancel { now_ms: i64, key: TimerKey },
+    /// The first form of an unconditional [`Command::Reschedule`] to a time: read, never
+    /// proposed.
+    LegacyReschedule {
         now_ms: i64,
         key: TimerKey,
         when: When,
@@ -147,23 +162,24 @@ pub enum Command {
         key: TimerKey,
         paused: bool,
     },
-    /// Schedule in `mode` (`None`: create-only) if `cond` holds, the timer with its own
-    /// misfire policy if `misfire` is set.
-    ScheduleWith {
+    /// Create a timer (idempotent on identical content), or, with a mode, change the PENDING
+    /// one that has its key if `with.cond` holds; the timer with its own misfire policy if
+    /// `with.misfire` is set. `Options::default()` is a plain create-only Schedule.
+    Schedule {
         now_ms: i64,
         spec: TimerSpec,
-        mode: Option<Mode>,
-        cond: Cond,
-        misfire: Option<crate::namespace::Misfire>,
+        with: Options,
     },
-    /// PENDING -> CANCELLED, if `cond` holds (a series: deleted).
-    CancelIf {
+    /// PENDING → CANCELLED, if `cond` holds (unset: always; a series: deleted). Cancelling a
+    /// CANCELLED timer again succeeds (retries are harmless).
+    Cancel {
         now_ms: i64,
         key: TimerKey,
         cond: Cond,
     },
-    /// Move a PENDING timer (to a time, or by a shift of its stored time), if `cond` holds.
-    RescheduleIf {
+    /// Move a PENDING timer (to a time, or by a shift of its stored time), if `cond` holds
+    /// (unset: always).
+    Reschedule {
         now_ms: i64,
         key: TimerKey,
         shift: Shift,
@@ -329,7 +345,8 @@ impl Command {
     }
 }
 
-/// How a Schedule treats a timer that already has the key (create-only is `Command::Schedule`).
+/// How a Schedule treats a PENDING timer that already has the key ([`Options::mode`]; none:
+/// create-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
     /// Replace a PENDING timer's fire time and payload.
@@ -351,6 +368,24 @@ impl Mode {
             Mode::KeepEarliest => "keep_earliest",
             Mode::KeepLatest => "keep_latest",
         }
+    }
+}
+
+/// How a [`Command::Schedule`] treats a timer that already has its key, and the new timer's
+/// own misfire policy. Encoded as its three fields in a row (the bytes of the
+/// `schedule_with` form since it was added).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Options {
+    /// `None`: create-only (the same timer again is answered, another refused).
+    pub mode: Option<Mode>,
+    pub cond: Cond,
+    pub misfire: Option<crate::namespace::Misfire>,
+}
+
+impl Options {
+    /// A plain create-only Schedule's: no mode, no condition, the namespace's misfire policy.
+    pub fn is_plain(&self) -> bool {
+        self.mode.is_none() && !self.cond.is_set() && self.misfire.is_none()
     }
 }
 
@@ -397,16 +432,16 @@ impl Command {
     /// The one timer a client command names, if it names one (what its apply looks up).
     pub fn timer_key(&self) -> Option<&TimerKey> {
         match self {
-            Command::Schedule { spec, .. } => Some(&spec.key),
+            Command::LegacySchedule { spec, .. } => Some(&spec.key),
             Command::ScheduleSeries { spec, .. } => Some(&spec.key),
-            Command::ScheduleWith { spec, .. } => Some(&spec.key),
+            Command::Schedule { spec, .. } => Some(&spec.key),
             Command::UpsertSeries { spec, .. } => Some(&spec.key),
             Command::ZoneRules { change, .. } => Some(change.key()),
-            Command::Cancel { key, .. }
-            | Command::CancelIf { key, .. }
-            | Command::RescheduleIf { key, .. }
-            | Command::PauseSeries { key, .. }
+            Command::LegacyCancel { key, .. }
+            | Command::Cancel { key, .. }
             | Command::Reschedule { key, .. }
+            | Command::PauseSeries { key, .. }
+            | Command::LegacyReschedule { key, .. }
             | Command::Ack { key, .. }
             | Command::Nack { key, .. }
             | Command::Pushed { key, .. } => Some(key),
@@ -417,10 +452,10 @@ impl Command {
     /// Short name for logs and metrics.
     pub fn name(&self) -> &'static str {
         match self {
-            Command::Schedule { .. } => "schedule",
+            Command::LegacySchedule { .. } => "schedule",
             Command::ScheduleBatch { .. } => "schedule_batch",
-            Command::Cancel { .. } => "cancel",
-            Command::Reschedule { .. } => "reschedule",
+            Command::LegacyCancel { .. } => "cancel",
+            Command::LegacyReschedule { .. } => "reschedule",
             Command::Fire { .. } | Command::FireWithZones { .. } => "fire",
             Command::Deliver { .. } => "deliver",
             Command::Ack { .. } => "ack",
@@ -435,9 +470,9 @@ impl Command {
             Command::Access(_) => "access",
             Command::ScheduleSeries { .. } => "schedule_series",
             Command::PauseSeries { .. } => "pause_series",
-            Command::ScheduleWith { .. } => "schedule_with",
-            Command::CancelIf { .. } => "cancel_if",
-            Command::RescheduleIf { .. } => "reschedule_if",
+            Command::Schedule { .. } => "schedule_with",
+            Command::Cancel { .. } => "cancel_if",
+            Command::Reschedule { .. } => "reschedule_if",
             Command::UpsertSeries { .. } => "upsert_series",
             Command::SetNamespace { .. } => "set_namespace",
             Command::ConfigureNamespace { .. } => "configure_namespace",
@@ -474,10 +509,10 @@ impl Command {
             // A build below `level` must not take it: it could not read what follows.
             Command::RaiseLevel { level } => (*level).max(1),
             Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
-            Command::Schedule { .. }
+            Command::LegacySchedule { .. }
             | Command::ScheduleBatch { .. }
-            | Command::Cancel { .. }
-            | Command::Reschedule { .. }
+            | Command::LegacyCancel { .. }
+            | Command::LegacyReschedule { .. }
             | Command::Fire { .. }
             | Command::Deliver { .. }
             | Command::Ack { .. }
@@ -491,9 +526,9 @@ impl Command {
             | Command::Access(_)
             | Command::ScheduleSeries { .. }
             | Command::PauseSeries { .. }
-            | Command::ScheduleWith { .. }
-            | Command::CancelIf { .. }
-            | Command::RescheduleIf { .. }
+            | Command::Schedule { .. }
+            | Command::Cancel { .. }
+            | Command::Reschedule { .. }
             | Command::UpsertSeries { .. }
             | Command::SetNamespace { .. } => 0,
         }

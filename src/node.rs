@@ -6,12 +6,19 @@
 //! state machine). An apply-time `Rejected` becomes the matching error here, so callers see one
 //! error type. Nothing here knows about protobuf or forwarding.
 //!
-//! Every `impl Node` is under `node/`, one file per concern: this file the struct, the write
-//! and read paths and the timers' plain verbs; [`change`] conditional and mode-dependent
-//! changes; [`series`] recurring timers; [`namespaces`] namespace policies; [`ack`] the unary
-//! Ack; [`membership`] adding, removing and handing over to members; [`backup`] online backups;
-//! [`overview`] the leader's view for dashboards; [`leading`] what a new leader owes before it
-//! answers; [`quorum`] refusing at once without a quorum; [`sample`] the once-a-second gauges.
+//! `Node` is the only door (mini-redis's `Db` is the model): its parts are private, and the
+//! API layer and the pusher call its verbs. Every `impl Node` is under `node/`, one file per
+//! concern: this file the struct, the write and read paths and the timers' plain verbs;
+//! [`series`] recurring timers;
+//! [`namespaces`] namespace policies; [`ack`] the unary Ack; [`delivery`] what the delivery
+//! channels (streams, pusher) ask of it; [`local`] local reads (access state, digest,
+//! Status); [`health`] whether it serves; [`membership`] adding, removing and handing over to
+//! members; [`backup`] online backups; [`overview`] the leader's view for dashboards;
+//! [`leading`] what a new leader owes before it answers; [`quorum`] refusing at once without
+//! a quorum, and when this node began to lead; [`sample`] the once-a-second gauges.
+//!
+//! The wiring (`server`) builds it from its [`Parts`] and keeps the parts tests look inside
+//! (`RunningNode`).
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
@@ -22,15 +29,17 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ServerState;
 
 use crate::cluster::{Acker, Dispatcher, Proposer, Raft};
-use crate::command::{Command, Rejection, Response};
+use crate::command::{Command, Cond, Options, Rejection, Response, Shift};
 use crate::config::NodeConfig;
 use crate::raft_types::{NodeId, TypeConfig};
 use crate::series::{SeriesView, TimerOrSeries};
 use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
-use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState, When};
+use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState};
 use crate::{Error, Result};
 pub use ack::Acked;
+pub use health::LEADER_SILENT;
+pub use local::NodeStatus;
 pub use membership::Member;
 pub use quorum::{quorum_watch, QUORUM_LOST_AFTER};
 
@@ -42,70 +51,99 @@ pub enum Leader {
     Unknown,
 }
 
-/// This node's view of itself and its cluster, for Status.
-#[derive(Debug, Clone)]
-pub struct NodeStatus {
-    pub id: NodeId,
-    pub role: &'static str,
-    pub leader_id: Option<NodeId>,
-    pub term: u64,
-    pub last_log_index: u64,
-    pub applied_index: u64,
-    /// (id, address, voter)
-    pub members: Vec<(NodeId, String, bool)>,
-    pub pending_timers: u64,
-    pub time_cursor_ms: i64,
-    pub commit_index: u64,
-    /// Last index the current snapshot covers (0: none).
-    pub snapshot_index: u64,
-    /// Log entries up to here are purged (0: none).
-    pub purged_index: u64,
-    pub snapshots_built: u64,
-    pub snapshots_installed: u64,
-    /// Keys the state machine wrote since this node started.
-    pub state_machine_keys_written: u64,
-    /// FIRED → ACKED transitions applied since this node started.
-    pub timers_acked: u64,
-    /// Timers fired since this node started: (count, lateness sum ms, cumulative counts at
-    /// each bound of `metrics::FIRE_LATENESS_BOUNDS_MS`, then all).
-    pub fired: (u64, u64, Vec<u64>),
+/// One timerdb node: the door through which the API layer and the pusher reach everything
+/// (mini-redis's `Db` is the model). Its parts are private: callers use its verbs, which say
+/// in domain terms what they need ([`delivery`] for the streams and the pusher).
+pub struct Node {
+    id: NodeId,
+    raft: Raft,
+    store: Store,
+    config: Arc<NodeConfig>,
+    /// This node's subscriptions (served while it leads).
+    dispatcher: Arc<Dispatcher>,
+    /// Turns true when the node shuts down; long-lived streams end then.
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Batches concurrent client writes into shared log entries.
+    proposer: Proposer,
+    /// Coalesces the acks that arrive on delivery streams into shared entries.
+    acker: Acker,
+    /// Closed while this node hands its leadership over (see `membership`).
+    hold: Hold,
+    /// The feature level each peer last advertised: which entry forms this node, leading,
+    /// may propose (`cluster::level`).
+    levels: Arc<crate::cluster::Levels>,
+    /// The commit index as this node knows it (see `LogStore::committed`).
+    committed: Arc<std::sync::atomic::AtomicU64>,
+    /// The snapshot directory (its counters, for status and metrics).
+    snapshots: Arc<crate::storage::Snapshots>,
+    /// Schedule-rate buckets per namespace (used while this node leads).
+    schedule_tokens: crate::cluster::limits::ScheduleLimits,
+    /// Client writes this node committed (the `lose-reply` fault counts them).
+    writes: std::sync::atomic::AtomicU64,
+    /// Whether this node leads without having heard from a quorum lately ([`quorum_watch`]).
+    quorum_lost: tokio::sync::watch::Receiver<bool>,
+    /// When this node began to lead, per term ([`quorum_watch`] notes it): the schedule-rate
+    /// buckets fill from then.
+    tenure: Arc<quorum::Tenure>,
 }
 
-/// One timerdb node: its Raft handle, its state machine reader and its configuration.
-pub struct Node {
-    pub id: NodeId,
+/// What the wiring (`server`) made a node of: the parts [`Node::new`] takes.
+pub struct Parts {
     pub raft: Raft,
     pub store: Store,
     pub config: Arc<NodeConfig>,
-    /// This node's subscriptions (served while it leads).
     pub dispatcher: Arc<Dispatcher>,
-    /// Turns true when the node shuts down; long-lived streams end then.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    /// Batches concurrent client writes into shared log entries.
     pub proposer: Proposer,
-    /// Coalesces the acks that arrive on delivery streams into shared entries.
     pub acker: Acker,
-    /// Closed while this node hands its leadership over (see `membership`).
     pub hold: Hold,
-    /// The feature level each peer last advertised: which entry forms this node, leading,
-    /// may propose (`cluster::level`).
     pub levels: Arc<crate::cluster::Levels>,
-    /// The commit index as this node knows it (see `LogStore::committed`).
     pub committed: Arc<std::sync::atomic::AtomicU64>,
-    /// The snapshot directory (its counters, for status and metrics).
     pub snapshots: Arc<crate::storage::Snapshots>,
-    /// Schedule-rate buckets per namespace (used while this node leads).
-    pub schedule_tokens: crate::cluster::limits::ScheduleLimits,
-    /// Client writes this node committed (the `lose-reply` fault counts them).
-    pub writes: std::sync::atomic::AtomicU64,
-    /// Whether this node leads without having heard from a quorum lately ([`quorum_watch`]).
-    pub quorum_lost: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
 const REDRIVE_CHUNK: usize = 1000;
 
 impl Node {
+    /// A node of `parts`; starts the task that watches its quorum.
+    pub fn new(parts: Parts) -> Node {
+        let tenure = Arc::new(quorum::Tenure::default());
+        let quorum_lost = quorum_watch(&parts.raft, parts.config.clock, tenure.clone());
+        Node {
+            id: parts.config.id,
+            raft: parts.raft,
+            store: parts.store,
+            config: parts.config,
+            dispatcher: parts.dispatcher,
+            shutdown: parts.shutdown,
+            proposer: parts.proposer,
+            acker: parts.acker,
+            hold: parts.hold,
+            levels: parts.levels,
+            committed: parts.committed,
+            snapshots: parts.snapshots,
+            schedule_tokens: Default::default(),
+            writes: Default::default(),
+            quorum_lost,
+            tenure,
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// This node's settings (read-only).
+    pub fn config(&self) -> &Arc<NodeConfig> {
+        &self.config
+    }
+
+    /// Turns true when the node shuts down: long-lived streams end then.
+    pub fn shutdown_watch(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+
     /// Who leads now, from openraft's metrics.
     pub fn leader(&self) -> Leader {
         // Called on every request: borrow the metrics, copy out only the leader's address.
@@ -165,7 +203,8 @@ impl Node {
         Ok(())
     }
 
-    fn now_ms(&self) -> i64 {
+    /// Now, by this node's clock (the one place the wall clock is read: `clock`).
+    pub fn now_ms(&self) -> i64 {
         self.config.clock.now_ms()
     }
 
@@ -200,7 +239,7 @@ impl Node {
         let term = self.raft.metrics().borrow_watched().current_term;
         let now_ms = self.now_ms();
         // Filled from when this node began to lead, as the dispatch buckets are.
-        let since = self.dispatcher.leading_since(term).unwrap_or(now_ms);
+        let since = self.tenure.since(term).unwrap_or(now_ms);
         let taken = self
             .schedule_tokens
             .take(namespace, n, &policy, (term, since), now_ms);
@@ -220,14 +259,19 @@ impl Node {
         }
     }
 
-    pub async fn schedule(&self, spec: TimerSpec) -> Result<(Timer, bool)> {
+    /// Creates a timer (`Options::default()`: create-only, a repeat answered with
+    /// created = false), or with a mode changes the PENDING one that has its key if the
+    /// condition holds; returns the timer and whether it was created. One command either way,
+    /// decided in apply (`storage/change.rs`), so callers racing on one timer are ordered.
+    pub async fn schedule(&self, spec: TimerSpec, with: Options) -> Result<(Timer, bool)> {
         self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
             spec,
+            with,
         };
-        if self.config.faults.ack_before_commit {
+        if self.config.faults.ack_before_commit && with.is_plain() {
             return Ok(faults::ack_before_commit(&self.raft, cmd));
         }
         match self.write(cmd).await? {
@@ -263,23 +307,28 @@ impl Node {
         }
     }
 
-    /// Cancels the timer at `key`, or the recurring timer there when no timer has it.
-    pub async fn cancel(&self, key: TimerKey) -> Result<TimerOrSeries> {
-        if self.config.faults.ignore_cancel {
+    /// Cancels the timer at `key`, or the recurring timer there when no timer has it, if
+    /// `cond` holds (unset: always).
+    pub async fn cancel(&self, key: TimerKey, cond: Cond) -> Result<TimerOrSeries> {
+        if self.config.faults.ignore_cancel && !cond.is_set() {
             return faults::ignore_cancel(&self.store, key).map(TimerOrSeries::Timer);
         }
         let cmd = Command::Cancel {
             now_ms: self.now_ms(),
             key,
+            cond,
         };
         self.write_found(cmd).await
     }
 
-    pub async fn reschedule(&self, key: TimerKey, when: When) -> Result<Timer> {
+    /// Moves the PENDING timer at `key` (to a time, or by a shift of its stored time) if
+    /// `cond` holds (unset: always).
+    pub async fn reschedule(&self, key: TimerKey, shift: Shift, cond: Cond) -> Result<Timer> {
         let cmd = Command::Reschedule {
             now_ms: self.now_ms(),
             key,
-            when,
+            shift,
+            cond,
         };
         self.write_timer(cmd).await
     }
@@ -427,39 +476,15 @@ impl Node {
         self.read_barrier().await?;
         self.store.list(query)
     }
-
-    /// This node's view of the cluster (local, not linearizable).
-    pub fn status(&self) -> Result<NodeStatus> {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let sm = self.store.meta()?;
-        let members = self.members();
-        Ok(NodeStatus {
-            id: self.id,
-            role: role_name(m.state),
-            leader_id: m.current_leader,
-            term: m.current_term,
-            last_log_index: m.last_log_index.unwrap_or(0),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
-            members,
-            pending_timers: sm.pending,
-            time_cursor_ms: sm.cursor_ms,
-            commit_index: self.committed.load(Ordering::Relaxed),
-            snapshot_index: m.snapshot.map_or(0, |l| l.index),
-            purged_index: m.purged.map_or(0, |l| l.index),
-            snapshots_built: self.snapshots.stats.built.load(Ordering::Relaxed),
-            snapshots_installed: self.snapshots.stats.installed.load(Ordering::Relaxed),
-            state_machine_keys_written: self.store.keys_written(),
-            timers_acked: self.store.acked(),
-            fired: self.store.fire_stats().read(),
-        })
-    }
 }
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
 mod ack;
 mod backup;
-mod change;
+mod delivery;
+mod health;
 mod leading;
+mod local;
 mod membership;
 mod namespaces;
 pub mod overview;
@@ -472,7 +497,7 @@ mod faults {
 
     /// Proposes `cmd` in the background and answers at once, as if it had committed.
     pub fn ack_before_commit(raft: &Raft, cmd: Command) -> (Timer, bool) {
-        let Command::Schedule { now_ms, spec } = cmd.clone() else {
+        let Command::Schedule { now_ms, spec, .. } = cmd.clone() else {
             unreachable!("only Schedule is acknowledged early");
         };
         let raft = raft.clone();
@@ -502,16 +527,6 @@ mod faults {
 
 /// Keys a Redrive skipped, with their state (`None`: no such timer).
 type RedriveSkips = Vec<(TimerKey, Option<TimerState>)>;
-
-fn role_name(state: ServerState) -> &'static str {
-    match state {
-        ServerState::Leader => "leader",
-        ServerState::Follower => "follower",
-        ServerState::Learner => "learner",
-        ServerState::Candidate => "candidate",
-        ServerState::Shutdown => "shutdown",
-    }
-}
 
 pub(super) fn unexpected(r: Response) -> Error {
     Error::Internal(format!("unexpected response {r:?}"))

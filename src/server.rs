@@ -40,7 +40,7 @@ use crate::cluster::MAX_PEER_MESSAGE_BYTES;
 use crate::cluster::{Acker, DispatchLoop, Dispatcher, FireDriver, Network, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::listen::Listener;
-use crate::node::Node;
+use crate::node::{Node, Parts};
 use crate::storage::{self, LogEngine, StateMachine, Store};
 use crate::storage::{FireSignal, Hold};
 use crate::tls::Port;
@@ -48,7 +48,15 @@ use crate::{Error, Result};
 
 /// A started node; call [`RunningNode::shutdown`] to stop it.
 pub struct RunningNode {
+    /// The node's door: what the API layer calls.
     pub node: Arc<Node>,
+    /// The node's Raft handle and state machine reader, for tests and tools that look inside
+    /// (the wiring holds every part; nothing serving a request reaches them but through `node`).
+    pub raft: Raft,
+    pub store: Store,
+    /// The hand-over gate and what each peer advertised (tests close the one, read the other).
+    pub hold: Hold,
+    pub levels: Arc<crate::cluster::Levels>,
     /// The address the gRPC server listens on.
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
@@ -109,62 +117,61 @@ pub async fn start_with(
         .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
     let (shutdown, rx) = watch::channel(false);
     let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
-    let node = Arc::new(Node {
-        id: config.id,
+    let dispatcher = Arc::new(Dispatcher::new(store.clone()));
+    let peer = PeerService::new(raft.clone(), store.clone(), config.clone(), levels.clone());
+    let node = Arc::new(Node::new(Parts {
         raft: raft.clone(),
         store: store.clone(),
         acker: Acker::start(proposer.clone(), config.clock),
-        config,
-        dispatcher: Arc::new(Dispatcher::new(store.clone())),
+        config: config.clone(),
+        dispatcher: dispatcher.clone(),
         shutdown: rx.clone(),
         proposer,
         hold: hold.clone(),
         committed,
         snapshots,
-        schedule_tokens: Default::default(),
-        levels,
-        writes: Default::default(),
-        quorum_lost: crate::node::quorum_watch(&raft),
-    });
+        levels: levels.clone(),
+    }));
 
-    let bootstrap_token = node.config.auth_bootstrap_token()?;
+    let bootstrap_token = config.auth_bootstrap_token()?;
     let mut tasks = Vec::new();
     let mut listeners = vec![(Port::Client, listener)];
     listeners.extend(peer_listener.map(|l| (Port::Peer, l)));
     for (port, listener) in listeners {
         let gate = Gate::new(node.clone(), bootstrap_token.as_deref(), port);
-        let tls = node.config.tls.clone();
+        let tls = config.tls.clone();
         let incoming = crate::listen::incoming(listener, tls, port, rx.clone());
         tasks.push(tokio::spawn(serve(
             node.clone(),
+            peer.clone(),
             gate,
             port,
             incoming,
             rx.clone(),
         )));
     }
-    bootstrap(&node).await?;
+    bootstrap(&config, &raft).await?;
     let dispatch = DispatchLoop {
-        id: node.id,
+        id: config.id,
         raft: raft.clone(),
         store: store.clone(),
-        clock: node.config.clock,
+        clock: config.clock,
         signal: signal.clone(),
-        dispatcher: node.dispatcher.clone(),
-        hold: node.hold.clone(),
+        dispatcher: dispatcher.clone(),
+        hold: hold.clone(),
     };
     tasks.push(tokio::spawn(dispatch.run(rx.clone())));
     let purger = Purger {
-        id: node.id,
+        id: config.id,
         raft: raft.clone(),
         store: store.clone(),
-        clock: node.config.clock,
-        hold: node.hold.clone(),
-        floor: node.config.purge_floor,
+        clock: config.clock,
+        hold: hold.clone(),
+        floor: config.purge_floor,
     };
     tasks.push(tokio::spawn(purger.run(rx.clone())));
-    let trust = crate::push::trust::Trust::load(node.config.push_ca.as_deref())?;
-    let guard = crate::push::guard::Guard::of(&node.config);
+    let trust = crate::push::trust::Trust::load(config.push_ca.as_deref())?;
+    let guard = crate::push::guard::Guard::of(&config);
     let pusher = crate::push::worker::PushLoop {
         pusher: crate::push::namespace::Pusher {
             node: node.clone(),
@@ -174,26 +181,26 @@ pub async fn start_with(
     };
     tasks.push(tokio::spawn(pusher.run(rx.clone())));
     let raiser = crate::cluster::level::LevelRaiser {
-        id: node.id,
+        id: config.id,
         raft: raft.clone(),
         store: store.clone(),
-        hold: node.hold.clone(),
-        levels: node.levels.clone(),
-        own: node.config.level,
+        hold: hold.clone(),
+        levels: levels.clone(),
+        own: config.level,
     };
     tasks.push(tokio::spawn(raiser.run(rx.clone())));
     let driver = FireDriver {
-        id: node.id,
-        raft,
-        store,
-        clock: node.config.clock,
+        id: config.id,
+        raft: raft.clone(),
+        store: store.clone(),
+        clock: config.clock,
         signal,
-        dispatcher: node.dispatcher.clone(),
-        max_fires_per_entry: node.config.max_fires_per_entry,
-        fire_early_ms: node.config.faults.fire_early_ms,
-        hold: node.hold.clone(),
-        levels: node.levels.clone(),
-        config: node.config.clone(),
+        dispatcher,
+        max_fires_per_entry: config.max_fires_per_entry,
+        fire_early_ms: config.faults.fire_early_ms,
+        hold: hold.clone(),
+        levels: levels.clone(),
+        config: config.clone(),
     };
     tasks.push(tokio::spawn(storage::quiet::run(
         db_owner.clone(),
@@ -204,9 +211,13 @@ pub async fn start_with(
         rx.clone(),
     )));
     tasks.push(tokio::spawn(driver.run(rx)));
-    tracing::info!(id = node.id, %addr, "node started");
+    tracing::info!(id = config.id, %addr, "node started");
     Ok(RunningNode {
         node,
+        raft,
+        store,
+        hold,
+        levels,
         addr,
         shutdown,
         tasks,
@@ -233,29 +244,27 @@ async fn open_db_retrying(
     }
 }
 
-async fn bootstrap(node: &Node) -> Result<()> {
-    if node.config.join {
+async fn bootstrap(config: &NodeConfig, raft: &Raft) -> Result<()> {
+    if config.join {
         tracing::info!(
-            id = node.id,
+            id = config.id,
             "joining: waiting to be added (Cluster.AddNode)"
         );
         return Ok(());
     }
-    let initialized = node
-        .raft
+    let initialized = raft
         .is_initialized()
         .await
         .map_err(|e| Error::Internal(e.to_string()))?;
     if initialized {
         return Ok(());
     }
-    let members: std::collections::BTreeMap<u64, BasicNode> = node
-        .config
+    let members: std::collections::BTreeMap<u64, BasicNode> = config
         .peers
         .iter()
         .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
         .collect();
-    match node.raft.initialize(members).await {
+    match raft.initialize(members).await {
         Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(Error::Internal(format!("initialize: {e}"))),
     }
@@ -263,6 +272,7 @@ async fn bootstrap(node: &Node) -> Result<()> {
 
 async fn serve(
     node: Arc<Node>,
+    peer: PeerService,
     gate: Gate,
     port: Port,
     incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::listen::Conn>>,
@@ -272,7 +282,7 @@ async fn serve(
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
-    let peer = RaftServer::new(PeerService::new(&node))
+    let peer = RaftServer::new(peer)
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -348,7 +358,7 @@ impl RunningNode {
     /// Resolves when Raft stops by itself on a fatal error (a full disk, a failed apply): the
     /// node can make no more progress. `timerd` then exits non-zero so a supervisor restarts it.
     pub async fn failed(&self) -> String {
-        let mut metrics = self.node.raft.metrics();
+        let mut metrics = self.raft.metrics();
         let why = match metrics.wait_until(|m| m.running_state.is_err()).await {
             Ok(m) => m.running_state.clone().err().map(|e| e.to_string()),
             Err(_) => None,
@@ -368,16 +378,19 @@ impl RunningNode {
         let started = std::time::Instant::now();
         let RunningNode {
             node,
+            raft,
+            store,
+            hold,
+            levels,
             shutdown,
             tasks,
             db,
             ..
         } = self;
-        let id = node.id;
+        let id = node.id();
         // Acks answered as queued apply first, leading or not, handed over or not (a stop is
         // no failure): queuing stops, the queued ones are proposed, then everything stops.
-        node.acker.stop_queuing();
-        if let Err(unsettled) = node.acker.drain_queued(SHUTDOWN_STEP).await {
+        if let Err(unsettled) = node.drain_queued_acks(SHUTDOWN_STEP).await {
             tracing::warn!(
                 unsettled,
                 "stopping with acks answered as queued not yet applied (their deliveries come \
@@ -385,7 +398,7 @@ impl RunningNode {
             );
         }
         let _ = shutdown.send(true);
-        match tokio::time::timeout(SHUTDOWN_STEP, node.raft.shutdown()).await {
+        match tokio::time::timeout(SHUTDOWN_STEP, raft.shutdown()).await {
             Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
             Err(_) => tracing::warn!("raft did not stop within {SHUTDOWN_STEP:?}"),
             Ok(Ok(())) => {}
@@ -398,7 +411,7 @@ impl RunningNode {
             tracing::warn!("server tasks did not stop within {SHUTDOWN_STEP:?}; aborting them");
             aborts.iter().for_each(|a| a.abort());
         }
-        drop(node);
+        drop((node, raft, store, hold, levels));
         if wait_sole_owner(&db, SHUTDOWN_STEP).await {
             flush_for_restart(id, &db, started.elapsed());
             // The last reference: RocksDB closes here, on this thread, before we return.

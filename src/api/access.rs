@@ -68,7 +68,7 @@ impl access_server::Access for AccessService {
             secret_sha256: (!req.no_secret).then_some(digest),
             cert_name,
             roles,
-            created_ms: self.node.config.clock.now_ms(),
+            created_ms: self.node.now_ms(),
         };
         key.validate()?;
         let (_, key) = self.change(AccessChange::PutKey(key)).await?;
@@ -102,7 +102,7 @@ impl access_server::Access for AccessService {
         _request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
         self.node.read_barrier().await?;
-        let state = self.node.store.access();
+        let state = self.node.access();
         Ok(Response::new(pb::ListKeysResponse {
             keys: state.keys.values().map(info).collect(),
             auth_enabled: state.enabled,
@@ -129,7 +129,7 @@ impl access_server::Access for AccessService {
             .cloned()
             .unwrap_or(Principal::Anyone);
         Ok(Response::new(pb::WhoAmIResponse {
-            auth_enabled: self.node.store.access().enabled,
+            auth_enabled: self.node.access().enabled,
             principal: principal.describe(),
             roles: principal.roles(),
         }))

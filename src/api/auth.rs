@@ -29,7 +29,6 @@
 //! names a certificate user: the key bound to one of its names. A follower forwarding such a
 //! user's call names it in [`PRINCIPAL_HEADER`], which a node believes only from a peer.
 
-use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
 
 use prost::Message;
@@ -41,7 +40,6 @@ use super::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
 use crate::listen::ConnInfo;
 use crate::node::{Leader, Node};
-use crate::storage::Store;
 use crate::tls::Port;
 
 /// Marks a call a follower's gate let on without a principal, for the leader to authorize:
@@ -138,14 +136,10 @@ impl Gate {
         unknown.1.insert(id);
     }
 
-    fn store(&self) -> &Store {
-        &self.node.store
-    }
-
     /// Whether `conn` is another member: a client certificate the peer CA signed (naming a
     /// member, if required). Without peer TLS nothing can be told apart: every caller is.
     fn peer(&self, conn: Option<&ConnInfo>) -> Result<(), String> {
-        let tls = &self.node.config.tls;
+        let tls = &self.node.config().tls;
         if self.port == Port::Client && tls.files.peer_listen.is_some() {
             return Err("this node serves its peers on its peer port only".into());
         }
@@ -162,7 +156,7 @@ impl Gate {
             // No members known: a node waiting to be added takes any peer (it admits only the
             // leader's Hello, `storage/admission.rs`); any other is starting (its metrics
             // have not shown its membership yet) and is called again in a moment.
-            (!members.is_empty() || self.node.config.join)
+            (!members.is_empty() || self.node.config().join)
                 .then_some(members)
                 .ok_or_else(|| "this node has not loaded its membership yet: try again".into())
         })
@@ -170,10 +164,8 @@ impl Gate {
 
     /// The addresses of the current members.
     fn members(&self) -> Vec<String> {
-        let metrics = self.node.raft.metrics();
-        let m = metrics.borrow_watched();
-        let nodes = m.membership_config.membership().nodes();
-        nodes.map(|(_, n)| n.addr.clone()).collect()
+        let members = self.node.members().into_iter();
+        members.map(|(_, addr, _)| addr).collect()
     }
 
     /// The caller: a bearer token's key (or the bootstrap token), else the key bound to the
@@ -211,20 +203,20 @@ impl Gate {
         headers: &http::HeaderMap,
         conn: Option<&ConnInfo>,
     ) -> Result<Principal, Unauthenticated> {
-        let first = self.store().access();
+        let first = self.node.access();
         if !self.worth_waiting(headers, &first) {
             return Err(Unauthenticated::Unknown);
         }
         let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
             return Err(Unauthenticated::Unknown);
         };
-        let changes = self.store().access_changes();
+        let changes = self.node.access_changes();
         let deadline = tokio::time::Instant::now() + CATCH_UP;
         loop {
             let next = changes.notified();
             tokio::pin!(next);
             next.as_mut().enable();
-            let state = self.store().access();
+            let state = self.node.access();
             match self.principal(headers, conn, &state) {
                 Err(Unauthenticated::Unknown) => {}
                 found => return found,
@@ -266,7 +258,7 @@ impl Gate {
             return Err(Unauthenticated::Missing);
         };
         if let Some(name) = headers.get(PRINCIPAL_HEADER) {
-            if self.node.config.tls.peer_tls() && self.peer(Some(conn)).is_ok() {
+            if self.node.config().tls.peer_tls() && self.peer(Some(conn)).is_ok() {
                 let name = name.to_str().map_err(|_| Unauthenticated::Malformed)?;
                 let key = state.by_cert_name(name).ok_or(Unauthenticated::Unknown)?;
                 return Ok(Principal::Key(key.clone()));
@@ -320,7 +312,7 @@ impl Gate {
         // For the router: a call judged elsewhere than on this term's caught-up leader (on a
         // follower that is elected while the call waits) is looked at again before it runs.
         req.extensions_mut().insert(JudgedAt(view.judging_term()));
-        let state = self.store().access();
+        let state = self.node.access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
             return Ok(req);
@@ -495,7 +487,7 @@ impl Around for Arc<Gate> {
             let response = super::layer::call(inner, req).await;
             Ok(match watched {
                 // An open call ends when what let it in is gone (api/revocable.rs).
-                Some(watched) => super::revocable::wrap(response, gate.store(), watched),
+                Some(watched) => super::revocable::wrap(response, &gate.node, watched),
                 None => response,
             })
         })

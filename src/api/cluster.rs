@@ -43,7 +43,7 @@ impl cluster_server::Cluster for ClusterService {
         _request: Request<pb::BackupRequest>,
     ) -> Result<Response<Self::BackupStream>, Status> {
         let snapshot = self.node.backup().await?;
-        Ok(Response::new(backup::stream(self.node.id, snapshot)))
+        Ok(Response::new(backup::stream(self.node.id(), snapshot)))
     }
 
     async fn status(
@@ -119,9 +119,9 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         _req: Request<pb::DigestRequest>,
     ) -> Result<Response<pb::DigestResponse>, Status> {
-        let (applied_index, digest) = self.node.store.digest()?;
+        let (applied_index, digest) = self.node.digest()?;
         Ok(Response::new(pb::DigestResponse {
-            node_id: self.node.id,
+            node_id: self.node.id(),
             applied_index,
             digest,
         }))

@@ -97,7 +97,7 @@ impl Router {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let channel = (self.node.config.tls)
+        let channel = (self.node.config().tls)
             .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .map_err(|e| Status::internal(format!("leader address {addr}: {e}")))?;
         channels.insert(addr.to_string(), channel.clone());
@@ -155,8 +155,8 @@ async fn on_leader<S: Inner>(
     // Decoded only when an answer asks whether the call may be sent again: most calls are
     // answered at the first attempt, and the handler decodes the message anyway.
     let safe = || retry_safe(path, &message) || crate::sim::planted("retry-unsafe");
-    let timeout = timeout.unwrap_or(node.config.write_timeout + Duration::from_secs(1));
-    let deadline = Instant::now() + node.config.leader_wait;
+    let timeout = timeout.unwrap_or(node.config().write_timeout + Duration::from_secs(1));
+    let deadline = Instant::now() + node.config().leader_wait;
     let mut last = String::from("no leader is known");
     loop {
         match node.leader() {
@@ -182,7 +182,7 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Other { id, .. } if forwarded => {
-                let msg = format!("node {} is not the leader (node {id} is)", node.id);
+                let msg = format!("node {} is not the leader (node {id} is)", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Other { id, addr } => {
@@ -222,7 +222,7 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Unknown if forwarded => {
-                let msg = format!("node {} knows no leader", node.id);
+                let msg = format!("node {} knows no leader", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Unknown => {}
@@ -230,7 +230,7 @@ async fn on_leader<S: Inner>(
         if Instant::now() >= deadline {
             let msg = format!(
                 "no leader could serve the request within {:?}: {last}",
-                node.config.leader_wait
+                node.config().leader_wait
             );
             return Status::unavailable(msg).into_http();
         }
@@ -257,7 +257,7 @@ async fn judged_here(node: &Node, parts: &http::request::Parts) -> Result<(), St
                 .into(),
         ));
     }
-    super::auth::still_holds(parts.extensions.get(), &node.store.access())
+    super::auth::still_holds(parts.extensions.get(), &node.access())
 }
 
 /// Whether the call in `message` (one gRPC frame) may be sent twice (DESIGN 9). A compressed

@@ -1,9 +1,10 @@
 //! `grpc.health.v1` for load balancers, supervisors and generic tools (grpc_health_probe,
 //! grpcurl, Kubernetes' gRPC probes).
 //!
-//! A node answers SERVING only when a request sent to it can be served soon and correctly:
+//! The judgement is the node's (`Node::serving`); this module reports it. A node answers
+//! SERVING only when a request sent to it can be served soon and correctly:
 //! - it knows a leader (itself or another node) and, on a follower, heard from it within
-//!   [`LEADER_SILENT`], so writes and reads have somewhere to go (with Pre-Vote a node cut off
+//!   [`crate::node::LEADER_SILENT`], so writes and reads have somewhere to go (with Pre-Vote a node cut off
 //!   from the others never campaigns, so openraft goes on naming the leader it lost); and
 //! - its state machine has applied everything it knows to be committed, so what it reads
 //!   locally is not behind (a follower catching up after a restart, or installing a snapshot,
@@ -18,12 +19,9 @@
 //! It is sampled every `CHECK_EVERY` rather than on every metrics change, which under load is
 //! every apply.
 
-use openraft::async_runtime::WatchReceiver as _;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ServerState;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -40,38 +38,19 @@ pub const SERVICES: [&str; 3] = [
 /// How often the status is checked.
 const CHECK_EVERY: Duration = Duration::from_millis(200);
 
-/// How long a follower may go without an AppendEntries (a heartbeat is every 100 ms) before it
-/// counts as knowing no leader: as long as a leader goes without its quorum before it refuses.
-pub const LEADER_SILENT: Duration = crate::node::QUORUM_LOST_AFTER;
-
-/// Whether `node` should report SERVING, given the commit index it knew one check ago.
-pub fn serving(node: &Node, committed_before: u64) -> bool {
-    let metrics = node.raft.metrics();
-    let m = metrics.borrow_watched();
-    let has_leader = match (m.state, m.current_leader) {
-        (ServerState::Leader, Some(_)) => true,
-        (ServerState::Follower | ServerState::Learner, Some(leader)) => {
-            node.levels.heard_within(leader, LEADER_SILENT)
-        }
-        _ => false,
-    };
-    let applied = m.last_applied.map_or(0, |l| l.index);
-    has_leader && applied >= committed_before
-}
-
 /// Keeps `reporter` up to date with [`serving`] until the node shuts down.
 pub async fn report(node: Arc<Node>, reporter: HealthReporter) {
-    let mut shutdown = node.shutdown.clone();
-    let mut committed_before = node.committed.load(Ordering::Relaxed);
+    let mut shutdown = node.shutdown_watch();
+    let mut committed_before = node.commit_index();
     let mut last = None;
     loop {
-        let now = serving(&node, committed_before);
+        let now = node.serving(committed_before);
         if last != Some(now) {
             set_all(&reporter, now).await;
             tracing::info!(serving = now, "health");
             last = Some(now);
         }
-        committed_before = node.committed.load(Ordering::Relaxed);
+        committed_before = node.commit_index();
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
             _ = stopping(&mut shutdown) => break,

@@ -29,7 +29,7 @@ impl NamespacesService {
         paused: bool,
     ) -> Result<Response<pb::PauseNamespaceResponse>, Status> {
         let req = request.into_inner();
-        let max = self.node.config.limits.max_namespace_bytes;
+        let max = self.node.config().limits.max_namespace_bytes;
         convert::check_name("namespace", &req.name, max)?;
         let ns = self.node.pause_namespace(req.name, paused).await?;
         Ok(Response::new(pb::PauseNamespaceResponse {
@@ -44,7 +44,7 @@ impl namespaces_server::Namespaces for NamespacesService {
         &self,
         request: Request<pb::PutNamespaceRequest>,
     ) -> Result<Response<pb::PutNamespaceResponse>, Status> {
-        let limits = &self.node.config.limits;
+        let limits = &self.node.config().limits;
         let (name, policy, push) = super::policy::namespace_put(request.get_ref(), limits)?;
         if let Some(target) = &push {
             check_reach(&self.node, &target.url).await?;
@@ -60,7 +60,7 @@ impl namespaces_server::Namespaces for NamespacesService {
         request: Request<pb::GetNamespaceRequest>,
     ) -> Result<Response<pb::GetNamespaceResponse>, Status> {
         let req = request.into_inner();
-        let max = self.node.config.limits.max_namespace_bytes;
+        let max = self.node.config().limits.max_namespace_bytes;
         convert::check_name("namespace", &req.name, max)?;
         let ns = self.node.namespace(&req.name).await?;
         Ok(Response::new(pb::GetNamespaceResponse {
@@ -87,7 +87,7 @@ impl namespaces_server::Namespaces for NamespacesService {
         request: Request<pb::ListNamespacesRequest>,
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
         let req = request.into_inner();
-        let limits = &self.node.config.limits;
+        let limits = &self.node.config().limits;
         let limit = match req.limit as usize {
             0 => limits.default_list_limit,
             n if n > limits.max_list_limit => {
@@ -125,7 +125,7 @@ async fn check_reach(node: &Node, url: &str) -> Result<(), Status> {
         return Ok(());
     };
     let port = uri.port_u16().unwrap_or(443);
-    crate::push::guard::Guard::of(&node.config)
+    crate::push::guard::Guard::of(node.config())
         .check_target(host, port)
         .await
         .map_err(Status::invalid_argument)

@@ -21,7 +21,9 @@ use crate::raft_types::{LogId, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
 
-/// Serves Raft RPCs from peers.
+/// Serves Raft RPCs from peers. Made by the wiring from the node's parts (it is the Raft
+/// transport's far end, not a client of the node's verbs).
+#[derive(Clone)]
 pub struct PeerService {
     raft: Raft,
     store: Store,
@@ -35,12 +37,17 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    pub fn new(node: &crate::node::Node) -> Self {
+    pub fn new(
+        raft: Raft,
+        store: Store,
+        config: std::sync::Arc<crate::config::NodeConfig>,
+        levels: std::sync::Arc<crate::cluster::Levels>,
+    ) -> Self {
         PeerService {
-            raft: node.raft.clone(),
-            store: node.store.clone(),
-            config: node.config.clone(),
-            levels: node.levels.clone(),
+            raft,
+            store,
+            config,
+            levels,
         }
     }
 

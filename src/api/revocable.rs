@@ -14,6 +14,7 @@
 //! follower applies the entry (a heartbeat after the leader, at most).
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -22,8 +23,8 @@ use tonic::body::Body;
 use tonic::Status;
 
 use super::layer::BoxFuture;
-use crate::auth::Key;
-use crate::storage::Store;
+use crate::auth::{AccessState, Key};
+use crate::node::Node;
 
 /// What an open call was let in as, and so what ends it.
 pub enum Watched {
@@ -49,7 +50,13 @@ pub struct Revocable {
 }
 
 impl Revocable {
-    pub fn new(inner: Body, store: Store, watched: Watched) -> Revocable {
+    /// `access` reads the applied access state; `changes` is notified when it changes.
+    pub fn new(
+        inner: Body,
+        access: impl Fn() -> Arc<AccessState> + Send + 'static,
+        changes: Arc<tokio::sync::Notify>,
+        watched: Watched,
+    ) -> Revocable {
         let watched_key = matches!(watched, Watched::Key(_));
         let why = match &watched {
             Watched::Key(key) => format!(
@@ -62,12 +69,11 @@ impl Revocable {
             }
         };
         let revoked = Box::pin(async move {
-            let changes = store.access_changes();
             loop {
                 let next = changes.notified();
                 tokio::pin!(next);
                 next.as_mut().enable();
-                let state = store.access();
+                let state = access();
                 let gone = match &watched {
                     Watched::Key(key) => !state.keys.contains_key(&key.id),
                     Watched::AuthOff => true,
@@ -148,17 +154,20 @@ fn trailers(status: &Status) -> http::HeaderMap {
 /// Wraps `response`'s body so that it stops when `key` is revoked (see the module).
 pub fn wrap(
     response: http::Response<Body>,
-    store: &Store,
+    node: &Arc<Node>,
     watched: Watched,
 ) -> http::Response<Body> {
     let (parts, body) = response.into_parts();
-    let body = Revocable::new(body, store.clone(), watched);
+    let changes = node.access_changes();
+    let node = node.clone();
+    let body = Revocable::new(body, move || node.access(), changes, watched);
     http::Response::from_parts(parts, Body::new(body))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::Store;
     use hyper::body::Body as _;
 
     /// An answer that is only a status (tonic's trailers-only error) is an ended body, so it
@@ -177,14 +186,22 @@ mod tests {
             roles: Vec::new(),
             created_ms: 0,
         };
-        let wrapped = Revocable::new(Body::empty(), store.clone(), Watched::Key(key.clone()));
+        let access = |s: Store| move || s.access();
+        let changes = store.access_changes();
+        let wrapped = Revocable::new(
+            Body::empty(),
+            access(store.clone()),
+            changes.clone(),
+            Watched::Key(key.clone()),
+        );
         assert!(
             wrapped.is_end_stream(),
             "a trailers-only answer must stay one"
         );
         let full = Revocable::new(
             Body::new(http_body_util::Full::new(Bytes::from("x"))),
-            store,
+            access(store),
+            changes,
             Watched::Key(key),
         );
         assert!(!full.is_end_stream());

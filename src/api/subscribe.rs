@@ -83,7 +83,7 @@ pub fn start(
     }
     // Pull and push never share a namespace: the leader pushes this one's timers itself (the
     // dispatcher would grant this stream nothing; say so instead of staying silent).
-    if let Some(push) = router.node().store.namespace(&req.namespace)?.push {
+    if let Some(push) = router.node().applied_namespace(&req.namespace)?.push {
         return Err(Error::FailedPrecondition(format!(
             "namespace {} is delivered by push to {}; remove its push target to subscribe",
             req.namespace, push.url
@@ -109,7 +109,7 @@ pub fn start(
 fn not_leader(node: &Node) -> Status {
     Status::unavailable(format!(
         "node {} is not the leader any more; subscribe again",
-        node.id
+        node.id()
     ))
 }
 
@@ -151,7 +151,7 @@ struct Pump {
 impl Pump {
     async fn run(mut self) {
         let node = self.router.node().clone();
-        let mut shutdown = node.shutdown.clone();
+        let mut shutdown = node.shutdown_watch();
         loop {
             if self.tx.is_closed() || *shutdown.borrow() {
                 return;
@@ -167,7 +167,7 @@ impl Pump {
             };
             if let End::Done = end {
                 if *shutdown.borrow() {
-                    let msg = format!("node {} is shutting down; subscribe again", node.id);
+                    let msg = format!("node {} is shutting down; subscribe again", node.id());
                     let _ = self.tx.try_send(Err(Status::unavailable(msg)));
                 }
                 return;
@@ -206,10 +206,8 @@ impl Pump {
     /// Serves the stream from this node's dispatcher while it leads.
     async fn serve_local(&mut self, node: &Arc<Node>, shutdown: &mut watch::Receiver<bool>) -> End {
         let max = self.req.max_in_flight as usize;
-        let mut sub =
-            node.dispatcher
-                .subscribe(&self.req.namespace, &self.req.consumer, max, false);
-        let mut metrics = node.raft.server_metrics();
+        let mut sub = node.subscribe(&self.req.namespace, &self.req.consumer, max, false);
+        let mut metrics = node.role_watch();
         let mut tracker = StreamAcks::new(&self.req.namespace);
         let carried = std::mem::take(&mut self.carried);
         let mut budget = Budget::new(max, carried.len());
@@ -220,21 +218,21 @@ impl Pump {
         let tx = self.tx.clone();
         // The namespace's dispatch rate, read again when an applied entry changed a
         // namespace (a policy may change).
-        let mut rate_read = node.store.namespaces_version();
-        let mut rate = dispatch_rate(node, &ns);
+        let mut rate_read = node.namespaces_version();
+        let mut rate = node.dispatch_rate(&ns);
         let end = loop {
             tokio::select! {
                 delivery = sub.recv() => match delivery {
                     Some(d) => {
                         tracker.sent(&d);
                         self.delivered.record(&d.timer.key.id, d.attempt);
-                        if node.store.namespaces_version() != rate_read {
-                            rate_read = node.store.namespaces_version();
-                            rate = dispatch_rate(node, &ns);
+                        if node.namespaces_version() != rate_read {
+                            rate_read = node.namespaces_version();
+                            rate = node.dispatch_rate(&ns);
                         }
                         // Paced as they go out, whatever clumps the grants came in.
                         if let Some(limit) = rate {
-                            node.dispatcher.paced(&ns, limit, &node.config.clock).await;
+                            node.pace(&ns, limit).await;
                         }
                         if tx.send(Ok(to_pb(d))).await.is_err() {
                             break End::Done;
@@ -254,9 +252,9 @@ impl Pump {
                     None => break End::Done, // half-closed: finish below
                 },
                 _ = flush.tick() => {
-                    let now_ms = node.config.clock.now_ms();
+                    let now_ms = node.now_ms();
                     for item in tracker.flush_due(Instant::now(), now_ms) {
-                        node.acker.ack(tracker.lane(), item).await;
+                        node.hand_in(tracker.lane(), item).await;
                     }
                 }
                 _ = lost_leadership(&mut metrics) => {
@@ -275,11 +273,10 @@ impl Pump {
         };
         drop(sub); // no more deliveries for this stream
         for (key, attempt) in tracker.drain() {
-            node.acker
-                .ack(tracker.lane(), AckItem::One(key, attempt))
+            node.hand_in(tracker.lane(), AckItem::One(key, attempt))
                 .await;
         }
-        if self.half_closed && !node.acker.applied(tracker.lane()).await {
+        if self.half_closed && !node.handed_in_applied(tracker.lane()).await {
             let msg = "leadership moved while the acks of this stream were being applied; \
                        some may not have been (their deliveries come again after their ack \
                        timeout)";
@@ -393,7 +390,7 @@ async fn take_acks(
             tracker.acked(&a.id, a.attempt, now)
         };
         for item in items {
-            node.acker.ack(tracker.lane(), item).await;
+            node.hand_in(tracker.lane(), item).await;
         }
     }
 }
@@ -552,13 +549,4 @@ async fn lost_leadership(metrics: &mut crate::raft_types::ServerMetricsRx) {
 /// Resolves once the node is shutting down.
 pub(super) async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-/// `namespace`'s dispatch rate and burst, if it has one (none if its policy cannot be read:
-/// the grants are limited anyway).
-fn dispatch_rate(node: &Node, namespace: &str) -> Option<(u32, u32)> {
-    let policy = node.store.namespace(namespace).ok()?.policy;
-    policy
-        .max_dispatches_per_second
-        .map(|r| (r, policy.max_burst))
 }

@@ -15,7 +15,7 @@ use super::modes;
 use super::pb::{self, timers_server};
 use super::recurrence;
 use super::subscribe;
-use crate::command::Shift;
+use crate::command::Options;
 use crate::config::Limits;
 use crate::node::Node;
 use crate::storage::Page;
@@ -35,7 +35,7 @@ impl TimersService {
     }
 
     fn limits(&self) -> &Limits {
-        &self.node().config.limits
+        &self.node().config().limits
     }
 }
 
@@ -51,19 +51,19 @@ impl timers_server::Timers for TimersService {
         let (timer, created): (pb::Timer, bool) = match (req.recurrence.is_some(), mode) {
             (true, mode) => {
                 let spec = recurrence::series_spec(req, self.limits())?;
-                let (series, created) = match mode {
-                    None => node.schedule_series(spec).await?,
-                    Some(_) => node.upsert_series(spec, cond).await?,
-                };
+                // Only create-only and UPSERT get here (`modes::mode`).
+                let (series, created) = node.schedule_series(spec, mode.map(|_| cond)).await?;
                 (series.into(), created)
             }
             (false, mode) => {
                 let spec = convert::spec(req, self.limits())?;
                 let misfire = super::policy::misfire(req.max_lateness_ms, req.misfire, "")?;
-                let (timer, created) = match (mode, misfire) {
-                    (None, None) => node.schedule(spec).await?,
-                    (mode, misfire) => node.schedule_with(spec, mode, cond, misfire).await?,
+                let with = Options {
+                    mode,
+                    cond,
+                    misfire,
                 };
+                let (timer, created) = node.schedule(spec, with).await?;
                 (timer.into(), created)
             }
         };
@@ -99,11 +99,7 @@ impl timers_server::Timers for TimersService {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let cond = modes::cond(req.if_state, req.if_revision)?;
-        let timer = if cond.is_set() {
-            self.node().cancel_if(key, cond).await?
-        } else {
-            self.node().cancel(key).await?
-        };
+        let timer = self.node().cancel(key, cond).await?;
         Ok(Response::new(pb::CancelResponse {
             timer: Some(timer.into()),
         }))
@@ -117,10 +113,7 @@ impl timers_server::Timers for TimersService {
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let shift = modes::shift(req.when, self.limits())?;
         let cond = modes::cond(req.if_state, req.if_revision)?;
-        let timer = match shift {
-            Shift::To(when) if !cond.is_set() => self.node().reschedule(key, when).await?,
-            shift => self.node().reschedule_if(key, shift, cond).await?,
-        };
+        let timer = self.node().reschedule(key, shift, cond).await?;
         Ok(Response::new(pb::RescheduleResponse {
             timer: Some(timer.into()),
         }))

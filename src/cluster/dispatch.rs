@@ -432,12 +432,6 @@ impl Dispatcher {
         }
     }
 
-    /// When this node began to lead in `term` (its first plan in the term; the dispatch loop
-    /// plans every 100 ms while leading), if it has.
-    pub fn leading_since(&self, term: u64) -> Option<i64> {
-        self.tokens.since(term)
-    }
-
     /// The entry carrying `plan` failed: its room is free again.
     pub fn release(&self, plan: Plan) {
         for g in &plan.grants {

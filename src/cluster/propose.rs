@@ -206,7 +206,7 @@ pub fn cost_of(cmd: &Command) -> Cost {
         bytes: n * COMMAND_BYTES,
     };
     match cmd {
-        Command::Schedule { spec: s, .. } | Command::ScheduleWith { spec: s, .. } => {
+        Command::LegacySchedule { spec: s, .. } | Command::Schedule { spec: s, .. } => {
             spec(s.as_ref())
         }
         Command::ScheduleBatch { specs, .. } => specs.iter().map(spec).fold(keys(0), |a, b| a + b),
@@ -357,7 +357,7 @@ mod tests {
     /// nothing is lost or reordered.
     #[test]
     fn batches_are_bounded_in_bytes_and_keep_their_order() {
-        let schedule = |i: usize, bytes: usize| Command::Schedule {
+        let schedule = |i: usize, bytes: usize| Command::LegacySchedule {
             now_ms: 0,
             spec: TimerSpec {
                 key: TimerKey::new("ns", format!("t{i}")),

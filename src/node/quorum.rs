@@ -1,7 +1,8 @@
 //! A leader's quorum: whether this node leads without having heard from a quorum lately, so
 //! that writes and reads fail at once (NoQuorum) instead of waiting out their timeouts on a
 //! leader cut off from its followers. One task watches openraft's metrics ([`quorum_watch`]);
-//! every write in flight waits on the one flag it keeps.
+//! every write in flight waits on the one flag it keeps. The same task notes when this node
+//! began to lead in each term ([`Tenure`]): the schedule-rate buckets fill from then.
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::ServerState;
@@ -14,12 +15,22 @@ use crate::{Error, Result};
 /// quorum. Every write in flight waits on this one flag: subscribed to the metrics instead,
 /// each of them would be woken and would count the voters again at every metrics change —
 /// several per entry — which cost a leader with 200 writes in flight ~2 % of its CPU.
-pub fn quorum_watch(raft: &Raft) -> tokio::sync::watch::Receiver<bool> {
+pub fn quorum_watch(
+    raft: &Raft,
+    clock: crate::clock::Clock,
+    tenure: std::sync::Arc<Tenure>,
+) -> tokio::sync::watch::Receiver<bool> {
     let mut metrics = raft.metrics();
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         loop {
-            let lost = quorum_lost(&metrics.borrow_and_update()).is_some();
+            let lost = {
+                let m = metrics.borrow_and_update();
+                if m.state == ServerState::Leader {
+                    tenure.began(m.current_term, || clock.now_ms());
+                }
+                quorum_lost(&m).is_some()
+            };
             tx.send_if_modified(|was| std::mem::replace(was, lost) != lost);
             // The age of the last quorum ack grows while the metrics stay still (an isolated
             // leader publishes nothing new): look again at least every 100 ms.
@@ -31,6 +42,28 @@ pub fn quorum_watch(raft: &Raft) -> tokio::sync::watch::Receiver<bool> {
         }
     });
     rx
+}
+
+/// When this node began to lead, in the latest term it led (as the quorum watch saw it
+/// become leader, within a metrics change of its election).
+#[derive(Default)]
+pub struct Tenure(std::sync::Mutex<Option<(u64, i64)>>);
+
+impl Tenure {
+    /// Notes that this node leads in `term`: from `now_ms()` if that term is new to it.
+    fn began(&self, term: u64, now_ms: impl FnOnce() -> i64) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if t.is_none_or(|(known, _)| known != term) {
+            *t = Some((term, now_ms()));
+        }
+    }
+
+    /// When this node began to lead in `term`, if it has.
+    pub fn since(&self, term: u64) -> Option<i64> {
+        let t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        t.filter(|(known, _)| *known == term)
+            .map(|(_, since)| since)
+    }
 }
 
 // Defined with the cluster (its proposer retries within it); named here as the node's rule.

@@ -3,18 +3,27 @@
 //! state machine after the read barrier, like any read.
 
 use super::Node;
+use crate::command::{Cond, SeriesChange};
 use crate::series::{SeriesSpec, SeriesView, TimerOrSeries};
 use crate::timer::TimerKey;
 use crate::{Error, Result};
 
 impl Node {
-    /// Creates a recurring timer (or answers the existing one to a repeat, created = false).
-    pub async fn schedule_series(&self, spec: SeriesSpec) -> Result<(SeriesView, bool)> {
+    /// Creates a recurring timer (`upsert` none: a repeat answered with created = false,
+    /// another refused), or with `upsert` replaces an existing one's rule, payload and policies
+    /// if its condition holds (Schedule in mode UPSERT).
+    pub async fn schedule_series(
+        &self,
+        spec: SeriesSpec,
+        upsert: Option<Cond>,
+    ) -> Result<(SeriesView, bool)> {
         self.check_series(&spec)?;
-        let cmd = self.series_entry(crate::command::SeriesChange::Schedule {
-            now_ms: self.now_ms(),
-            spec,
-        })?;
+        let now_ms = self.now_ms();
+        let change = match upsert {
+            None => SeriesChange::Schedule { now_ms, spec },
+            Some(cond) => SeriesChange::Upsert { now_ms, spec, cond },
+        };
+        let cmd = self.series_entry(change)?;
         self.write_series(cmd).await
     }
 

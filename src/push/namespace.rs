@@ -139,10 +139,10 @@ impl Shared {
     /// acknowledged (applied on this leader first) uses what it set — both secrets during a
     /// rotation, the new URL, timeout and rate (issue 33 finding 10: up to 500 ms of requests
     /// went out with the old ones).
-    fn current_target(&self, store: &crate::storage::Store) -> Arc<Target> {
-        let now = store.namespaces_version();
+    fn current_target(&self, node: &Node) -> Arc<Target> {
+        let now = node.namespaces_version();
         if self.read_at.load(Ordering::Acquire) != now {
-            match store.namespace(&self.namespace) {
+            match node.applied_namespace(&self.namespace) {
                 Ok(ns) => {
                     let p = ns.policy;
                     let rate = p.max_dispatches_per_second.map(|r| (r, p.max_burst));
@@ -186,7 +186,7 @@ impl Shared {
 impl Pusher {
     /// Pushes what the dispatcher leases to `sub` until the task is dropped.
     pub(super) async fn namespace(self, shared: Arc<Shared>, mut sub: Subscription) {
-        let clock = self.node.config.clock;
+        let clock = self.node.config().clock;
         let mut lanes = JoinSet::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -209,8 +209,8 @@ impl Pusher {
                 d = sub.recv() => {
                     let Some(d) = d else { return };
                     lock(&shared.tracker).sent(&d);
-                    if let Some(limit) = shared.current_target(&self.node.store).rate {
-                        self.node.dispatcher.paced(&d.timer.key.namespace, limit, &clock).await;
+                    if let Some(limit) = shared.current_target(&self.node).rate {
+                        self.node.pace(&d.timer.key.namespace, limit).await;
                     }
                     lock(&shared.queue).push_back(d);
                     shared.wake.notify_one();
@@ -246,13 +246,13 @@ impl Pusher {
             (tracker.lane(), take(&mut tracker))
         };
         for item in items {
-            self.node.acker.ack(lane, item).await;
+            self.node.hand_in(lane, item).await;
         }
     }
 
     async fn push(&self, shared: &Shared, conn: &mut http::Lane, d: Delivery) {
-        let clock = self.node.config.clock;
-        let target = shared.current_target(&self.node.store);
+        let clock = self.node.config().clock;
+        let target = shared.current_target(&self.node);
         let key = d.timer.key.clone();
         let attempt = d.attempt;
         if clock.now_ms() + target.timeout.as_millis() as i64 >= d.deadline_ms {
@@ -260,7 +260,7 @@ impl Pusher {
             // receiver after it was delivered again. Left to the deadline instead.
             tracing::debug!(timer = %key, attempt, "push not sent: its lease ends too soon");
             self.hand_in(shared, |t| t.nacked(&key.id, attempt)).await;
-            self.node.dispatcher.settled(&key, attempt);
+            self.node.settled(&key, attempt);
             return;
         }
         let now_s = clock.now_ms().div_euclid(1000);
@@ -280,7 +280,7 @@ impl Pusher {
         // commits (tens of ms that would cap a namespace at ~MAX_PUSH_IN_FLIGHT / commit time).
         // The timer cannot be leased again meanwhile: its lease is open until the outcome
         // applies or the deadline passes.
-        self.node.dispatcher.settled(&key, attempt);
+        self.node.settled(&key, attempt);
         if ok {
             self.hand_in(shared, |t| t.acked(&key.id, attempt, Instant::now()))
                 .await;

@@ -16,7 +16,6 @@ use tokio::sync::watch;
 
 use super::namespace::{Pusher, Shared, Target, MAX_QUEUE};
 use super::MAX_PUSH_IN_FLIGHT;
-use crate::cluster::workers::while_leader;
 use crate::namespace::PushTarget;
 
 /// How often the namespaces are read for push targets without a change (a safety net: changes
@@ -50,12 +49,12 @@ impl PushLoop {
     /// Runs until `shutdown` turns true, pushing while this node leads.
     pub async fn run(self, shutdown: watch::Receiver<bool>) {
         let node = self.pusher.node.clone();
-        while_leader(node.id, &node.raft, "pusher", shutdown, || self.lead()).await;
+        node.while_leader("pusher", shutdown, || self.lead()).await;
     }
 
     async fn lead(&self) {
         let mut active: HashMap<String, Active> = HashMap::new();
-        let mut changes = self.pusher.node.store.namespace_changes();
+        let mut changes = self.pusher.node.namespace_changes();
         loop {
             let read_at = *changes.borrow_and_update();
             match self.targets() {
@@ -74,7 +73,10 @@ impl PushLoop {
         let mut out = HashMap::new();
         let mut after: Option<String> = None;
         loop {
-            let page = self.pusher.node.store.namespaces(after.as_deref(), PAGE)?;
+            let page = self
+                .pusher
+                .node
+                .applied_namespaces(after.as_deref(), PAGE)?;
             let last = page.last().map(|ns| ns.name.clone());
             for ns in page {
                 if let Some(push) = ns.push {
@@ -123,7 +125,7 @@ impl PushLoop {
                     let shared = Arc::new(Shared::new(&ns, target, read_at));
                     // Made with room for the queue; the task sizes it to the receiver's pace.
                     let room = MAX_PUSH_IN_FLIGHT + MAX_QUEUE;
-                    let sub = (self.pusher.node.dispatcher).subscribe(&ns, "pusher", room, true);
+                    let sub = self.pusher.node.subscribe(&ns, "pusher", room, true);
                     let task = tokio::spawn(self.pusher.clone().namespace(shared.clone(), sub));
                     active.insert(
                         ns,

@@ -33,7 +33,7 @@ async fn single_node(dir: &std::path::Path) -> RunningNode {
 async fn workers_stop_when_raft_stops() {
     let dir = tempfile::TempDir::new().unwrap();
     let node = single_node(dir.path()).await;
-    let raft = node.node.raft.clone();
+    let raft = node.raft.clone();
     let (_stop, shutdown) = watch::channel(false);
     let leads = Arc::new(AtomicU32::new(0));
     let counter = leads.clone();
@@ -47,7 +47,7 @@ async fn workers_stop_when_raft_stops() {
     while leads.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    node.node.raft.shutdown().await.unwrap();
+    node.raft.shutdown().await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), worker)
         .await
         .expect("the worker kept running after Raft stopped")
@@ -72,9 +72,9 @@ async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries(
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead_addr = dead.local_addr().unwrap().to_string();
     drop(dead);
-    let levels = (Arc::default(), node.node.config.clone());
-    let mut client = PeerClient::new(2, &dead_addr, node.node.store.clone(), levels);
-    let vote = node.node.raft.metrics().borrow_watched().vote;
+    let levels = (Arc::default(), node.node.config().clone());
+    let mut client = PeerClient::new(2, &dead_addr, node.store.clone(), levels);
+    let vote = node.raft.metrics().borrow_watched().vote;
     let started = tokio::time::Instant::now();
     let option = RPCOption::new(Duration::from_millis(100));
     let sent = client.full_snapshot(vote, snapshot, std::future::pending(), option);

@@ -197,7 +197,11 @@ impl<'a> Applier<'a> {
         at: Option<usize>,
     ) -> Result<Response> {
         match cmd {
-            Command::Schedule { now_ms, spec } => self.schedule(*now_ms, spec),
+            // A plain Schedule, in either form: the shared path (no copy of the spec).
+            Command::LegacySchedule { now_ms, spec } => self.schedule(*now_ms, spec),
+            Command::Schedule { now_ms, spec, with } if with.is_plain() => {
+                self.schedule(*now_ms, spec)
+            }
             Command::ScheduleBatch { now_ms, specs } => {
                 self.schedule_batch(*now_ms, specs, entry, at)
             }
@@ -207,29 +211,26 @@ impl<'a> Applier<'a> {
 
     pub(super) fn command(&mut self, cmd: Command) -> Result<Response> {
         match cmd {
-            Command::Schedule { now_ms, spec } => self.schedule(now_ms, &spec),
+            Command::LegacySchedule { now_ms, spec } => self.schedule(now_ms, &spec),
             Command::ScheduleBatch { .. } | Command::Multi(_) => Err(Error::Internal(format!(
                 "{} applied from a copy",
                 cmd.name()
             ))),
-            Command::Cancel { now_ms, key } => self.cancel(now_ms, key, Cond::default()),
-            Command::Reschedule { now_ms, key, when } => {
+            Command::LegacyCancel { now_ms, key } => self.cancel(now_ms, key, Cond::default()),
+            Command::LegacyReschedule { now_ms, key, when } => {
                 self.reschedule(now_ms, key, Shift::To(when), Cond::default())
             }
-            Command::CancelIf { now_ms, key, cond } => self.cancel(now_ms, key, cond),
-            Command::RescheduleIf {
+            Command::Cancel { now_ms, key, cond } => self.cancel(now_ms, key, cond),
+            Command::Reschedule {
                 now_ms,
                 key,
                 shift,
                 cond,
             } => self.reschedule(now_ms, key, shift, cond),
-            Command::ScheduleWith {
-                now_ms,
-                spec,
-                mode,
-                cond,
-                misfire,
-            } => self.schedule_with(now_ms, &spec, mode, cond, misfire),
+            Command::Schedule { now_ms, spec, with } if with.is_plain() => {
+                self.schedule(now_ms, &spec)
+            }
+            Command::Schedule { now_ms, spec, with } => self.schedule_with(now_ms, &spec, with),
             Command::SetNamespace {
                 name,
                 mut policy,

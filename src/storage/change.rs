@@ -10,8 +10,7 @@
 
 use super::apply::Applier;
 use super::row::{Kind, Row};
-use crate::command::{Cond, Mode, Rejection, Response, Shift};
-use crate::namespace::Misfire;
+use crate::command::{Cond, Mode, Options, Rejection, Response, Shift};
 use crate::timer::{Timer, TimerKey, TimerSpec, TimerState};
 use crate::Result;
 
@@ -115,10 +114,13 @@ impl Applier<'_> {
         &mut self,
         now_ms: i64,
         spec: &TimerSpec,
-        mode: Option<Mode>,
-        cond: Cond,
-        misfire: Option<Misfire>,
+        with: Options,
     ) -> Result<Response> {
+        let Options {
+            mode,
+            cond,
+            misfire,
+        } = with;
         let key = spec.key.clone();
         if self.series_row(&key)?.is_some() {
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));

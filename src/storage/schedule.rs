@@ -63,7 +63,7 @@ impl Applier<'_> {
     }
 
     pub(super) fn schedule(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<Response> {
-        // A recurring timer's id is taken (as ScheduleWith and ScheduleSeries also say).
+        // A recurring timer's id is taken (as a Schedule with a mode and ScheduleSeries also say).
         if self.series_row(&spec.key)?.is_some() {
             let key = spec.key.clone();
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));

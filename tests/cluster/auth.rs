@@ -770,7 +770,7 @@ async fn a_leader_behind_a_new_key() -> (
         !c.node(next).node.applied_own_term(),
         "the new leader applied its first entry while apply was held"
     );
-    assert!(c.node(next).node.store.access().by_token(&token).is_err());
+    assert!(c.node(next).store.access().by_token(&token).is_err());
     (c, token, next, follower, held)
 }
 
@@ -783,7 +783,7 @@ async fn a_new_leader_does_not_forget_that_auth_was_turned_on() {
     enable(&c, leader).await;
     c.stop(leader).await;
     let next = c.leader().await;
-    assert!(!c.node(next).node.store.access().enabled, "held before it");
+    assert!(!c.node(next).store.access().enabled, "held before it");
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         drop(held);
@@ -856,7 +856,7 @@ fn hold_followers(c: &TestCluster, leader: u64) -> (Vec<u64>, Vec<timerdb::stora
     let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
     let held = others
         .iter()
-        .map(|id| c.node(*id).node.store.apply_hold.close())
+        .map(|id| c.node(*id).store.apply_hold.close())
         .collect();
     (others, held)
 }

@@ -282,7 +282,6 @@ async fn a_flood_of_made_up_acks_makes_no_log_entries() {
     let (leader, follower) = (c.leader().await, c.follower().await);
     let last_index = |c: &TestCluster| {
         c.node(leader)
-            .node
             .raft
             .metrics()
             .borrow_watched()

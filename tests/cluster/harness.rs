@@ -118,14 +118,14 @@ impl TestCluster {
         let ids = self.running();
         if ids
             .iter()
-            .any(|id| self.node(*id).node.config.level < level)
+            .any(|id| self.node(*id).node.config().level < level)
         {
             return;
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while ids
             .iter()
-            .any(|id| self.node(*id).node.store.committed_level() < level)
+            .any(|id| self.node(*id).store.committed_level() < level)
         {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -175,7 +175,6 @@ impl TestCluster {
             if let [leader] = leaders[..] {
                 let agreed = running.iter().all(|id| {
                     self.node(*id)
-                        .node
                         .raft
                         .metrics()
                         .borrow_watched()
@@ -269,7 +268,7 @@ impl TestCluster {
             let digests: Vec<(u64, u64)> = self
                 .running()
                 .iter()
-                .map(|id| self.node(*id).node.store.digest().unwrap())
+                .map(|id| self.node(*id).store.digest().unwrap())
                 .collect();
             if digests.windows(2).all(|w| w[0] == w[1]) {
                 return digests[0];
@@ -285,7 +284,7 @@ impl TestCluster {
     /// Reads a timer straight from one node's state machine (no Raft round).
     pub fn local_timer(&self, id: u64, tid: &str) -> Option<timerdb::timer::Timer> {
         let key = timerdb::timer::TimerKey::new(NS, tid);
-        self.node(id).node.store.get(&key).unwrap()
+        self.node(id).store.get(&key).unwrap()
     }
 
     pub async fn shutdown(mut self) {

@@ -276,7 +276,7 @@ async fn leader_killed_while_timers_are_due_every_timer_fires_once() {
             let t = c.local_timer(id, tid).unwrap();
             assert_eq!(t.fire_index, *index, "node {id} disagrees on {tid}");
         }
-        assert_eq!(c.node(id).node.store.meta().unwrap().pending, 0);
+        assert_eq!(c.node(id).store.meta().unwrap().pending, 0);
     }
     c.shutdown().await;
 }
@@ -338,7 +338,6 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
     // Snapshots and purges run in the background: wait (bounded) for the purge.
     let purged = c
         .node(leader)
-        .node
         .raft
         .wait(Some(Duration::from_secs(10)))
         .metrics(
@@ -354,13 +353,7 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
     // Phase 2: the follower returns, installs a snapshot, and ends identical.
     c.restart(follower).await;
     c.converged().await;
-    let snap = c
-        .node(follower)
-        .node
-        .raft
-        .metrics()
-        .borrow_watched()
-        .snapshot;
+    let snap = c.node(follower).raft.metrics().borrow_watched().snapshot;
     assert!(snap.is_some(), "the follower caught up without a snapshot");
     assert_eq!(
         c.local_timer(follower, "s98").unwrap().state,
@@ -370,7 +363,7 @@ async fn follower_behind_a_purged_log_catches_up_by_snapshot() {
         c.local_timer(follower, "s99").unwrap().state,
         timerdb::timer::TimerState::Pending
     );
-    assert_eq!(c.node(follower).node.store.meta().unwrap().pending, 50);
+    assert_eq!(c.node(follower).store.meta().unwrap().pending, 50);
 
     // Phase 3: it keeps working as a replica afterwards.
     client

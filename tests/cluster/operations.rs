@@ -182,7 +182,7 @@ async fn a_joining_node_takes_the_clusters_bucket_width_and_one_with_another_is_
         learner: false,
     };
     admin.add_node(add).await.unwrap();
-    assert_eq!(c.node(5).node.store.width_ms(), 2);
+    assert_eq!(c.node(5).store.width_ms(), 2);
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.converged().await;
     assert!(c.local_timer(5, "w19").is_some());
@@ -198,7 +198,7 @@ async fn a_joining_nodes_own_bucket_width_is_never_replaced_by_a_hello() {
     hello(&addr, 2, 1).await.unwrap();
     let e = hello(&addr, 7, 2).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert_eq!(c.node(4).node.store.width_ms(), 2);
+    assert_eq!(c.node(4).store.width_ms(), 2);
     c.shutdown().await;
 }
 
@@ -468,7 +468,7 @@ async fn a_node_without_a_quorum_in_reach_does_not_campaign() {
         c.stop(id).await;
     }
     c.restart(1).await;
-    let term = |c: &TestCluster| c.node(1).node.raft.metrics().borrow_watched().current_term;
+    let term = |c: &TestCluster| c.node(1).raft.metrics().borrow_watched().current_term;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = term(&c);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -497,7 +497,7 @@ async fn a_snapshot_chunk_from_a_deposed_leader_is_answered_with_the_newer_vote(
     use timerdb::raft_types::{TypeConfig, Vote};
     let c = TestCluster::start(3).await;
     let follower = c.follower().await;
-    let theirs = c.node(follower).node.raft.metrics().borrow_watched().vote;
+    let theirs = c.node(follower).raft.metrics().borrow_watched().vote;
     let stale = InstallSnapshotRequest::<TypeConfig> {
         vote: Vote::new_committed(0, 9),
         meta: SnapshotMeta {
@@ -561,7 +561,7 @@ async fn a_stopped_node_leaves_nothing_to_replay() {
             .unwrap();
     }
     c.converged().await;
-    let held = memtable_bytes(c.node(follower).node.store.db());
+    let held = memtable_bytes(c.node(follower).store.db());
     assert!(held >= MIN_BYTES, "only {held} bytes in the memtables");
     c.stop(follower).await;
     let db = timerdb::storage::open_db(

@@ -88,13 +88,7 @@ async fn a_restarted_follower_fires_purges_and_reuses_ids_like_the_others() {
     c.converged().await;
     for id in c.running() {
         let key = timerdb::timer::TimerKey::new(ns, "a");
-        let t = c
-            .node(id)
-            .node
-            .store
-            .get(&key)
-            .unwrap()
-            .expect("the new timer");
+        let t = c.node(id).store.get(&key).unwrap().expect("the new timer");
         assert_eq!(
             t.state,
             timerdb::timer::TimerState::Pending,

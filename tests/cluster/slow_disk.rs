@@ -27,13 +27,7 @@ async fn a_follower_with_a_two_second_fsync_costs_the_clients_nothing() {
         .iter()
         .find(|id| ![leader, slow].contains(id))
         .unwrap();
-    let term = c
-        .node(leader)
-        .node
-        .raft
-        .metrics()
-        .borrow_watched()
-        .current_term;
+    let term = c.node(leader).raft.metrics().borrow_watched().current_term;
     c.node(slow).fsync_delay_ms.store(2000, Ordering::Relaxed);
 
     // Eight writers for eight seconds, half through the leader, half forwarded by the fast
@@ -63,7 +57,7 @@ async fn a_follower_with_a_two_second_fsync_costs_the_clients_nothing() {
     let mut lag = 0u64;
     while Instant::now() < until {
         let applied = |id: u64| {
-            let m = c.node(id).node.raft.metrics();
+            let m = c.node(id).raft.metrics();
             let a = m.borrow_watched().last_applied.map_or(0, |l| l.index);
             a
         };
@@ -84,7 +78,7 @@ async fn a_follower_with_a_two_second_fsync_costs_the_clients_nothing() {
         errors, 0,
         "clients saw errors while one follower's disk was slow"
     );
-    let m = c.node(leader).node.raft.metrics().borrow_watched().clone();
+    let m = c.node(leader).raft.metrics().borrow_watched().clone();
     assert_eq!(
         (m.current_leader, m.current_term),
         (Some(leader), term),

@@ -309,7 +309,7 @@ fn views(c: &TestCluster) -> Vec<(Option<u64>, u64)> {
     c.running()
         .iter()
         .map(|id| {
-            let m = c.node(*id).node.raft.metrics().borrow_watched().clone();
+            let m = c.node(*id).raft.metrics().borrow_watched().clone();
             (m.current_leader, m.current_term)
         })
         .collect()
@@ -412,12 +412,7 @@ async fn with_a_peer_port_the_client_port_refuses_raft_even_to_a_member() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let follower = *nodes.keys().find(|id| **id != leader).unwrap();
-    let term = nodes[&leader]
-        .node
-        .raft
-        .metrics()
-        .borrow_watched()
-        .current_term;
+    let term = nodes[&leader].raft.metrics().borrow_watched().current_term;
     let ca = pki.cluster.pem();
     // On the client port: a member's own peer certificate is not even a client's (the
     // handshake refuses it), and a client's certificate does not reach Raft.
@@ -446,12 +441,7 @@ async fn with_a_peer_port_the_client_port_refuses_raft_even_to_a_member() {
         .unwrap();
     assert!(r.into_inner().created);
     assert_eq!(
-        nodes[&leader]
-            .node
-            .raft
-            .metrics()
-            .borrow_watched()
-            .current_term,
+        nodes[&leader].raft.metrics().borrow_watched().current_term,
         term
     );
     for (_, n) in nodes {
@@ -497,12 +487,12 @@ async fn certificates_rotate_under_load_without_losing_a_call() {
     let fresh = pki.cluster.named("localhost", &["127.0.0.1"]);
     fresh.write(pki.dir.path(), "node");
     for id in c.running() {
-        c.node(id).node.config.tls.reload().unwrap();
+        c.node(id).node.config().tls.reload().unwrap();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     std::fs::write(pki.path("node.key"), "not a key").unwrap();
     for id in c.running() {
-        let e = c.node(id).node.config.tls.reload().unwrap_err();
+        let e = c.node(id).node.config().tls.reload().unwrap_err();
         assert!(e.to_string().contains("--peer-key"), "{e}");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;

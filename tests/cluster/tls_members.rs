@@ -54,7 +54,10 @@ async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added()
         payload: b"x".to_vec(),
         content_type: String::new(),
     };
-    leader_node.schedule(spec).await.unwrap();
+    leader_node
+        .schedule(spec, Default::default())
+        .await
+        .unwrap();
 
     // Node 4 starts with --join: it knows no members, so no certificate names one. The
     // leader's Hello and entries must get through all the same.
@@ -71,7 +74,7 @@ async fn with_require_member_a_stranger_is_refused_and_a_joining_node_is_added()
     assert!(c.local_timer(4, "before-join").is_some());
 
     // Now it knows its members: the stranger is refused by it too.
-    let term = c.node(4).node.raft.metrics().borrow_watched().current_term;
+    let term = c.node(4).raft.metrics().borrow_watched().current_term;
     refused_as_stranger(&pki, &stranger, &addr, term).await;
     c.shutdown().await;
 }
@@ -201,9 +204,6 @@ async fn calls_that_reach_a_joining_node_before_its_leader_do_not_keep_it_out() 
         (leader, term),
         "the stranger's calls moved the cluster's leader or term"
     );
-    assert_eq!(
-        c.node(4).node.store.width_ms(),
-        c.node(leader).node.store.width_ms()
-    );
+    assert_eq!(c.node(4).store.width_ms(), c.node(leader).store.width_ms());
     c.shutdown().await;
 }

@@ -135,7 +135,7 @@ async fn a_unary_ack_during_a_hand_over_waits_for_the_log() {
     let leader = c.leader().await;
     let mut client = c.client(leader).await;
     let lazy = delivered_unacked(&c, leader, &["h".to_string()]).await;
-    let closed = c.node(leader).node.hold.close();
+    let closed = c.node(leader).hold.close();
     let call = tokio::spawn(async move { client.ack(ack("h", 1, false)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!call.is_finished(), "answered while the hold was closed");
@@ -251,7 +251,7 @@ async fn no_ack_is_answered_as_queued_after_a_transfer_given_up_on() {
     let target = c.running().into_iter().find(|id| *id != leader).unwrap();
     c.stop(target).await;
     // The transfer gets past its catch-up check only if the target has the whole log.
-    let raft = c.node(leader).node.raft.clone();
+    let raft = c.node(leader).raft.clone();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !has_whole_log(&raft, target) {
         assert!(

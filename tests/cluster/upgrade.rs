@@ -143,7 +143,7 @@ async fn committed(c: &TestCluster, level: u32) {
     while c
         .running()
         .iter()
-        .any(|id| c.node(*id).node.store.committed_level() < level)
+        .any(|id| c.node(*id).store.committed_level() < level)
     {
         assert!(Instant::now() < deadline, "level {level} never committed");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -168,8 +168,9 @@ async fn a_committed_level_holds_for_a_leader_that_never_heard_a_member() {
     }
     let leader = c.leader().await;
     let node = c.node(leader).node.clone();
+    let levels = c.node(leader).levels.clone();
     tokio::time::sleep(Duration::from_millis(300)).await; // heartbeats answered
-    assert_eq!(node.levels.lowest(LEVEL, leader, [1, 2, 3]), 0, "3 unheard");
+    assert_eq!(levels.lowest(LEVEL, leader, [1, 2, 3]), 0, "3 unheard");
     assert_eq!(node.cluster_level(), LEVEL);
     puts_a_namespace_in_the_newer_form(&node).await;
 

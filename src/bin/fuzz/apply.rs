@@ -32,7 +32,7 @@ use std::sync::Arc;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use timerdb::auth::{AccessChange, Key, Role};
-use timerdb::command::{Command, Cond, Grant, Mode, Response, SeriesChange, Shift};
+use timerdb::command::{Command, Cond, Grant, Mode, Options, Response, SeriesChange, Shift};
 use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::raft_types::{log_id, Entry};
 use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
@@ -135,7 +135,7 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 let key = b.key();
                 let when = When::At(at(&mut b, now));
                 let payload = vec![b.next(); usize::from(b.next() % 8)];
-                Command::Schedule {
+                Command::LegacySchedule {
                     now_ms: now,
                     spec: TimerSpec {
                         key,
@@ -157,11 +157,11 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     .collect();
                 Command::ScheduleBatch { now_ms: now, specs }
             }
-            2 => Command::Cancel {
+            2 => Command::LegacyCancel {
                 now_ms: now,
                 key: b.key(),
             },
-            3 => Command::Reschedule {
+            3 => Command::LegacyReschedule {
                 now_ms: now,
                 key: b.key(),
                 when: When::At(at(&mut b, now)),
@@ -305,7 +305,7 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     2 => Mode::KeepEarliest,
                     _ => Mode::KeepLatest,
                 };
-                Command::ScheduleWith {
+                Command::Schedule {
                     now_ms: now,
                     spec: TimerSpec {
                         key,
@@ -313,19 +313,21 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                         payload: vec![b.next()],
                         content_type: String::new(),
                     },
-                    mode: (b.next() % 5 != 0).then_some(mode),
-                    cond: cond(&mut b),
-                    misfire: (b.next() % 2 == 0).then(|| Misfire {
-                        max_lateness_ms: 100 + u64::from(b.next()) * 10,
-                        action: [
-                            MisfireAction::Dead,
-                            MisfireAction::Skip,
-                            MisfireAction::Fire,
-                        ][usize::from(b.next()) % 3],
-                    }),
+                    with: Options {
+                        mode: (b.next() % 5 != 0).then_some(mode),
+                        cond: cond(&mut b),
+                        misfire: (b.next() % 2 == 0).then(|| Misfire {
+                            max_lateness_ms: 100 + u64::from(b.next()) * 10,
+                            action: [
+                                MisfireAction::Dead,
+                                MisfireAction::Skip,
+                                MisfireAction::Fire,
+                            ][usize::from(b.next()) % 3],
+                        }),
+                    },
                 }
             }
-            15 => Command::CancelIf {
+            15 => Command::Cancel {
                 now_ms: now,
                 key: b.key(),
                 cond: cond(&mut b),
@@ -338,7 +340,7 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                     1 => Shift::PullIn(d),
                     _ => Shift::To(When::At(now + d)),
                 };
-                Command::RescheduleIf {
+                Command::Reschedule {
                     now_ms: now,
                     key,
                     shift,
@@ -351,7 +353,7 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 let nominal = T0 + i64::from(b.next()) * 1000;
                 let key = TimerKey::new(series.namespace, occurrence_id(&series.id, nominal));
                 match b.next() % 3 {
-                    0 => Command::Cancel { now_ms: now, key },
+                    0 => Command::LegacyCancel { now_ms: now, key },
                     1 => Command::Ack {
                         now_ms: now,
                         key,

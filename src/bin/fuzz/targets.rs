@@ -176,7 +176,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
                 entries: vec![
                     entry(
                         10,
-                        Command::Schedule {
+                        Command::LegacySchedule {
                             now_ms: 1,
                             spec: spec("a", 5),
                         },

@@ -132,7 +132,7 @@ impl SimCluster {
     pub fn leader(&self) -> Option<Host> {
         let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
         for n in self.running() {
-            let m = self.node(n)?.node.raft.metrics().borrow_watched().clone();
+            let m = self.node(n)?.raft.metrics().borrow_watched().clone();
             if let Some(l) = m.current_leader {
                 *votes.entry(l).or_default() += 1;
             }
@@ -201,7 +201,7 @@ impl SimCluster {
         self.running()
             .into_iter()
             .filter_map(|n| {
-                let (applied, digest) = self.node(n)?.node.store.digest().ok()?;
+                let (applied, digest) = self.node(n)?.store.digest().ok()?;
                 Some((n, applied, digest))
             })
             .collect()

@@ -230,7 +230,7 @@ async fn scenario(
             tokio::time::sleep(step).await;
             let n = NODES[rng.random_range(0..NODES.len())];
             if let Some(node) = c.node(n) {
-                let _ = node.node.store.stale_heads();
+                let _ = node.store.stale_heads();
             }
         }
         let fault = match rng.random_range(0..7) {

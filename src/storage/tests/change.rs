@@ -3,15 +3,17 @@
 //! timer shows through its life, and the create-only rule for repeats.
 
 use super::*;
-use crate::command::{Cond, Grant, Mode, Shift};
+use crate::command::{Cond, Grant, Mode, Options, Shift};
 
 fn with(id: &str, at: i64, payload: &str, mode: Mode, cond: Cond) -> Command {
-    Command::ScheduleWith {
+    Command::Schedule {
         now_ms: T0,
         spec: spec(id, at, payload),
-        mode: Some(mode),
-        cond,
-        misfire: None,
+        with: Options {
+            mode: Some(mode),
+            cond,
+            misfire: None,
+        },
     }
 }
 
@@ -31,7 +33,7 @@ fn outcome(r: &Response) -> String {
 async fn given(state: &str) -> Sm {
     let mut s = Sm::new();
     if state != "absent" {
-        s.apply(Command::Schedule {
+        s.apply(Command::LegacySchedule {
             now_ms: T0,
             spec: spec("x", T0 + 100, "old"),
         })
@@ -124,15 +126,16 @@ async fn each_mode_against_each_state() {
 async fn debounce_is_capped_by_max_wait_from_the_first_call() {
     let mut s = Sm::new();
     let m = Mode::Debounce { max_wait_ms: 1000 };
-    let at = |now_ms: i64, delay: i64| Command::ScheduleWith {
+    let at = |now_ms: i64, delay: i64| Command::Schedule {
         now_ms,
         spec: TimerSpec {
             when: When::After(delay),
             ..spec("d", 0, "p")
         },
-        mode: Some(m),
-        cond: Cond::default(),
-        misfire: None,
+        with: Options {
+            mode: Some(m),
+            ..Options::default()
+        },
     };
     assert!(created(&s.apply(at(T0, 300)).await));
     s.apply(at(T0 + 400, 300)).await;
@@ -157,7 +160,7 @@ async fn conditions_name_the_state_and_revision_they_found() {
         other => panic!("{other:?}"),
     };
     // Reschedule if at revision 1: applies (revision 2); again with 1: refused.
-    let re = |c| Command::RescheduleIf {
+    let re = |c| Command::Reschedule {
         now_ms: T0,
         key: TimerKey::new("ns", "x"),
         shift: Shift::ExtendBy(50),
@@ -172,7 +175,7 @@ async fn conditions_name_the_state_and_revision_they_found() {
     let m = msg(s.apply(re(cond(None, Some(1)))).await);
     assert!(m.contains("is at revision 2 (PENDING), not 1"), "{m}");
     // Pull in, conditioned on the state.
-    let pull = Command::RescheduleIf {
+    let pull = Command::Reschedule {
         now_ms: T0,
         key: TimerKey::new("ns", "x"),
         shift: Shift::PullIn(120),
@@ -181,7 +184,7 @@ async fn conditions_name_the_state_and_revision_they_found() {
     assert_eq!(outcome(&s.apply(pull).await), "ok");
     assert_eq!(s.timer("x").fire_at_ms, T0 + 30);
     // Cancel if FIRED: refused naming PENDING and the revision; if PENDING at 3: done.
-    let cancel = |c| Command::CancelIf {
+    let cancel = |c| Command::Cancel {
         now_ms: T0,
         key: TimerKey::new("ns", "x"),
         cond: c,
@@ -218,7 +221,7 @@ async fn a_timer_s_revision_counts_its_changes() {
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 10)).await;
     assert_eq!(s.timer("a").revision, 1);
-    s.apply(Command::Reschedule {
+    s.apply(Command::LegacyReschedule {
         now_ms: T0,
         key: TimerKey::new("ns", "a"),
         when: When::At(T0 + 20),
@@ -264,7 +267,7 @@ async fn a_timer_s_revision_counts_its_changes() {
 #[tokio::test]
 async fn create_only_takes_back_the_fire_time_it_returned() {
     let mut s = Sm::new();
-    let rel = |now_ms| Command::Schedule {
+    let rel = |now_ms| Command::LegacySchedule {
         now_ms,
         spec: TimerSpec {
             when: When::After(5000),
@@ -281,7 +284,7 @@ async fn create_only_takes_back_the_fire_time_it_returned() {
     };
     // The absolute time the first call returned, sent back: the same timer.
     let abs = s
-        .apply(Command::Schedule {
+        .apply(Command::LegacySchedule {
             now_ms: T0 + 7,
             spec: spec("r", timer.fire_at_ms, "p"),
         })
@@ -295,7 +298,7 @@ async fn create_only_takes_back_the_fire_time_it_returned() {
         spec("r", timer.fire_at_ms, "q"),
     ] {
         let r = s
-            .apply(Command::Schedule {
+            .apply(Command::LegacySchedule {
                 now_ms: T0,
                 spec: other,
             })
@@ -327,7 +330,7 @@ pub(super) fn workload() -> Vec<Command> {
         ),
         with("c3", T0 + 91_000, "a", Mode::KeepEarliest, none),
         with("c3", T0 + 90_500, "b", Mode::KeepLatest, none),
-        Command::RescheduleIf {
+        Command::Reschedule {
             now_ms: T0,
             key: k("c1"),
             shift: Shift::PullIn(1000),
@@ -336,7 +339,7 @@ pub(super) fn workload() -> Vec<Command> {
                 if_revision: Some(2),
             },
         },
-        Command::CancelIf {
+        Command::Cancel {
             now_ms: T0,
             key: k("c3"),
             cond: Cond {
@@ -354,31 +357,33 @@ pub(super) fn workload() -> Vec<Command> {
                 action: crate::namespace::MisfireAction::Dead,
             },
         },
-        Command::Schedule {
+        Command::LegacySchedule {
             now_ms: T0,
             spec: TimerSpec {
                 key: TimerKey::new("late", "x1"),
                 ..spec("x1", T0 + 100_000, "p")
             },
         },
-        Command::ScheduleWith {
+        Command::Schedule {
             now_ms: T0,
             spec: TimerSpec {
                 key: TimerKey::new("late", "x2"),
                 ..spec("x2", T0 + 100_000, "p")
             },
-            mode: None,
-            cond: none,
-            misfire: Some(crate::namespace::Misfire {
-                max_lateness_ms: 10,
-                action: crate::namespace::MisfireAction::Skip,
-            }),
+            with: Options {
+                mode: None,
+                cond: none,
+                misfire: Some(crate::namespace::Misfire {
+                    max_lateness_ms: 10,
+                    action: crate::namespace::MisfireAction::Skip,
+                }),
+            },
         },
         fire(T0 + 102_000, 1000),
         Command::Multi(vec![
             with("c4", T0 + 92_000, "a", Mode::Upsert, none),
             with("c4", T0 + 93_000, "b", Mode::KeepLatest, none),
-            Command::CancelIf {
+            Command::Cancel {
                 now_ms: T0,
                 key: k("c4"),
                 cond: Cond {

@@ -378,7 +378,7 @@ async fn cancelled_timers_are_purged_after_retention_without_a_consumer() {
     let mut s = Sm::new();
     s.apply(policy(5)).await;
     s.apply(schedule("c", T0 + 100_000)).await;
-    s.apply(Command::Cancel {
+    s.apply(Command::LegacyCancel {
         now_ms: T0,
         key: k("c"),
     })
@@ -406,17 +406,17 @@ async fn multi_commands_see_each_other() {
     let mut s = Sm::new();
     let multi = Command::Multi(vec![
         schedule("m1", T0 + 100),
-        Command::Cancel {
+        Command::LegacyCancel {
             now_ms: T0,
             key: k("m1"),
         },
         schedule("m2", T0 + 100),
-        Command::Reschedule {
+        Command::LegacyReschedule {
             now_ms: T0,
             key: k("m2"),
             when: When::At(T0 + 500),
         },
-        Command::Cancel {
+        Command::LegacyCancel {
             now_ms: T0,
             key: k("nope"),
         },
@@ -457,17 +457,17 @@ async fn multi_commands_on_stored_timers_see_the_entrys_own_moves() {
     s.apply(schedule("e1", T0 + 100)).await;
     s.apply(schedule("e2", T0 + 100)).await;
     let multi = Command::Multi(vec![
-        Command::Reschedule {
+        Command::LegacyReschedule {
             now_ms: T0,
             key: k("e2"),
             when: When::At(T0 + 700),
         },
-        Command::Reschedule {
+        Command::LegacyReschedule {
             now_ms: T0,
             key: k("e2"),
             when: When::At(T0 + 900),
         },
-        Command::Cancel {
+        Command::LegacyCancel {
             now_ms: T0,
             key: k("e1"),
         },

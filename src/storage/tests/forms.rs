@@ -90,7 +90,7 @@ fn forms() -> Vec<Command> {
     cmds.push(Command::RaiseLevel { level: 1 });
     // Forms the workload holds only inside a Multi, or only as their newer form.
     for when in [When::At(T0 + 5), When::After(40)] {
-        cmds.push(Command::Reschedule {
+        cmds.push(Command::LegacyReschedule {
             now_ms: T0,
             key: TimerKey::new("ns", "r"),
             when,
@@ -166,10 +166,10 @@ fn forms() -> Vec<Command> {
 /// The index of `cmd`'s variant: an exhaustive match, so a new variant needs an example.
 fn variant(cmd: &Command) -> usize {
     match cmd {
-        Command::Schedule { .. } => 0,
+        Command::LegacySchedule { .. } => 0,
         Command::ScheduleBatch { .. } => 1,
-        Command::Cancel { .. } => 2,
-        Command::Reschedule { .. } => 3,
+        Command::LegacyCancel { .. } => 2,
+        Command::LegacyReschedule { .. } => 3,
         Command::Fire { .. } => 4,
         Command::Deliver { .. } => 5,
         Command::Ack { .. } => 6,
@@ -184,9 +184,9 @@ fn variant(cmd: &Command) -> usize {
         Command::Access(_) => 15,
         Command::ScheduleSeries { .. } => 16,
         Command::PauseSeries { .. } => 17,
-        Command::ScheduleWith { .. } => 18,
-        Command::CancelIf { .. } => 19,
-        Command::RescheduleIf { .. } => 20,
+        Command::Schedule { .. } => 18,
+        Command::Cancel { .. } => 19,
+        Command::Reschedule { .. } => 20,
         Command::UpsertSeries { .. } => 21,
         Command::SetNamespace { .. } => 22,
         Command::ConfigureNamespace { .. } => 23,

@@ -3,7 +3,7 @@
 //! handed to a consumer, can be redriven (DEAD), and nothing is ever fired early.
 
 use super::*;
-use crate::command::{Cond, Grant};
+use crate::command::{Grant, Options};
 use crate::namespace::{Misfire, MisfireAction, Policy};
 use crate::timer::Outcome;
 
@@ -93,15 +93,16 @@ async fn skip_expires_and_a_timer_s_own_policy_wins() {
     s.apply(policy(MisfireAction::Skip, 1000)).await;
     s.apply(schedule("ns-policy", T0 + 10)).await;
     // Its own: fire however late (overrides the namespace's skip).
-    let own = |id: &str, action, max_lateness_ms| Command::ScheduleWith {
+    let own = |id: &str, action, max_lateness_ms| Command::Schedule {
         now_ms: T0,
         spec: spec(id, T0 + 10, "p"),
-        mode: None,
-        cond: Cond::default(),
-        misfire: Some(Misfire {
-            max_lateness_ms,
-            action,
-        }),
+        with: Options {
+            misfire: Some(Misfire {
+                max_lateness_ms,
+                action,
+            }),
+            ..Options::default()
+        },
     };
     assert!(created(
         &s.apply(own("own-fire", MisfireAction::Fire, 0)).await

@@ -58,7 +58,7 @@ async fn log_reads_for_replication_are_bounded_in_bytes() {
     use openraft::RaftLogReader;
     let dir = TempDir::new().unwrap();
     let (mut log, sm) = open(&dir);
-    let payload = |bytes: usize| Command::Schedule {
+    let payload = |bytes: usize| Command::LegacySchedule {
         now_ms: T0,
         spec: spec("x", T0, &"p".repeat(bytes)),
     };
@@ -117,10 +117,12 @@ fn spec(id: &str, at: i64, payload: &str) -> TimerSpec {
     }
 }
 
+/// A plain create-only Schedule, as a node proposes it.
 fn schedule(id: &str, at: i64) -> Command {
     Command::Schedule {
         now_ms: T0,
         spec: spec(id, at, "p"),
+        with: Default::default(),
     }
 }
 
@@ -191,7 +193,7 @@ fn workload() -> Vec<Command> {
     for i in 0..200 {
         cmds.push(schedule(&format!("w{i}"), T0 + (i * 7) % 50));
         if i % 9 == 0 {
-            cmds.push(Command::Cancel {
+            cmds.push(Command::LegacyCancel {
                 now_ms: T0,
                 key: TimerKey::new("ns", format!("w{i}")),
             });
@@ -253,7 +255,7 @@ fn workload() -> Vec<Command> {
     // Several client commands in one entry, touching the same timers.
     cmds.push(Command::Multi(vec![
         schedule("m", T0 + 60_000),
-        Command::Reschedule {
+        Command::LegacyReschedule {
             now_ms: T0,
             key: TimerKey::new("ns", "m"),
             when: When::At(T0 + 70_000),
@@ -375,7 +377,7 @@ async fn list_filters_and_pages() {
         s.apply(schedule(&format!("l{i}"), T0 + i * 10)).await;
     }
     // Another namespace whose name extends this one's must never leak into it.
-    s.apply(Command::Schedule {
+    s.apply(Command::LegacySchedule {
         now_ms: T0,
         spec: TimerSpec {
             key: TimerKey::new("nsx", "l0"),
@@ -543,6 +545,7 @@ mod access;
 mod attempts;
 mod change;
 mod deliver;
+mod folded;
 mod forms;
 mod log_engine;
 mod misfire;

@@ -66,7 +66,7 @@ fn openraft_types_keep_their_bytes() {
     pinned("blank entry", &blank, BLANK);
     let normal: Entry = Entry {
         log_id,
-        payload: EntryPayload::Normal(Arc::new(Command::Cancel {
+        payload: EntryPayload::Normal(Arc::new(Command::LegacyCancel {
             now_ms: 1_700_000_000_000,
             key: TimerKey::new("ns", "id"),
         })),

@@ -92,7 +92,7 @@ fn misfire_policy(action: MisfireAction, max_lateness_ms: u64) -> Command {
 }
 
 fn reschedule(id: &str, at: i64, now_ms: i64) -> Command {
-    Command::RescheduleIf {
+    Command::Reschedule {
         now_ms,
         key: TimerKey::new("ns", id),
         shift: Shift::To(When::At(at)),

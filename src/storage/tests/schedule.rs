@@ -13,7 +13,7 @@ async fn schedule_is_idempotent_on_identical_content() {
         "{again:?}"
     );
     let other = s
-        .apply(Command::Schedule {
+        .apply(Command::LegacySchedule {
             now_ms: T0,
             spec: spec("a", T0 + 10, "x"),
         })
@@ -24,7 +24,7 @@ async fn schedule_is_idempotent_on_identical_content() {
     );
     assert_eq!(s.store.meta().unwrap().pending, 1);
     // A relative schedule retried later (another now_ms) is still the same request.
-    let rel = |now_ms| Command::Schedule {
+    let rel = |now_ms| Command::LegacySchedule {
         now_ms,
         spec: TimerSpec {
             key: TimerKey::new("ns", "r"),
@@ -147,7 +147,7 @@ async fn cancel_rules() {
     s.apply(schedule("a", T0 + 10)).await;
     s.apply(schedule("b", T0 + 10)).await;
     let r = s
-        .apply(Command::Cancel {
+        .apply(Command::LegacyCancel {
             now_ms: T0 + 1,
             key: TimerKey::new("ns", "a"),
         })
@@ -157,7 +157,7 @@ async fn cancel_rules() {
     );
     // Retrying a successful cancel is harmless and still says cancelled.
     let again = s
-        .apply(Command::Cancel {
+        .apply(Command::LegacyCancel {
             now_ms: T0 + 2,
             key: TimerKey::new("ns", "a"),
         })
@@ -170,7 +170,7 @@ async fn cancel_rules() {
         "a cancelled timer fired"
     );
     let late = s
-        .apply(Command::Cancel {
+        .apply(Command::LegacyCancel {
             now_ms: T0 + 11,
             key: TimerKey::new("ns", "b"),
         })
@@ -183,7 +183,7 @@ async fn cancel_rules() {
         })
     );
     let missing = s
-        .apply(Command::Cancel {
+        .apply(Command::LegacyCancel {
             now_ms: T0,
             key: TimerKey::new("ns", "zz"),
         })
@@ -201,13 +201,13 @@ async fn reschedule_rules() {
     s.apply(schedule("a", T0 + 100)).await;
     s.apply(schedule("b", T0 + 100)).await;
     let key = |id: &str| TimerKey::new("ns", id);
-    s.apply(Command::Reschedule {
+    s.apply(Command::LegacyReschedule {
         now_ms: T0,
         key: key("a"),
         when: When::At(T0 + 10),
     })
     .await;
-    s.apply(Command::Reschedule {
+    s.apply(Command::LegacyReschedule {
         now_ms: T0,
         key: key("b"),
         when: When::After(500),
@@ -219,7 +219,7 @@ async fn reschedule_rules() {
     assert_eq!(s.timer("b").state, TimerState::Pending, "later reschedule");
     assert_eq!(s.timer("b").fire_at_ms, T0 + 500);
     let r = s
-        .apply(Command::Reschedule {
+        .apply(Command::LegacyReschedule {
             now_ms: T0,
             key: key("a"),
             when: When::At(T0),

@@ -267,7 +267,7 @@ async fn pause_resume_cancel_and_refusals() {
     // Reschedule of the series or of an occurrence is refused, naming what to do.
     for id in ["t".to_string(), occurrence_id("t", T0 + 2 * SEC)] {
         let r = s
-            .apply(Command::Reschedule {
+            .apply(Command::LegacyReschedule {
                 now_ms: T0,
                 key: TimerKey::new("ns", id.clone()),
                 when: When::At(T0 + 99),
@@ -289,7 +289,7 @@ async fn pause_resume_cancel_and_refusals() {
     // Cancel deletes the series and its pending occurrence; a retry answers the same.
     for _ in 0..2 {
         let r = s
-            .apply(Command::Cancel {
+            .apply(Command::LegacyCancel {
                 now_ms: T0 + 1600,
                 key: TimerKey::new("ns", "t"),
             })
@@ -309,7 +309,7 @@ async fn a_cancelled_occurrence_is_skipped_and_the_series_goes_on() {
     let mut s = Sm::new();
     s.apply(create("t", every(SEC))).await;
     let r = s
-        .apply(Command::Cancel {
+        .apply(Command::LegacyCancel {
             now_ms: T0 + 10,
             key: TimerKey::new("ns", occurrence_id("t", T0 + SEC)),
         })
@@ -428,7 +428,7 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
     assert_eq!(occ(&s, "tick", T0 + SEC).unwrap().state, TimerState::Fired);
     assert!(s.store.series(&key, 1).unwrap().is_some());
     // A cancelled series' id stays taken (its tombstone answers retried cancels).
-    s.apply(Command::Cancel {
+    s.apply(Command::LegacyCancel {
         now_ms: T0 + SEC,
         key: key.clone(),
     })

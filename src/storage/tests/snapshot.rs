@@ -167,7 +167,7 @@ async fn a_snapshot_of_another_bucket_width_is_refused() {
     let db = open_db(dir.path(), &gc).unwrap();
     let store = Store::new(db, Wheel::new(5), gc);
     let mut sm = StateMachine::open(store, dir.path(), Arc::new(FireSignal::default())).unwrap();
-    let mine = Command::Schedule {
+    let mine = Command::LegacySchedule {
         now_ms: T0,
         spec: spec("mine", T0 + 60_000, "kept"),
     };
