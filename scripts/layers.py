@@ -27,10 +27,10 @@ FLOORS = [
     ["error", "alloc_count", "codec"],
     ["sim"],
     ["clock"],
-    ["wheel", "recur"],
+    ["wheel"],
     ["namespace", "auth"],
     ["timer"],
-    ["series"],
+    ["recurring"],
     ["command"],
     ["raft_types"],
     ["metrics", "tls"],
@@ -333,11 +333,12 @@ def self_test(root):
             f.write('\n// use crate::server::RunningNode;\nconst _S: &str = "crate::api::x";\n')
         assert check(copy, verbose=False), "a comment or a string was taken for an import"
         shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
-        # Sideways: recur is on wheel's floor.
-        with open(plant, "a", encoding="utf-8") as f:
-            f.write("\n#[allow(unused_imports)]\nuse crate::recur::Rule;\n")
+        # Sideways: auth is on namespace's floor.
+        side = os.path.join(copy, "src", "namespace", "mod.rs")
+        with open(side, "a", encoding="utf-8") as f:
+            f.write("\n#[allow(unused_imports)]\nuse crate::auth::AccessState;\n")
         assert not check(copy, verbose=False), "a planted sideways import was not caught"
-        shutil.copy(os.path.join(root, "src", "wheel.rs"), plant)
+        shutil.copy(os.path.join(root, "src", "namespace", "mod.rs"), side)
         # A file grown past the bound.
         with open(plant, "a", encoding="utf-8") as f:
             f.write("\n" * (MAX_LINES + 1))

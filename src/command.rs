@@ -33,7 +33,7 @@ use crate::timer::{AttemptRecord, Specs, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::Slot;
 
 /// The level of this build: 1 added `ConfigureNamespace`, `ZoneRules` (with
-/// `SeriesChange::Pause`), `FireWithZones` and `RaiseLevel`. They came in over several commits
+/// `RecurringChange::Pause`), `FireWithZones` and `RaiseLevel`. They came in over several commits
 /// of issue 33, none released: level 1 is the set at that issue's resolution. From then on a
 /// form, or a nested variant, added after a release takes a new level; `storage/tests/forms.rs`
 /// pins the bytes of every form so a change to an older one is caught.
@@ -152,12 +152,12 @@ pub enum Command {
     /// Change the access state: put or revoke a key, switch auth on or off (`crate::auth`).
     Access(crate::auth::AccessChange),
     /// Create a recurring timer and its first occurrence (idempotent on identical content).
-    ScheduleSeries {
+    ScheduleRecurring {
         now_ms: i64,
-        spec: crate::series::SeriesSpec,
+        spec: crate::recurring::RecurringSpec,
     },
     /// Pause (remove its pending occurrence) or resume (plan the next after `now_ms`) a series.
-    PauseSeries {
+    PauseRecurring {
         now_ms: i64,
         key: TimerKey,
         paused: bool,
@@ -187,9 +187,9 @@ pub enum Command {
     },
     /// Create a series, or replace an existing one's rule, payload and policies (keeping its
     /// counters; its next occurrence planned anew after `now_ms`), if `cond` holds.
-    UpsertSeries {
+    UpsertRecurring {
         now_ms: i64,
-        spec: crate::series::SeriesSpec,
+        spec: crate::recurring::RecurringSpec,
         cond: Cond,
     },
     /// PutNamespace with the misfire policy (which `Policy`'s encoding leaves out).
@@ -213,7 +213,7 @@ pub enum Command {
         misfire: crate::namespace::Misfire,
         keep_secrets: bool,
     },
-    /// A series command (ScheduleSeries, UpsertSeries) with the time-zone rules its proposer
+    /// A series command (ScheduleRecurring, UpsertRecurring) with the time-zone rules its proposer
     /// computed with: the bundled tzdb's version and a fingerprint of its rules for the
     /// series' zone (0 for an interval). Every replica stores this stamp, not its own build's,
     /// so two builds write the same bytes; a replica whose rules for the zone differ stops
@@ -221,7 +221,7 @@ pub enum Command {
     ZoneRules {
         tzdb: String,
         zone_fp: u64,
-        change: SeriesChange,
+        change: RecurringChange,
     },
     /// `Fire`, naming the proposer's tzdb version: a replica of that version computes the
     /// series it fires with its own rules and stamps them on the rows (so a cluster that
@@ -269,19 +269,19 @@ fn not_nested<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Command>, D:
 /// The series commands a `ZoneRules` carries. Not a `Command`: a command inside a command
 /// could nest without end, and decoding such bytes (a peer's) would overflow the stack.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SeriesChange {
-    /// As `Command::ScheduleSeries`.
+pub enum RecurringChange {
+    /// As `Command::ScheduleRecurring`.
     Schedule {
         now_ms: i64,
-        spec: crate::series::SeriesSpec,
+        spec: crate::recurring::RecurringSpec,
     },
-    /// As `Command::UpsertSeries`.
+    /// As `Command::UpsertRecurring`.
     Upsert {
         now_ms: i64,
-        spec: crate::series::SeriesSpec,
+        spec: crate::recurring::RecurringSpec,
         cond: Cond,
     },
-    /// As `Command::PauseSeries` (a resume plans the next occurrence: it needs the rules).
+    /// As `Command::PauseRecurring` (a resume plans the next occurrence: it needs the rules).
     Pause {
         now_ms: i64,
         key: TimerKey,
@@ -289,35 +289,41 @@ pub enum SeriesChange {
     },
 }
 
-impl SeriesChange {
+impl RecurringChange {
     /// The series the change creates or replaces (None: a pause or resume of a stored one).
-    pub fn spec(&self) -> Option<&crate::series::SeriesSpec> {
+    pub fn spec(&self) -> Option<&crate::recurring::RecurringSpec> {
         match self {
-            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => Some(spec),
-            SeriesChange::Pause { .. } => None,
+            RecurringChange::Schedule { spec, .. } | RecurringChange::Upsert { spec, .. } => {
+                Some(spec)
+            }
+            RecurringChange::Pause { .. } => None,
         }
     }
 
     /// The series it changes.
     pub fn key(&self) -> &TimerKey {
         match self {
-            SeriesChange::Schedule { spec, .. } | SeriesChange::Upsert { spec, .. } => &spec.key,
-            SeriesChange::Pause { key, .. } => key,
+            RecurringChange::Schedule { spec, .. } | RecurringChange::Upsert { spec, .. } => {
+                &spec.key
+            }
+            RecurringChange::Pause { key, .. } => key,
         }
     }
 
     /// The plain command it stands for.
     pub fn into_command(self) -> Command {
         match self {
-            SeriesChange::Schedule { now_ms, spec } => Command::ScheduleSeries { now_ms, spec },
-            SeriesChange::Upsert { now_ms, spec, cond } => {
-                Command::UpsertSeries { now_ms, spec, cond }
+            RecurringChange::Schedule { now_ms, spec } => {
+                Command::ScheduleRecurring { now_ms, spec }
             }
-            SeriesChange::Pause {
+            RecurringChange::Upsert { now_ms, spec, cond } => {
+                Command::UpsertRecurring { now_ms, spec, cond }
+            }
+            RecurringChange::Pause {
                 now_ms,
                 key,
                 paused,
-            } => Command::PauseSeries {
+            } => Command::PauseRecurring {
                 now_ms,
                 key,
                 paused,
@@ -327,18 +333,18 @@ impl SeriesChange {
 
     fn name(&self) -> &'static str {
         match self {
-            SeriesChange::Schedule { .. } => "schedule_series",
-            SeriesChange::Upsert { .. } => "upsert_series",
-            SeriesChange::Pause { .. } => "pause_series",
+            RecurringChange::Schedule { .. } => "schedule_series",
+            RecurringChange::Upsert { .. } => "upsert_series",
+            RecurringChange::Pause { .. } => "pause_series",
         }
     }
 }
 
 impl Command {
     /// `change` stamped with this build's time-zone rules for its series' zone.
-    pub fn with_zone_rules(change: SeriesChange) -> Command {
+    pub fn with_zone_rules(change: RecurringChange) -> Command {
         Command::ZoneRules {
-            tzdb: crate::series::tzdb_version().to_string(),
+            tzdb: crate::recurring::tzdb_version().to_string(),
             zone_fp: change.spec().map_or(0, |s| s.recurrence.zone_fingerprint()),
             change,
         }
@@ -433,14 +439,14 @@ impl Command {
     pub fn timer_key(&self) -> Option<&TimerKey> {
         match self {
             Command::LegacySchedule { spec, .. } => Some(&spec.key),
-            Command::ScheduleSeries { spec, .. } => Some(&spec.key),
+            Command::ScheduleRecurring { spec, .. } => Some(&spec.key),
             Command::Schedule { spec, .. } => Some(&spec.key),
-            Command::UpsertSeries { spec, .. } => Some(&spec.key),
+            Command::UpsertRecurring { spec, .. } => Some(&spec.key),
             Command::ZoneRules { change, .. } => Some(change.key()),
             Command::LegacyCancel { key, .. }
             | Command::Cancel { key, .. }
             | Command::Reschedule { key, .. }
-            | Command::PauseSeries { key, .. }
+            | Command::PauseRecurring { key, .. }
             | Command::LegacyReschedule { key, .. }
             | Command::Ack { key, .. }
             | Command::Nack { key, .. }
@@ -468,12 +474,12 @@ impl Command {
             Command::Purge { .. } => "purge",
             Command::Multi(_) => "multi",
             Command::Access(_) => "access",
-            Command::ScheduleSeries { .. } => "schedule_series",
-            Command::PauseSeries { .. } => "pause_series",
+            Command::ScheduleRecurring { .. } => "schedule_series",
+            Command::PauseRecurring { .. } => "pause_series",
             Command::Schedule { .. } => "schedule_with",
             Command::Cancel { .. } => "cancel_if",
             Command::Reschedule { .. } => "reschedule_if",
-            Command::UpsertSeries { .. } => "upsert_series",
+            Command::UpsertRecurring { .. } => "upsert_series",
             Command::SetNamespace { .. } => "set_namespace",
             Command::ConfigureNamespace { .. } => "configure_namespace",
             Command::ZoneRules { change, .. } => change.name(),
@@ -524,12 +530,12 @@ impl Command {
             | Command::PutNamespace { .. }
             | Command::Purge { .. }
             | Command::Access(_)
-            | Command::ScheduleSeries { .. }
-            | Command::PauseSeries { .. }
+            | Command::ScheduleRecurring { .. }
+            | Command::PauseRecurring { .. }
             | Command::Schedule { .. }
             | Command::Cancel { .. }
             | Command::Reschedule { .. }
-            | Command::UpsertSeries { .. }
+            | Command::UpsertRecurring { .. }
             | Command::SetNamespace { .. } => 0,
         }
     }

@@ -32,7 +32,7 @@ use crate::cluster::{Acker, Dispatcher, Proposer, Raft};
 use crate::command::{Command, Cond, Options, Rejection, Response, Shift};
 use crate::config::NodeConfig;
 use crate::raft_types::{NodeId, TypeConfig};
-use crate::series::{SeriesView, TimerOrSeries};
+use crate::recurring::{RecurringView, TimerOrRecurring};
 use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState};
@@ -309,9 +309,9 @@ impl Node {
 
     /// Cancels the timer at `key`, or the recurring timer there when no timer has it, if
     /// `cond` holds (unset: always).
-    pub async fn cancel(&self, key: TimerKey, cond: Cond) -> Result<TimerOrSeries> {
+    pub async fn cancel(&self, key: TimerKey, cond: Cond) -> Result<TimerOrRecurring> {
         if self.config.faults.ignore_cancel && !cond.is_set() {
-            return faults::ignore_cancel(&self.store, key).map(TimerOrSeries::Timer);
+            return faults::ignore_cancel(&self.store, key).map(TimerOrRecurring::Timer);
         }
         let cmd = Command::Cancel {
             now_ms: self.now_ms(),
@@ -447,18 +447,18 @@ impl Node {
     }
 
     /// Replicates a change of a key that may name a timer or a recurring timer.
-    async fn write_found(&self, cmd: Command) -> Result<TimerOrSeries> {
+    async fn write_found(&self, cmd: Command) -> Result<TimerOrRecurring> {
         match self.write(cmd).await? {
-            Response::Timer { timer, .. } => Ok(TimerOrSeries::Timer(timer)),
-            Response::Series { series, .. } => Ok(TimerOrSeries::Series(*series)),
+            Response::Timer { timer, .. } => Ok(TimerOrRecurring::Timer(timer)),
+            Response::Recurring { recurring, .. } => Ok(TimerOrRecurring::Recurring(*recurring)),
             other => Err(unexpected(other)),
         }
     }
 
     /// Replicates a change of a recurring timer.
-    async fn write_series(&self, cmd: Command) -> Result<(SeriesView, bool)> {
+    async fn write_recurring(&self, cmd: Command) -> Result<(RecurringView, bool)> {
         match self.write(cmd).await? {
-            Response::Series { series, created } => Ok((*series, created)),
+            Response::Recurring { recurring, created } => Ok((*recurring, created)),
             other => Err(unexpected(other)),
         }
     }
@@ -489,8 +489,8 @@ mod membership;
 mod namespaces;
 pub mod overview;
 mod quorum;
+mod recurring;
 pub mod sample;
-mod series;
 
 mod faults {
     use super::*;

@@ -173,7 +173,7 @@ pub async fn start_with(
     let trust = crate::push::trust::Trust::load(config.push_ca.as_deref())?;
     let guard = crate::push::guard::Guard::of(&config);
     let pusher = crate::push::worker::PushLoop {
-        pusher: crate::push::namespace::Pusher {
+        pusher: crate::push::pusher::Pusher {
             node: node.clone(),
             http: crate::push::http::HttpSender::new(&trust, guard)?,
             grpc: crate::api::receiver::grpc_sender(trust, guard),

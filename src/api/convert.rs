@@ -178,7 +178,7 @@ fn spec_ref<'a>(req: &'a pb::ScheduleRequest, limits: &Limits) -> Result<SpecRef
             "{key} has a recurrence: recurring timers are scheduled one at a time, with Schedule"
         )));
     }
-    if crate::series::parse_occurrence(key.id).is_some() {
+    if crate::recurring::parse_occurrence(key.id).is_some() {
         return Err(invalid(format!(
             "id {:?} ends in @<RFC 3339 time>, which names the occurrences of recurring timers; \
              choose another id",

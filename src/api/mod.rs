@@ -41,7 +41,7 @@ pub mod observe;
 pub mod peer;
 pub mod policy;
 pub mod receiver;
-pub mod recurrence;
+pub mod recurring;
 pub mod revocable;
 pub mod subscribe;
 pub mod timers;

@@ -63,7 +63,7 @@ where
             };
             match known {
                 Some(i) if code == tonic::Code::Ok => {
-                    let (calls, seconds) = ok_series(i);
+                    let (calls, seconds) = ok_recurring(i);
                     calls.increment(1);
                     seconds.record(started.elapsed().as_secs_f64());
                 }
@@ -79,7 +79,7 @@ where
 
 /// The OK series of the method at `i` in `methods::RULES`, looked up in the registry at its
 /// first call and kept.
-fn ok_series(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
+fn ok_recurring(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
     type Series = std::sync::OnceLock<(metrics::Counter, metrics::Histogram)>;
     static OK: std::sync::OnceLock<Vec<Series>> = std::sync::OnceLock::new();
     let all = OK.get_or_init(|| {
@@ -88,6 +88,7 @@ fn ok_series(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
             .map(|_| Series::new())
             .collect()
     });
-    all[i]
-        .get_or_init(|| crate::metrics::grpc_series(super::methods::RULES[i].path, tonic::Code::Ok))
+    all[i].get_or_init(|| {
+        crate::metrics::grpc_recurring(super::methods::RULES[i].path, tonic::Code::Ok)
+    })
 }

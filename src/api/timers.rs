@@ -13,7 +13,7 @@ use super::convert::{self, encode_token, RedriveTarget};
 use super::forward::{self, Router};
 use super::modes;
 use super::pb::{self, timers_server};
-use super::recurrence;
+use super::recurring;
 use super::subscribe;
 use crate::command::Options;
 use crate::config::Limits;
@@ -50,10 +50,11 @@ impl timers_server::Timers for TimersService {
         let node = self.node();
         let (timer, created): (pb::Timer, bool) = match (req.recurrence.is_some(), mode) {
             (true, mode) => {
-                let spec = recurrence::series_spec(req, self.limits())?;
+                let spec = recurring::recurring_spec(req, self.limits())?;
                 // Only create-only and UPSERT get here (`modes::mode`).
-                let (series, created) = node.schedule_series(spec, mode.map(|_| cond)).await?;
-                (series.into(), created)
+                let (recurring, created) =
+                    node.schedule_recurring(spec, mode.map(|_| cond)).await?;
+                (recurring.into(), created)
             }
             (false, mode) => {
                 let spec = convert::spec(req, self.limits())?;
@@ -125,7 +126,7 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::GetResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let upcoming = recurrence::next_count(req.next_count)?;
+        let upcoming = recurring::next_count(req.next_count)?;
         let timer = self.node().get_with(&key, upcoming).await?;
         Ok(Response::new(pb::GetResponse {
             timer: Some(timer.into()),
@@ -139,11 +140,11 @@ impl timers_server::Timers for TimersService {
         let query = convert::list_query(request.get_ref(), self.limits())?;
         let (timers, next_after): (Vec<pb::Timer>, _) = if request.get_ref().recurring {
             let after = query.after.as_deref();
-            let (series, next_after) = self
+            let (recurring, next_after) = self
                 .node()
-                .list_series(&query.namespace, after, query.limit)
+                .list_recurring(&query.namespace, after, query.limit)
                 .await?;
-            (series.into_iter().map(Into::into).collect(), next_after)
+            (recurring.into_iter().map(Into::into).collect(), next_after)
         } else {
             let Page { timers, next_after } = self.node().list(&query).await?;
             (timers.into_iter().map(Into::into).collect(), next_after)
@@ -278,7 +279,7 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::PauseResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().pause_series(key, true).await?;
+        let timer = self.node().pause_recurring(key, true).await?;
         Ok(Response::new(pb::PauseResponse {
             timer: Some(timer.into()),
         }))
@@ -290,7 +291,7 @@ impl timers_server::Timers for TimersService {
     ) -> Result<Response<pb::PauseResponse>, Status> {
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().pause_series(key, false).await?;
+        let timer = self.node().pause_recurring(key, false).await?;
         Ok(Response::new(pb::PauseResponse {
             timer: Some(timer.into()),
         }))

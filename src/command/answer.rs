@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Command, Granted};
 use crate::namespace::Namespace;
-use crate::series::SeriesView;
+use crate::recurring::RecurringView;
 use crate::timer::{Timer, TimerKey, TimerState};
 
 /// Why a command was rejected at apply time. Deterministic: every replica rejects alike.
@@ -85,8 +85,8 @@ pub enum Response {
     Rejected(Rejection),
     /// A change of a recurring timer (schedule, upsert, pause, cancel): the series after it;
     /// `created` for a schedule.
-    Series {
-        series: Box<SeriesView>,
+    Recurring {
+        recurring: Box<RecurringView>,
         created: bool,
     },
 }

@@ -1,8 +1,8 @@
 use super::Command;
-use super::{Cond, SeriesChange, LEVEL};
+use super::{Cond, RecurringChange, LEVEL};
 use crate::codec::{decode, encode};
 use crate::namespace::{Misfire, Policy};
-use crate::series::{Recurrence, SeriesSpec};
+use crate::recurring::{Recurrence, RecurringSpec};
 use crate::timer::TimerKey;
 
 /// How many variants `Command` had before the level (f8d3df2): bincode names a variant
@@ -16,7 +16,7 @@ fn tag(cmd: &Command) -> u8 {
 
 #[test]
 fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
-    let spec = SeriesSpec {
+    let spec = RecurringSpec {
         key: TimerKey::new("ns", "s"),
         recurrence: Recurrence::every_for_test(1000),
         payload: vec![],
@@ -33,14 +33,14 @@ fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
         ),
         (
             16,
-            Command::ScheduleSeries {
+            Command::ScheduleRecurring {
                 now_ms: 1,
                 spec: spec.clone(),
             },
         ),
         (
             21,
-            Command::UpsertSeries {
+            Command::UpsertRecurring {
                 now_ms: 1,
                 spec: spec.clone(),
                 cond: Cond::default(),
@@ -72,7 +72,7 @@ fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
             misfire,
             keep_secrets: true,
         },
-        Command::with_zone_rules(SeriesChange::Schedule { now_ms: 1, spec }),
+        Command::with_zone_rules(RecurringChange::Schedule { now_ms: 1, spec }),
         Command::FireWithZones {
             tzdb: "2026f".into(),
             now_ms: 1,

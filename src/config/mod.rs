@@ -209,7 +209,7 @@ impl NodeConfig {
             faults: Faults::default(),
             level: crate::command::LEVEL,
             older_peer_rpcs: false,
-            tzdb: crate::series::tzdb_version().to_string(),
+            tzdb: crate::recurring::tzdb_version().to_string(),
             join: false,
             push_ca: None,
             push_allow_private: false,

@@ -15,8 +15,8 @@ use openraft::async_runtime::WatchReceiver as _;
 use std::time::Duration;
 
 use super::Node;
-use crate::command::{Command, SeriesChange};
-use crate::series::RuleSpec;
+use crate::command::{Command, RecurringChange};
+use crate::recurring::RuleSpec;
 use crate::{Error, Result};
 
 impl Node {
@@ -40,7 +40,7 @@ impl Node {
     /// (`ZoneRules`) once all can, bare before. Refused for a series in a time zone while a
     /// member advertises another tzdb version: its replica would stop at the entry (its
     /// rules may differ) — a client's call must not stop a node mid-upgrade.
-    pub(super) fn series_entry(&self, change: SeriesChange) -> Result<Command> {
+    pub(super) fn recurring_entry(&self, change: RecurringChange) -> Result<Command> {
         if let Some(zone) = self.zone_of(&change)? {
             let members = crate::cluster::level::members(&self.raft);
             let own = &self.config.tzdb;
@@ -69,15 +69,15 @@ impl Node {
 
     /// The time zone whose rules `change` computes with, if any: its spec's, or for a resume
     /// the stored series' (read here only to refuse early; apply decides from its own state).
-    fn zone_of(&self, change: &SeriesChange) -> Result<Option<String>> {
+    fn zone_of(&self, change: &RecurringChange) -> Result<Option<String>> {
         let rule = match change {
-            SeriesChange::Pause {
+            RecurringChange::Pause {
                 key, paused: false, ..
-            } => match self.store.series(key, 0)? {
-                Some(view) => view.series.spec.recurrence.rule,
+            } => match self.store.recurring(key, 0)? {
+                Some(view) => view.recurring.spec.recurrence.rule,
                 None => return Ok(None),
             },
-            SeriesChange::Pause { .. } => return Ok(None),
+            RecurringChange::Pause { .. } => return Ok(None),
             _ => match change.spec() {
                 Some(spec) => spec.recurrence.rule.clone(),
                 None => return Ok(None),

@@ -19,7 +19,7 @@
 
 pub mod guard;
 pub mod http;
-pub mod namespace;
+pub mod pusher;
 pub mod trust;
 pub mod worker;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::namespace::{Pusher, Shared, Target, MAX_QUEUE};
+use super::pusher::{Pusher, Shared, Target, MAX_QUEUE};
 use super::MAX_PUSH_IN_FLIGHT;
 use crate::namespace::PushTarget;
 

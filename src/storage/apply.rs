@@ -16,7 +16,7 @@
 //!
 //! This file holds the machinery; `schedule.rs` holds Schedule and ScheduleBatch,
 //! `namespaces.rs` the namespace commands, `change.rs` Cancel, Reschedule and the Schedule
-//! modes, `fire.rs`, `deliver.rs`, `purge.rs` and `series.rs` the rest.
+//! modes, `fire.rs`, `deliver.rs`, `purge.rs` and `recurring.rs` the rest.
 
 use std::sync::{Arc, Mutex};
 
@@ -96,10 +96,10 @@ pub(super) struct Applier<'a> {
     /// Whether this entry changed a namespace's configuration (told its readers once the batch
     /// is written: `Store::namespaces_version`).
     pub namespaces_changed: bool,
-    /// Series rows written by this entry, by key (`series.rs`).
-    pub(super) series_staged: HashMap<Vec<u8>, Option<crate::series::Series>>,
+    /// Series rows written by this entry, by key (`recurring.rs`).
+    pub(super) recurring_staged: HashMap<Vec<u8>, Option<crate::recurring::RecurringTimer>>,
     /// Namespaces where this entry rewrote a row its Fire had just passed (a series
-    /// occurrence dropped or held back): no grant for them in this entry (`series.rs`).
+    /// occurrence dropped or held back): no grant for them in this entry (`recurring.rs`).
     pub(super) rewrote_fired: Vec<String>,
     /// Rows the Fire passed too late for their misfire policy: (index into `visited`, slot,
     /// policy) (`misfire.rs`).
@@ -150,7 +150,7 @@ impl<'a> Applier<'a> {
             access_staged: None,
             access_changed: false,
             namespaces_changed: false,
-            series_staged: HashMap::default(),
+            recurring_staged: HashMap::default(),
             rewrote_fired: Vec::new(),
             late: Vec::new(),
             zone_tzdb: None,
@@ -247,7 +247,9 @@ impl<'a> Applier<'a> {
                 misfire,
                 keep_secrets,
             } => self.configure_namespace(name, policy, push, misfire, keep_secrets),
-            Command::UpsertSeries { now_ms, spec, cond } => self.upsert_series(now_ms, &spec, cond),
+            Command::UpsertRecurring { now_ms, spec, cond } => {
+                self.upsert_recurring(now_ms, &spec, cond)
+            }
             Command::ZoneRules {
                 tzdb,
                 zone_fp,
@@ -313,12 +315,12 @@ impl<'a> Applier<'a> {
             } => self.purge(now_ms, &namespace, through),
             Command::Access(change) => self.access(change),
             Command::RaiseLevel { level } => self.raise_level(level),
-            Command::ScheduleSeries { now_ms, spec } => self.schedule_series(now_ms, &spec),
-            Command::PauseSeries {
+            Command::ScheduleRecurring { now_ms, spec } => self.schedule_recurring(now_ms, &spec),
+            Command::PauseRecurring {
                 now_ms,
                 key,
                 paused,
-            } => self.pause_series(now_ms, key, paused),
+            } => self.pause_recurring(now_ms, key, paused),
         }
     }
 

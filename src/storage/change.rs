@@ -53,7 +53,7 @@ impl Applier<'_> {
 
     pub(super) fn cancel(&mut self, now_ms: i64, key: TimerKey, cond: Cond) -> Result<Response> {
         let Some((slot, row, timer)) = self.found(&key)? else {
-            if let Some(deleted) = self.cancel_series(now_ms, &key, cond)? {
+            if let Some(deleted) = self.cancel_recurring(now_ms, &key, cond)? {
                 return Ok(deleted);
             }
             return Ok(Response::Rejected(Rejection::NotFound(key)));
@@ -122,7 +122,7 @@ impl Applier<'_> {
             misfire,
         } = with;
         let key = spec.key.clone();
-        if self.series_row(&key)?.is_some() {
+        if self.recurring_row(&key)?.is_some() {
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         }
         let Some(found) = self.found(&key)? else {

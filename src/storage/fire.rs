@@ -34,14 +34,14 @@ impl Applier<'_> {
         let (count, more_rows) = self.advance_cursor(now_ms, max)?;
         // Timers it passed too late for their misfire policy are not fired (`misfire.rs`).
         let count = count - self.misfires(now_ms)?;
-        // Recurring timers' occurrences it passed: the next ones are placed (`series.rs`).
-        let count = count - self.fire_series(now_ms)?;
+        // Recurring timers' occurrences it passed: the next ones are placed (`recurring.rs`).
+        let count = count - self.fire_recurring(now_ms)?;
         let more_leases = self.expire_leases(now_ms, max)?;
         let rewrote = std::mem::take(&mut self.rewrote_fired);
         let mut leases = Vec::with_capacity(grants.len());
         for g in &grants {
             if rewrote.contains(&g.namespace) {
-                leases.push(None); // see `series.rs`: the next entry grants
+                leases.push(None); // see `recurring.rs`: the next entry grants
                 continue;
             }
             leases.push(self.grant(now_ms, &g.namespace, g.room, g.push)?);

@@ -33,10 +33,10 @@ impl Applier<'_> {
             let Some(mut row) = self.row_at(ns, slot)? else {
                 continue;
             };
-            if let Some((series, _)) = crate::series::parse_occurrence(&row.body.id) {
-                let key = TimerKey::new(ns.clone(), series);
-                if self.series_row(&key)?.is_some() {
-                    continue; // its series' misfire policy decides (`series.rs`)
+            if let Some((recurring, _)) = crate::recurring::parse_occurrence(&row.body.id) {
+                let key = TimerKey::new(ns.clone(), recurring);
+                if self.recurring_row(&key)?.is_some() {
+                    continue; // its series' misfire policy decides (`recurring.rs`)
                 }
             }
             let late_ms = now_ms - self.wheel.due_ms(slot.bucket);

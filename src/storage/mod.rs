@@ -48,10 +48,10 @@ mod namespaces;
 mod purge;
 pub mod quiet;
 mod read;
+mod recurring;
 pub mod restore;
 mod row;
 mod schedule;
-mod series;
 mod signal;
 mod snapshot;
 mod snapshot_file;
@@ -94,11 +94,11 @@ pub const CF_DEADLINES: &str = "deadlines";
 pub const CF_META: &str = "meta";
 pub const CF_NSMETA: &str = "nsmeta";
 pub const CF_NAMESPACES: &str = "namespaces";
-/// Recurring timers: (namespace, id) -> `series::Series`.
-pub const CF_SERIES: &str = "series";
+/// Recurring timers: (namespace, id) -> `recurring::RecurringTimer`.
+pub const CF_RECURRING: &str = "series"; // on-disk names do not change
 /// A series' materialised occurrence, by its slot -> the series' (namespace, id): what a Fire
-/// entry reads to learn which rows it passed are occurrences (see `storage/series.rs`).
-pub const CF_SERIES_DUE: &str = "series_due";
+/// entry reads to learn which rows it passed are occurrences (see `storage/recurring.rs`).
+pub const CF_RECURRING_DUE: &str = "series_due";
 /// The column families that make up the state machine (snapshots and digests cover these, in
 /// this order; a snapshot file names a family by its place here, so new ones go last).
 pub(crate) const SM_CFS: [&str; 10] = [
@@ -110,8 +110,8 @@ pub(crate) const SM_CFS: [&str; 10] = [
     CF_META,
     CF_NSMETA,
     CF_NAMESPACES,
-    CF_SERIES,
-    CF_SERIES_DUE,
+    CF_RECURRING,
+    CF_RECURRING_DUE,
 ];
 /// Every column family: the log store's, then the state machine's.
 fn all_cfs() -> impl Iterator<Item = &'static str> {
@@ -182,8 +182,8 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 /// refused with a message, never misread.
 ///
 /// 4: push delivery (namespace push targets, attempt logs, `Pushed` with a retry-after).
-/// 5: recurring timers (the `series` and `series_due` families, the `ScheduleSeries` and
-/// `PauseSeries` commands). Format 4 is a subset of it: a format-4 directory or backup is read
+/// 5: recurring timers (the `series` and `series_due` families, the `ScheduleRecurring` and
+/// `PauseRecurring` commands). Format 4 is a subset of it: a format-4 directory or backup is read
 /// in place and becomes format 5 (an older build then refuses it).
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
 pub const FORMAT: u32 = 5;

@@ -63,8 +63,8 @@ impl Applier<'_> {
     }
 
     pub(super) fn schedule(&mut self, now_ms: i64, spec: &TimerSpec) -> Result<Response> {
-        // A recurring timer's id is taken (as a Schedule with a mode and ScheduleSeries also say).
-        if self.series_row(&spec.key)?.is_some() {
+        // A recurring timer's id is taken (as a Schedule with a mode and ScheduleRecurring also say).
+        if self.recurring_row(&spec.key)?.is_some() {
             let key = spec.key.clone();
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         }
@@ -96,7 +96,7 @@ impl Applier<'_> {
         entry: &Arc<Command>,
         at: Option<usize>,
     ) -> Result<Response> {
-        if let Some(key) = self.series_among(specs)? {
+        if let Some(key) = self.recurring_among(specs)? {
             return Ok(Response::Rejected(Rejection::AlreadyExists(key)));
         }
         self.prefetch_index(specs.iter().map(|s| s.key))?;

@@ -23,7 +23,7 @@ mod process;
 mod push;
 mod push_http;
 mod receiver;
-mod recur;
+mod recurring;
 mod rejoin;
 mod replicas;
 mod retries;

@@ -23,7 +23,7 @@ mod progress;
 #[path = "../chaos/proxy.rs"]
 mod proxy;
 mod push;
-mod recur;
+mod recurring;
 mod report;
 #[allow(dead_code)]
 #[path = "../chaos/secure.rs"]
@@ -115,7 +115,7 @@ struct Args {
     naive_consumers: usize,
     /// Recurring timers the recur workload creates (one configuration each).
     #[arg(long, value_delimiter = ',', default_value = "100000")]
-    recur_series: Vec<u64>,
+    recur_recurring: Vec<u64>,
     /// The period of every series of the recur workload (N / period occurrences per second).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     recur_period: Duration,
@@ -304,7 +304,7 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
             Workload::Keys => vec![args.keys_timers],
             Workload::Naive => args.naive_rates.clone(),
             Workload::Push => args.push_rates.clone(),
-            Workload::Recur => args.recur_series.clone(),
+            Workload::Recur => args.recur_recurring.clone(),
         };
         out.extend(params.into_iter().map(|p| (*w, p)));
     }
@@ -367,7 +367,7 @@ async fn measure(
             let period = opts.recur_period;
             let params = format!("{p} series every {}s", period.as_secs());
             let mut rec = results.recorder_for(build, "recur", params);
-            recur::recur(target, opts, p, period, &mut rec).await
+            recurring::recur(target, opts, p, period, &mut rec).await
         }
     }
 }

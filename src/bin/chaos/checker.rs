@@ -186,7 +186,7 @@ fn no_phantoms(
     for (id, t) in timers {
         // Occurrences of recurring timers: no client op names them (the server refuses such
         // ids in a Schedule); `recurring::check` holds them to their series' rule.
-        if timerdb::series::parse_occurrence(id).is_some() {
+        if timerdb::recurring::parse_occurrence(id).is_some() {
             continue;
         }
         let ops = by_id

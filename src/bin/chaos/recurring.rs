@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use timerdb::series::parse_occurrence;
+use timerdb::recurring::parse_occurrence;
 
 use crate::checker::Findings;
 use crate::secure::Conn;
@@ -156,13 +156,13 @@ pub fn check(
     timers: &BTreeMap<String, pb::Timer>,
     views: &BTreeMap<String, pb::Series>,
 ) {
-    let mut by_series: BTreeMap<&str, Vec<(i64, &pb::Timer)>> = BTreeMap::new();
+    let mut by_recurring: BTreeMap<&str, Vec<(i64, &pb::Timer)>> = BTreeMap::new();
     for (id, t) in timers {
         if let Some((series, nominal)) = parse_occurrence(id) {
-            by_series.entry(series).or_default().push((nominal, t));
+            by_recurring.entry(series).or_default().push((nominal, t));
         }
     }
-    for (series, occs) in &by_series {
+    for (series, occs) in &by_recurring {
         if !plans.iter().any(|p| p.id == *series) {
             f.violate(
                 "phantom occurrence",
@@ -171,7 +171,10 @@ pub fn check(
         }
     }
     for p in plans {
-        let occs = by_series.get(p.id).map(Vec::as_slice).unwrap_or_default();
+        let occs = by_recurring
+            .get(p.id)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let expected: BTreeSet<i64> = p.expected.iter().copied().collect();
         let got: BTreeSet<i64> = occs.iter().map(|(n, _)| *n).collect();
         f.occurrences += occs.len();
@@ -247,7 +250,7 @@ mod tests {
     const T: i64 = 1_800_000_000_000;
 
     fn occurrence(series: &str, nominal: i64) -> (String, pb::Timer) {
-        let id = timerdb::series::occurrence_id(series, nominal);
+        let id = timerdb::recurring::occurrence_id(series, nominal);
         let t = pb::Timer {
             id: id.clone(),
             fire_at_ms: nominal,
@@ -304,7 +307,7 @@ mod tests {
 
         let all = &plans[0];
         let mut missing = timers.clone();
-        missing.remove(&timerdb::series::occurrence_id(all.id, all.expected[3]));
+        missing.remove(&timerdb::recurring::occurrence_id(all.id, all.expected[3]));
         views.get_mut(all.id).unwrap().fired -= 1;
         assert_eq!(
             kinds(&plans, &missing, &views),
@@ -330,7 +333,7 @@ mod tests {
         );
 
         let mut early = timers.clone();
-        let id = timerdb::series::occurrence_id(all.id, all.expected[1]);
+        let id = timerdb::recurring::occurrence_id(all.id, all.expected[1]);
         early.get_mut(&id).unwrap().fire_at_ms -= 1;
         assert_eq!(kinds(&plans, &early, &views), vec!["occurrence fire time"]);
 

@@ -127,7 +127,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     }
     let digests = converge(&cluster).await;
     let timers = list_all(&clients, NAMESPACE).await?;
-    let series_views = recurring::views(&clients, &series).await;
+    let recurring_views = recurring::views(&clients, &series).await;
     let push_timers = list_all(&clients, PUSH_NAMESPACE).await?;
     cluster.stop();
 
@@ -142,7 +142,7 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
         .collect();
     let mut findings = checker::check(&history, &timers, &digests, &skews, healed_ms);
     push::check(&mut findings, &pushed.lock().unwrap(), &push_timers, &skews);
-    recurring::check(&mut findings, &series, &timers, &series_views);
+    recurring::check(&mut findings, &series, &timers, &recurring_views);
     findings.violations.extend(trouble);
     if let Err(e) = quiet {
         findings.violations.push(checker::Violation {

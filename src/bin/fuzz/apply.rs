@@ -32,10 +32,10 @@ use std::sync::Arc;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::EntryPayload;
 use timerdb::auth::{AccessChange, Key, Role};
-use timerdb::command::{Command, Cond, Grant, Mode, Options, Response, SeriesChange, Shift};
+use timerdb::command::{Command, Cond, Grant, Mode, Options, RecurringChange, Response, Shift};
 use timerdb::namespace::{Misfire, MisfireAction, Policy};
 use timerdb::raft_types::{log_id, Entry};
-use timerdb::series::{self, occurrence_id, Overlap, Recurrence, RuleSpec, SeriesSpec};
+use timerdb::recurring::{self, occurrence_id, Overlap, Recurrence, RecurringSpec, RuleSpec};
 use timerdb::storage::FireSignal;
 use timerdb::storage::{self, decode, encode, IndexGc, StateMachine, Store};
 use timerdb::timer::{TimerKey, TimerSpec, TimerState, When};
@@ -181,7 +181,7 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 // Today's leaders name their tzdb once every member reads the form.
                 match b.next() % 2 {
                     0 => Command::FireWithZones {
-                        tzdb: timerdb::series::tzdb_version().into(),
+                        tzdb: timerdb::recurring::tzdb_version().into(),
                         now_ms: fire_ms,
                         max,
                         grants: Vec::new(),
@@ -272,22 +272,22 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                 }
             }
             11 => {
-                let spec = series_spec(&mut b);
+                let spec = recurring_spec(&mut b);
                 // Today's proposers stamp it with their zone rules; older logs' did not.
                 match commands % 2 {
-                    0 => Command::with_zone_rules(SeriesChange::Schedule { now_ms: now, spec }),
-                    _ => Command::ScheduleSeries { now_ms: now, spec },
+                    0 => Command::with_zone_rules(RecurringChange::Schedule { now_ms: now, spec }),
+                    _ => Command::ScheduleRecurring { now_ms: now, spec },
                 }
             }
             12 => {
                 let (key, paused) = (b.key(), b.next() % 2 == 0);
                 match commands % 2 {
-                    0 => Command::with_zone_rules(SeriesChange::Pause {
+                    0 => Command::with_zone_rules(RecurringChange::Pause {
                         now_ms: now,
                         key,
                         paused,
                     }),
-                    _ => Command::PauseSeries {
+                    _ => Command::PauseRecurring {
                         now_ms: now,
                         key,
                         paused,
@@ -404,7 +404,7 @@ fn cond(b: &mut Bytes) -> Cond {
 
 /// A recurring timer: an interval anchored at T0 (so occurrence ids can be guessed) or a cron
 /// rule in one of a few zones, with any misfire and overlap policy.
-fn series_spec(b: &mut Bytes) -> SeriesSpec {
+fn recurring_spec(b: &mut Bytes) -> RecurringSpec {
     const CRONS: [&str; 4] = [
         "*/2 * * * * *",
         "30 2 * * *",
@@ -424,7 +424,7 @@ fn series_spec(b: &mut Bytes) -> SeriesSpec {
         },
     };
     let flags = b.next();
-    SeriesSpec {
+    RecurringSpec {
         key,
         recurrence: Recurrence {
             rule,
@@ -432,9 +432,9 @@ fn series_spec(b: &mut Bytes) -> SeriesSpec {
             end_ms: if flags & 1 == 1 { T0 + 20_000 } else { 0 },
             max_count: u64::from(b.next() % 4),
             misfire: [
-                series::Misfire::FireOnce,
-                series::Misfire::FireAll,
-                series::Misfire::Skip,
+                recurring::Misfire::FireOnce,
+                recurring::Misfire::FireAll,
+                recurring::Misfire::Skip,
             ][usize::from(flags >> 1) % 3],
             catch_up_window_ms: 5_000,
             max_lateness_ms: 1_000,

@@ -109,7 +109,7 @@ fn convert(input: &[u8]) -> Verdict {
     }));
     push(decoded::<pb::ScheduleRequest>(input, |m| {
         match m.recurrence {
-            Some(_) => outcome(timerdb::api::recurrence::series_spec(m, &l)),
+            Some(_) => outcome(timerdb::api::recurring::recurring_spec(m, &l)),
             None => "one-shot".into(),
         }
     }));

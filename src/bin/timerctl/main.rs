@@ -12,7 +12,7 @@ mod member;
 mod modes;
 mod namespace;
 mod output;
-mod recur;
+mod recurring;
 mod status;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -82,7 +82,7 @@ enum Command {
         #[command(flatten)]
         when: WhenArgs,
         #[command(flatten)]
-        recur: recur::RecurArgs,
+        recur: recurring::RecurArgs,
         #[command(flatten)]
         mode: modes::ModeArgs,
         /// Payload, as text.
@@ -430,9 +430,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             namespace,
             id,
             count,
-        } => recur::next(timers, namespace, id, count).await?,
-        Command::Pause { namespace, id } => recur::pause(timers, namespace, id, true).await?,
-        Command::Resume { namespace, id } => recur::pause(timers, namespace, id, false).await?,
+        } => recurring::next(timers, namespace, id, count).await?,
+        Command::Pause { namespace, id } => recurring::pause(timers, namespace, id, true).await?,
+        Command::Resume { namespace, id } => recurring::pause(timers, namespace, id, false).await?,
         Command::Status => status::status(ch).await?,
         Command::Namespace { command } => namespace::namespace(ch, command).await?,
         Command::Member { command } => member::member(ch, command).await?,

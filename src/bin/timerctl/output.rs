@@ -176,7 +176,7 @@ pub fn timer_json(t: &pb::Timer) -> Value {
         "content_type": t.content_type,
         "revision": t.revision,
         "attempt_log": t.attempt_log.iter().map(attempt_json).collect::<Vec<_>>(),
-        "series": t.series.as_ref().map(series_json),
+        "series": t.series.as_ref().map(recurring_json),
     })
 }
 
@@ -237,7 +237,7 @@ pub fn timer(verb: &str, t: &pb::Timer) {
         println!("{verb} {}", timer_line(t));
     }
     if let (false, Some(s)) = (json(), &t.series) {
-        for line in series_lines(s) {
+        for line in recurring_lines(s) {
             println!("{line}");
         }
     }
@@ -312,7 +312,7 @@ fn rule_text(r: &pb::Recurrence) -> String {
 }
 
 /// The lines that follow a recurring timer's line in text output.
-pub fn series_lines(s: &pb::Series) -> Vec<String> {
+pub fn recurring_lines(s: &pb::Series) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(r) = &s.recurrence {
         let misfire = pb::Misfire::try_from(r.misfire).map_or("?", |m| m.as_str_name());
@@ -344,7 +344,7 @@ pub fn series_lines(s: &pb::Series) -> Vec<String> {
 }
 
 /// A recurring timer's part of the JSON output.
-pub fn series_json(s: &pb::Series) -> Value {
+pub fn recurring_json(s: &pb::Series) -> Value {
     let r = s.recurrence.clone().unwrap_or_default();
     json!({
         "cron": r.cron,

@@ -8,7 +8,7 @@ use openraft::RaftLogReader;
 
 use super::*;
 use crate::command::{Cond, Options, Shift};
-use crate::series::{Recurrence, SeriesSpec};
+use crate::recurring::{Recurrence, RecurringSpec};
 
 /// One step in both forms: (legacy, folded).
 fn pairs() -> Vec<(Command, Command)> {
@@ -54,9 +54,9 @@ fn pairs() -> Vec<(Command, Command)> {
             },
         )
     };
-    let series = Command::ScheduleSeries {
+    let recurring = Command::ScheduleRecurring {
         now_ms: T0,
-        spec: SeriesSpec {
+        spec: RecurringSpec {
             key: key("tick"),
             recurrence: Recurrence::every_for_test(60_000),
             payload: b"s".to_vec(),
@@ -93,7 +93,7 @@ fn pairs() -> Vec<(Command, Command)> {
         }),
         both_reschedule("c", T0 + 900), // FIRED: refused
         both_cancel("c"),               // FIRED: refused
-        same(series),
+        same(recurring),
         both_schedule("tick", T0 + 10, "p"), // a recurring timer's id
         both_reschedule("tick", T0 + 10),
         both_cancel("tick"), // deletes the series

@@ -14,7 +14,7 @@
 //! the changed form a new level.
 
 use super::*;
-use crate::command::SeriesChange;
+use crate::command::RecurringChange;
 use crate::namespace::{Misfire, MisfireAction, Policy, PushTarget};
 
 /// The forms a build writes: the mixed workload of the determinism tests, and each newer form
@@ -48,23 +48,23 @@ fn forms() -> Vec<Command> {
         misfire,
         keep_secrets: true,
     });
-    let series: Vec<Command> = series::workload();
-    let spec = series.iter().find_map(|c| match c {
-        Command::ScheduleSeries { spec, .. } => Some(spec.clone()),
+    let recurring: Vec<Command> = recurring::workload();
+    let spec = recurring.iter().find_map(|c| match c {
+        Command::ScheduleRecurring { spec, .. } => Some(spec.clone()),
         _ => None,
     });
     let spec = spec.expect("the series workload schedules a series");
     for change in [
-        SeriesChange::Schedule {
+        RecurringChange::Schedule {
             now_ms: T0,
             spec: spec.clone(),
         },
-        SeriesChange::Upsert {
+        RecurringChange::Upsert {
             now_ms: T0,
             spec: spec.clone(),
             cond: Default::default(),
         },
-        SeriesChange::Pause {
+        RecurringChange::Pause {
             now_ms: T0,
             key: spec.key.clone(),
             paused: false,
@@ -96,7 +96,7 @@ fn forms() -> Vec<Command> {
             when,
         });
     }
-    cmds.push(Command::UpsertSeries {
+    cmds.push(Command::UpsertRecurring {
         now_ms: T0,
         spec: spec.clone(),
         cond: Default::default(),
@@ -182,12 +182,12 @@ fn variant(cmd: &Command) -> usize {
         Command::Purge { .. } => 13,
         Command::Multi(_) => 14,
         Command::Access(_) => 15,
-        Command::ScheduleSeries { .. } => 16,
-        Command::PauseSeries { .. } => 17,
+        Command::ScheduleRecurring { .. } => 16,
+        Command::PauseRecurring { .. } => 17,
         Command::Schedule { .. } => 18,
         Command::Cancel { .. } => 19,
         Command::Reschedule { .. } => 20,
-        Command::UpsertSeries { .. } => 21,
+        Command::UpsertRecurring { .. } => 21,
         Command::SetNamespace { .. } => 22,
         Command::ConfigureNamespace { .. } => 23,
         Command::ZoneRules { .. } => 24,

@@ -183,7 +183,7 @@ impl Sm {
 fn created(r: &Response) -> bool {
     matches!(
         r,
-        Response::Timer { created: true, .. } | Response::Series { created: true, .. }
+        Response::Timer { created: true, .. } | Response::Recurring { created: true, .. }
     )
 }
 
@@ -267,7 +267,7 @@ fn workload() -> Vec<Command> {
         },
     ]));
     // Recurring timers: occurrences placed, fired, dropped by overlap, a pause and a resume.
-    cmds.extend(series::workload());
+    cmds.extend(recurring::workload());
     // Create modes, conditions and relative shifts.
     cmds.extend(change::workload());
     // The access state: keys, the switch, a refused revoke (the last admin).
@@ -550,8 +550,8 @@ mod forms;
 mod log_engine;
 mod misfire;
 mod raft_forms;
+mod recurring;
 mod replicas;
 mod restore;
 mod schedule;
-mod series;
 mod snapshot;

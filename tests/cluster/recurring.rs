@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use timerdb::api::pb::{self, timers_client::TimersClient};
-use timerdb::series::parse_occurrence;
+use timerdb::recurring::parse_occurrence;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -22,7 +22,7 @@ fn every(period_ms: i64) -> pb::Recurrence {
     }
 }
 
-fn series_req(id: &str, r: pb::Recurrence) -> pb::ScheduleRequest {
+fn recurring_req(id: &str, r: pb::Recurrence) -> pb::ScheduleRequest {
     pb::ScheduleRequest {
         namespace: NS.into(),
         id: id.into(),
@@ -46,7 +46,7 @@ async fn occurrences(c: &mut TimersClient<Channel>, id: &str) -> Vec<(i64, pb::T
     out
 }
 
-async fn series_of(c: &mut TimersClient<Channel>, id: &str) -> pb::Series {
+async fn recurring_of(c: &mut TimersClient<Channel>, id: &str) -> pb::Series {
     get(c, id).await.unwrap().series.expect("a recurring timer")
 }
 
@@ -96,7 +96,7 @@ async fn every_second_for_a_minute_through_two_leader_kills() {
     };
     let mut c = TimersClient::new(process::channel(&procs[(l + 1) % 3].addr).await.unwrap());
     let created = c
-        .schedule(series_req("tick", r))
+        .schedule(recurring_req("tick", r))
         .await
         .unwrap()
         .into_inner();
@@ -165,7 +165,7 @@ async fn every_second_for_a_minute_through_two_leader_kills() {
         );
         assert!(t.fired_at_ms >= *n, "{} fired early", t.id);
     }
-    let s = series_of(&mut c, "tick").await;
+    let s = recurring_of(&mut c, "tick").await;
     assert_eq!(
         (s.fired, s.missed, s.skipped, s.status.as_str()),
         (60, 0, 0, "ended")
@@ -188,7 +188,7 @@ async fn every_second_for_a_minute_through_two_leader_kills() {
 async fn fire_once_after_a_10_second_outage_fires_one_catch_up() {
     let mut cluster = TestCluster::start(3).await;
     let mut c = cluster.client(cluster.leader().await).await;
-    c.schedule(series_req("t", every(1000))).await.unwrap();
+    c.schedule(recurring_req("t", every(1000))).await.unwrap();
     let first = occurrences(&mut c, "t").await[0].1.id.clone();
     wait_state(
         &mut c,
@@ -227,7 +227,7 @@ async fn fire_once_after_a_10_second_outage_fires_one_catch_up() {
         catch_up.fired_at_ms >= back_at - 1000,
         "it fired after the outage: {catch_up:?}"
     );
-    let s = series_of(&mut c, "t").await;
+    let s = recurring_of(&mut c, "t").await;
     assert!(s.missed >= 8, "missed {} (~9 expected)", s.missed);
     assert!(occs.len() >= before + 3, "it went on after: {}", occs.len());
     cluster.converged().await;
@@ -263,7 +263,7 @@ async fn overlap_skip_waits_for_the_previous_occurrence_to_be_acked() {
         overlap: pb::Overlap::Skip as i32,
         ..every(1000)
     };
-    c.schedule(series_req("o", r)).await.unwrap();
+    c.schedule(recurring_req("o", r)).await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
         .await
         .expect("the first occurrence is delivered")
@@ -280,7 +280,7 @@ async fn overlap_skip_waits_for_the_previous_occurrence_to_be_acked() {
         .map(|(_, t)| t.id.as_str())
         .collect();
     assert_eq!(fired, vec![first_timer.id.as_str()], "only the first fired");
-    let s = series_of(&mut c, "o").await;
+    let s = recurring_of(&mut c, "o").await;
     assert!(s.skipped >= 3, "skipped {}", s.skipped);
     assert!(
         s.recent.iter().any(|o| o.fate == "skipped_overlap"),
@@ -321,47 +321,47 @@ async fn bad_recurrences_are_refused_naming_the_field() {
     let cases: Vec<(&str, pb::ScheduleRequest, &str)> = vec![
         (
             "an invalid cron",
-            series_req("b", cron("0 25 * * *", "UTC")),
+            recurring_req("b", cron("0 25 * * *", "UTC")),
             "recurrence.cron",
         ),
         (
             "a 3-field cron",
-            series_req("b", cron("* * *", "UTC")),
+            recurring_req("b", cron("* * *", "UTC")),
             "recurrence.cron",
         ),
         (
             "a cron that never matches",
-            series_req("b", cron("0 0 30 2 *", "UTC")),
+            recurring_req("b", cron("0 0 30 2 *", "UTC")),
             "never matches",
         ),
         (
             "an unknown zone",
-            series_req("b", cron("0 9 * * *", "Mars/Olympus")),
+            recurring_req("b", cron("0 9 * * *", "Mars/Olympus")),
             "recurrence.time_zone",
         ),
         (
             "a cron without a zone",
-            series_req("b", cron("0 9 * * *", "")),
+            recurring_req("b", cron("0 9 * * *", "")),
             "recurrence.time_zone",
         ),
         (
             "an interval of 0",
-            series_req("b", every(0)),
+            recurring_req("b", every(0)),
             "recurrence.every_ms",
         ),
         (
             "a negative interval",
-            series_req("b", every(-5)),
+            recurring_req("b", every(-5)),
             "recurrence.every",
         ),
         (
             "an interval under 1 s",
-            series_req("b", every(10)),
+            recurring_req("b", every(10)),
             "recurrence.every_ms",
         ),
         (
             "an end before the start",
-            series_req(
+            recurring_req(
                 "b",
                 pb::Recurrence {
                     start_ms: 1_900_000_000_000,
@@ -373,7 +373,7 @@ async fn bad_recurrences_are_refused_naming_the_field() {
         ),
         (
             "cron and every together",
-            series_req(
+            recurring_req(
                 "b",
                 pb::Recurrence {
                     every_ms: 1000,
@@ -386,13 +386,13 @@ async fn bad_recurrences_are_refused_naming_the_field() {
             "a fire time as well",
             pb::ScheduleRequest {
                 when: at(now_ms() + 1000),
-                ..series_req("b", every(1000))
+                ..recurring_req("b", every(1000))
             },
             "fire_at_ms",
         ),
         (
             "an unknown misfire",
-            series_req(
+            recurring_req(
                 "b",
                 pb::Recurrence {
                     misfire: 9,
@@ -410,7 +410,7 @@ async fn bad_recurrences_are_refused_naming_the_field() {
             "a batch with a recurrence",
             pb::ScheduleRequest {
                 when: at(now_ms() + 1000),
-                ..series_req("b", every(1000))
+                ..recurring_req("b", every(1000))
             },
             "one at a time",
         ),
@@ -447,13 +447,13 @@ async fn next_pause_resume_list_and_delete_through_the_api() {
         ..Default::default()
     };
     let r = c
-        .schedule(series_req("standup", weekday.clone()))
+        .schedule(recurring_req("standup", weekday.clone()))
         .await
         .unwrap()
         .into_inner();
     assert!(r.created);
     let again = c
-        .schedule(series_req("standup", weekday))
+        .schedule(recurring_req("standup", weekday))
         .await
         .unwrap()
         .into_inner();
@@ -485,7 +485,7 @@ async fn next_pause_resume_list_and_delete_through_the_api() {
     }
     assert_eq!(
         s.next_id,
-        format!("standup@{}", timerdb::series::rfc3339_ms(s.next_ms[0]))
+        format!("standup@{}", timerdb::recurring::rfc3339_ms(s.next_ms[0]))
     );
     // Pause removes the pending occurrence; resume makes it again.
     let p = c

@@ -109,8 +109,8 @@ fn a_recurrence_names_the_field_it_refuses() {
 }
 
 #[test]
-fn a_series_refuses_to_compute_with_other_zone_rules() {
-    let spec = SeriesSpec {
+fn a_recurring_refuses_to_compute_with_other_zone_rules() {
+    let spec = RecurringSpec {
         key: TimerKey::new("ns", "s"),
         recurrence: Recurrence {
             rule: RuleSpec::Cron {
@@ -122,7 +122,7 @@ fn a_series_refuses_to_compute_with_other_zone_rules() {
         payload: vec![],
         content_type: String::new(),
     };
-    let mut s = Series::new(spec, 1_800_000_000_000);
+    let mut s = RecurringTimer::new(spec, 1_800_000_000_000);
     assert!(s.rule().is_ok());
     assert_eq!(s.tzdb, tzdb_version());
     s.zone_fp ^= 1; // as if computed by a build with other rules for Berlin
@@ -132,14 +132,14 @@ fn a_series_refuses_to_compute_with_other_zone_rules() {
 
 #[test]
 fn following_respects_start_end_and_max_count() {
-    let spec = |r: Recurrence| SeriesSpec {
+    let spec = |r: Recurrence| RecurringSpec {
         key: TimerKey::new("ns", "s"),
         recurrence: r,
         payload: vec![],
         content_type: String::new(),
     };
     let now = 1_800_000_000_000;
-    let s = Series::new(
+    let s = RecurringTimer::new(
         spec(Recurrence {
             start_ms: now + 10_500,
             end_ms: now + 12_000,
@@ -151,7 +151,7 @@ fn following_respects_start_end_and_max_count() {
     assert_eq!(s.following(&rule, now), Some(now + 11_000));
     assert_eq!(s.following(&rule, now + 11_000), Some(now + 12_000));
     assert_eq!(s.following(&rule, now + 12_000), None);
-    let mut s = Series::new(
+    let mut s = RecurringTimer::new(
         spec(Recurrence {
             max_count: 1,
             ..every(1000)

@@ -1,5 +1,15 @@
-//! Recurring timers ("series"): what a series is, how its occurrences are named, and the pure
-//! decision apply takes when the fire cursor passes one of them (docs/recurrence.md).
+//! Recurring timers: what one is, how its occurrences are named, and the pure decision apply
+//! takes when the fire cursor passes one of them (docs/recurrence.md); [`rule`] is the
+//! arithmetic of when the next occurrence is.
+//!
+//! **One name.** The README's word, *recurring*, names the feature in every layer: this module,
+//! `storage/recurring.rs`, `node/recurring.rs`, `api/recurring.rs`, the tools' `recurring.rs`,
+//! and the types ([`RecurringTimer`], [`RecurringSpec`], [`RecurringView`], the
+//! `ScheduleRecurring`/`PauseRecurring`/`UpsertRecurring` commands). Only what is frozen keeps
+//! the older word: the wire (the proto's `Series` message and `Timer.series` field, JSON names
+//! clients read), the column families on disk (`series`, `series_due`) and the log forms'
+//! names (`schedule_series`, pinned by `forms.golden`). Prose below says "series" for one
+//! recurring timer's stored state, as docs/recurrence.md does.
 //!
 //! A series is a row of its own (the `series` column family); its occurrences are ordinary
 //! timers named `<id>@<nominal time, RFC 3339 UTC, ms>`, each with its own fire index,
@@ -18,7 +28,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::recur::Rule;
+use crate::recurring::rule::Rule;
 use crate::timer::{TimerKey, TimerState};
 use crate::wheel::Slot;
 use crate::{Error, Result};
@@ -191,7 +201,7 @@ impl Recurrence {
 
 /// A client's request to create a series, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeriesSpec {
+pub struct RecurringSpec {
     pub key: TimerKey,
     pub recurrence: Recurrence,
     pub payload: Vec<u8>,
@@ -263,8 +273,8 @@ impl Fate {
 
 /// A series as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Series {
-    pub spec: SeriesSpec,
+pub struct RecurringTimer {
+    pub spec: RecurringSpec,
     pub created_at_ms: i64,
     pub status: Status,
     pub finished_at_ms: i64,
@@ -295,9 +305,9 @@ impl Recurrence {
     }
 }
 
-impl Series {
+impl RecurringTimer {
     /// A new series created at `now_ms` (its first occurrence is not planned yet).
-    pub fn new(spec: SeriesSpec, now_ms: i64) -> Series {
+    pub fn new(spec: RecurringSpec, now_ms: i64) -> RecurringTimer {
         let zone_fp = spec.recurrence.zone_fingerprint();
         let mut spec = spec;
         if let RuleSpec::Every { anchor_ms, .. } = &mut spec.recurrence.rule {
@@ -305,7 +315,7 @@ impl Series {
                 *anchor_ms = now_ms;
             }
         }
-        Series {
+        RecurringTimer {
             spec,
             created_at_ms: now_ms,
             status: Status::Active,
@@ -324,7 +334,7 @@ impl Series {
 
     /// Whether `spec` repeats the Schedule that created this series (the anchor defaulted to
     /// the creation time counts as the same).
-    pub fn same_request(&self, spec: &SeriesSpec) -> bool {
+    pub fn same_request(&self, spec: &RecurringSpec) -> bool {
         let mut asked = spec.clone();
         if let (
             RuleSpec::Every { anchor_ms: a, .. },
@@ -433,7 +443,7 @@ pub enum Decision {
 /// `now_ms`), given its state and the previous occurrence's. Updates the counters; the caller
 /// writes the rows. `cancelled`: a client cancelled the occurrence before it was due.
 pub fn plan(
-    series: &mut Series,
+    recurring: &mut RecurringTimer,
     rule: &Rule,
     due: Next,
     now_ms: i64,
@@ -441,7 +451,7 @@ pub fn plan(
     previous: Previous,
     previous_wake_ms: i64,
 ) -> Decision {
-    let r = series.spec.recurrence.clone();
+    let r = recurring.spec.recurrence.clone();
     let fate = if cancelled {
         Fate::Cancelled
     } else if r.misfire == Misfire::Skip
@@ -457,18 +467,18 @@ pub fn plan(
     } else {
         Fate::Fired
     };
-    series.remember(due.nominal_ms, fate);
+    recurring.remember(due.nominal_ms, fate);
     // The next occurrence after this one; where the misfire policy says so, after `now`.
-    let next = series.following(rule, due.nominal_ms);
+    let next = recurring.following(rule, due.nominal_ms);
     let next = match (next, r.misfire) {
         (Some(n), Misfire::FireOnce | Misfire::Skip) if n <= now_ms => {
-            series.missed += count_between(rule, due.nominal_ms, now_ms);
-            series.following(rule, now_ms)
+            recurring.missed += count_between(rule, due.nominal_ms, now_ms);
+            recurring.following(rule, now_ms)
         }
         (Some(n), Misfire::FireAll) if n < now_ms.saturating_sub(r.catch_up_window_ms as i64) => {
             let window_start = now_ms.saturating_sub(r.catch_up_window_ms as i64);
-            series.missed += count_between(rule, due.nominal_ms, window_start - 1);
-            series.following(rule, window_start - 1)
+            recurring.missed += count_between(rule, due.nominal_ms, window_start - 1);
+            recurring.following(rule, window_start - 1)
         }
         (next, _) => next,
     };
@@ -512,19 +522,19 @@ fn count_between(rule: &Rule, after_ms: i64, until_ms: i64) -> u64 {
 }
 
 /// An occurrence's id: the series id, `@`, its nominal time in RFC 3339 UTC with milliseconds.
-pub fn occurrence_id(series_id: &str, nominal_ms: i64) -> String {
-    format!("{series_id}@{}", rfc3339_ms(nominal_ms))
+pub fn occurrence_id(recurring_id: &str, nominal_ms: i64) -> String {
+    format!("{recurring_id}@{}", rfc3339_ms(nominal_ms))
 }
 
 /// The series id and nominal time an occurrence id names, if it is one.
 pub fn parse_occurrence(id: &str) -> Option<(&str, i64)> {
-    let (series, when) = id.rsplit_once('@')?;
+    let (recurring, when) = id.rsplit_once('@')?;
     if when.len() != OCCURRENCE_SUFFIX_BYTES - 1 || !when.ends_with('Z') {
         return None;
     }
     let ts: jiff::Timestamp = when.parse().ok()?;
     let ms = ts.as_millisecond();
-    (rfc3339_ms(ms) == when).then_some((series, ms))
+    (rfc3339_ms(ms) == when).then_some((recurring, ms))
 }
 
 /// `2026-11-26T09:00:00.000Z`.
@@ -565,8 +575,9 @@ pub fn zone_fingerprint(zone: &str) -> u64 {
     }
 }
 
+pub mod rule;
 mod view;
-pub use view::{upcoming, SeriesView, TimerOrSeries};
+pub use view::{upcoming, RecurringView, TimerOrRecurring};
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 //! A series' next occurrence is an ordinary PENDING row on the wheel, placed by apply; its slot
 //! is also a key of `series_due` naming the series. A Fire entry moves the cursor first (which
 //! fires the occurrence like any row), then reads `series_due` over the range it passed and,
-//! per occurrence, asks [`series::plan`] what became of it and what comes next: the next
+//! per occurrence, asks [`recurring::plan`] what became of it and what comes next: the next
 //! occurrence is placed in the same write batch, so it is committed state as soon as the
 //! previous one fired. An occurrence the policies drop (overlap `skip`, misfire `skip`) is
 //! deleted, one that `buffer_one` holds back is moved after the cursor: both rewrite a row the
@@ -19,9 +19,11 @@ use super::apply::Applier;
 use super::read::Reader;
 use super::row::{self, Kind};
 use super::store::{Snap, Store};
-use super::{cf, codec, prefix_end, CF_SERIES, CF_SERIES_DUE};
+use super::{cf, codec, prefix_end, CF_RECURRING, CF_RECURRING_DUE};
 use crate::command::{Cond, Rejection, Response};
-use crate::series::{self, Decision, Next, Series, SeriesSpec, SeriesView, Status};
+use crate::recurring::{
+    self, Decision, Next, RecurringSpec, RecurringTimer, RecurringView, Status,
+};
 use crate::timer::{KeyRef, Specs, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::{self, Slot};
 use crate::{Error, Result};
@@ -31,27 +33,30 @@ const UPCOMING_IN_ANSWERS: usize = 5;
 
 impl Applier<'_> {
     /// The series at `key` as this entry has it.
-    pub(super) fn series_row<'k>(&mut self, key: impl Into<KeyRef<'k>>) -> Result<Option<Series>> {
+    pub(super) fn recurring_row<'k>(
+        &mut self,
+        key: impl Into<KeyRef<'k>>,
+    ) -> Result<Option<RecurringTimer>> {
         let k = key.into().index_key();
-        if let Some(staged) = self.series_staged.get(&k) {
+        if let Some(staged) = self.recurring_staged.get(&k) {
             return Ok(staged.clone());
         }
-        let raw = self.db.get_cf(cf(self.db, CF_SERIES), &k)?;
+        let raw = self.db.get_cf(cf(self.db, CF_RECURRING), &k)?;
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
     /// The first of `specs`' ids that names a recurring timer (a one-shot cannot take it).
     /// A namespace without series (one seek finds none) costs no read per timer.
-    pub(super) fn series_among(&mut self, specs: &Specs) -> Result<Option<TimerKey>> {
+    pub(super) fn recurring_among(&mut self, specs: &Specs) -> Result<Option<TimerKey>> {
         let mut namespaces: Vec<&str> = specs.iter().map(|s| s.key.namespace).collect();
         namespaces.sort_unstable();
         namespaces.dedup();
         let reader = Reader::live(self.db);
         for ns in namespaces {
             let prefix = wheel::namespace_prefix(ns);
-            let staged = self.series_staged.keys().any(|k| k.starts_with(&prefix));
+            let staged = self.recurring_staged.keys().any(|k| k.starts_with(&prefix));
             let stored = {
-                let iter = reader.iter(CF_SERIES, prefix.clone(), Some(prefix_end(&prefix)));
+                let iter = reader.iter(CF_RECURRING, prefix.clone(), Some(prefix_end(&prefix)));
                 iter.status()?;
                 iter.valid()
             };
@@ -59,7 +64,7 @@ impl Applier<'_> {
                 continue;
             }
             for spec in specs.iter().filter(|s| s.key.namespace == ns) {
-                if self.series_row(spec.key)?.is_some() {
+                if self.recurring_row(spec.key)?.is_some() {
                     return Ok(Some(spec.key.to_owned()));
                 }
             }
@@ -74,14 +79,14 @@ impl Applier<'_> {
     ///   cluster that finished an upgrade moves its rows to the new rules;
     /// - it names another version: only a row stamped with that version whose fingerprint for
     ///   the zone is this build's (the proposer's rules are then this build's);
-    /// - it names none (an older leader's entry, a client's bare PauseSeries): only a row whose
+    /// - it names none (an older leader's entry, a client's bare PauseRecurring): only a row whose
     ///   fingerprint is this build's.
     ///
     /// Otherwise an error: the replica stops rather than compute another next time than the
     /// others (an upgraded replica takes the entry up again where it stopped).
-    fn rule_of(&self, s: &mut Series) -> Result<crate::recur::Rule> {
-        if matches!(s.spec.recurrence.rule, series::RuleSpec::Cron { .. }) {
-            let own = series::tzdb_version();
+    fn rule_of(&self, s: &mut RecurringTimer) -> Result<crate::recurring::rule::Rule> {
+        if matches!(s.spec.recurrence.rule, recurring::RuleSpec::Cron { .. }) {
+            let own = recurring::tzdb_version();
             match self.zone_tzdb.as_deref() {
                 Some(named) if named == own => {
                     s.tzdb = own.to_string();
@@ -106,29 +111,29 @@ impl Applier<'_> {
     /// proposed while a member is older), this build's — as builds before `ZoneRules` did,
     /// so the older form keeps its effect on every build (replicas of two tzdb versions write
     /// different rows for it: docs/guarantees.md).
-    fn new_series(&self, spec: &SeriesSpec, now_ms: i64) -> Series {
-        let mut s = Series::new(spec.clone(), now_ms);
+    fn new_recurring(&self, spec: &RecurringSpec, now_ms: i64) -> RecurringTimer {
+        let mut s = RecurringTimer::new(spec.clone(), now_ms);
         if let Some(tzdb) = &self.zone_tzdb {
             s.tzdb = tzdb.clone();
         }
         s
     }
 
-    fn put_series(&mut self, s: &Series) {
+    fn put_recurring(&mut self, s: &RecurringTimer) {
         let k = s.spec.key.index_key();
         self.batch
-            .put_cf(cf(self.db, CF_SERIES), &k, codec::encode(s));
-        self.series_staged.insert(k, Some(s.clone()));
+            .put_cf(cf(self.db, CF_RECURRING), &k, codec::encode(s));
+        self.recurring_staged.insert(k, Some(s.clone()));
     }
 
-    fn answer(s: &Series, created: bool) -> Response {
-        let view = SeriesView {
-            series: s.clone(),
-            upcoming_ms: series::upcoming(s, UPCOMING_IN_ANSWERS),
+    fn answer(s: &RecurringTimer, created: bool) -> Response {
+        let view = RecurringView {
+            recurring: s.clone(),
+            upcoming_ms: recurring::upcoming(s, UPCOMING_IN_ANSWERS),
             recent: Vec::new(),
         };
-        Response::Series {
-            series: Box::new(view),
+        Response::Recurring {
+            recurring: Box::new(view),
             created,
         }
     }
@@ -136,7 +141,12 @@ impl Applier<'_> {
     /// Places the occurrence at `nominal_ms` (PENDING, due at its jittered time) and records
     /// it as the series' next; an id already taken (by an occurrence kept from before a
     /// resume) moves on to the following occurrence. No occurrence left: the series ended.
-    fn materialize(&mut self, s: &mut Series, first: Option<i64>, now_ms: i64) -> Result<()> {
+    fn materialize(
+        &mut self,
+        s: &mut RecurringTimer,
+        first: Option<i64>,
+        now_ms: i64,
+    ) -> Result<()> {
         let rule = self.rule_of(s)?;
         let mut at = first;
         while let Some(nominal_ms) = at {
@@ -158,7 +168,7 @@ impl Applier<'_> {
             self.count_stored(&ns, 1)?;
             self.events.scheduled();
             self.batch.put_cf(
-                cf(self.db, CF_SERIES_DUE),
+                cf(self.db, CF_RECURRING_DUE),
                 slot.encode(),
                 s.spec.key.index_key(),
             );
@@ -176,12 +186,12 @@ impl Applier<'_> {
     }
 
     /// Removes the series' pending occurrence (a pause or a delete), if it is still PENDING.
-    fn unmaterialize(&mut self, s: &mut Series) -> Result<()> {
+    fn unmaterialize(&mut self, s: &mut RecurringTimer) -> Result<()> {
         let Some(next) = s.next.take() else {
             return Ok(());
         };
         self.batch
-            .delete_cf(cf(self.db, CF_SERIES_DUE), next.slot.encode());
+            .delete_cf(cf(self.db, CF_RECURRING_DUE), next.slot.encode());
         let key = s.occurrence_key(next.nominal_ms);
         if let Some((slot, row)) = self.find(&key)? {
             if self.view(&key.namespace, slot, &row)?.state == TimerState::Pending {
@@ -194,13 +204,17 @@ impl Applier<'_> {
         Ok(())
     }
 
-    pub(super) fn schedule_series(&mut self, now_ms: i64, spec: &SeriesSpec) -> Result<Response> {
+    pub(super) fn schedule_recurring(
+        &mut self,
+        now_ms: i64,
+        spec: &RecurringSpec,
+    ) -> Result<Response> {
         if self.find(&spec.key)?.is_some() {
             return Ok(Response::Rejected(Rejection::AlreadyExists(
                 spec.key.clone(),
             )));
         }
-        if let Some(existing) = self.series_row(&spec.key)? {
+        if let Some(existing) = self.recurring_row(&spec.key)? {
             // A cancelled series' tombstone answers retried cancels; its id is not reusable.
             if existing.status != Status::Cancelled && existing.same_request(spec) {
                 return Ok(Self::answer(&existing, false));
@@ -209,7 +223,7 @@ impl Applier<'_> {
                 spec.key.clone(),
             )));
         }
-        let mut s = self.new_series(spec, now_ms);
+        let mut s = self.new_recurring(spec, now_ms);
         let rule = match s.rule() {
             Ok(rule) => rule,
             Err(e) => {
@@ -221,17 +235,17 @@ impl Applier<'_> {
         };
         let first = s.following(&rule, now_ms);
         self.materialize(&mut s, first, now_ms)?;
-        self.put_series(&s);
+        self.put_recurring(&s);
         Ok(Self::answer(&s, true))
     }
 
-    pub(super) fn pause_series(
+    pub(super) fn pause_recurring(
         &mut self,
         now_ms: i64,
         key: TimerKey,
         paused: bool,
     ) -> Result<Response> {
-        let Some(mut s) = self.series_row(&key)? else {
+        let Some(mut s) = self.recurring_row(&key)? else {
             if self.find(&key)?.is_some() {
                 let why = "is a one-shot timer: only recurring timers can be paused".to_string();
                 return Ok(Response::Rejected(Rejection::Refused { key, why }));
@@ -257,19 +271,19 @@ impl Applier<'_> {
                 return Ok(Response::Rejected(Rejection::Refused { key, why }));
             }
         }
-        self.put_series(&s);
+        self.put_recurring(&s);
         Ok(Self::answer(&s, false))
     }
 
     /// Cancel of a key that names no timer: deletes the series there, if one does (with its
     /// pending occurrence), if `cond` holds. `None`: there is none.
-    pub(super) fn cancel_series(
+    pub(super) fn cancel_recurring(
         &mut self,
         now_ms: i64,
         key: &TimerKey,
         cond: Cond,
     ) -> Result<Option<Response>> {
-        let Some(mut s) = self.series_row(key)? else {
+        let Some(mut s) = self.recurring_row(key)? else {
             return Ok(None);
         };
         if let Some(why) = cond.refuses(s.status.timer_state(), s.revision) {
@@ -281,7 +295,7 @@ impl Applier<'_> {
             s.status = Status::Cancelled;
             s.finished_at_ms = now_ms;
             s.revision += 1;
-            self.put_series(&s);
+            self.put_recurring(&s);
         }
         Ok(Some(Self::answer(&s, false)))
     }
@@ -290,19 +304,19 @@ impl Applier<'_> {
     /// cancelled) its new rule, payload and policies, keeping its counters and history; its
     /// pending occurrence is replaced by the first of the new rule after `now_ms` (a paused
     /// series stays paused).
-    pub(super) fn upsert_series(
+    pub(super) fn upsert_recurring(
         &mut self,
         now_ms: i64,
-        spec: &SeriesSpec,
+        spec: &RecurringSpec,
         cond: Cond,
     ) -> Result<Response> {
         let key = spec.key.clone();
-        let existing = self.series_row(&key)?;
+        let existing = self.recurring_row(&key)?;
         let Some(mut s) = existing.filter(|s| s.status != Status::Cancelled) else {
             if cond.is_set() {
                 return Ok(Response::Rejected(Rejection::NotFound(key)));
             }
-            return self.schedule_series(now_ms, spec);
+            return self.schedule_recurring(now_ms, spec);
         };
         if let Some(why) = cond.refuses(s.status.timer_state(), s.revision) {
             return Ok(Response::Rejected(Rejection::Condition { key, why }));
@@ -310,7 +324,7 @@ impl Applier<'_> {
         if s.same_request(spec) {
             return Ok(Self::answer(&s, false));
         }
-        let fresh = self.new_series(spec, now_ms);
+        let fresh = self.new_recurring(spec, now_ms);
         if let Err(e) = fresh.rule() {
             let why = format!("has a recurrence this node cannot compute: {e}");
             return Ok(Response::Rejected(Rejection::Refused { key, why }));
@@ -327,24 +341,24 @@ impl Applier<'_> {
             let first = s.following(&rule, now_ms);
             self.materialize(&mut s, first, now_ms)?;
         }
-        self.put_series(&s);
+        self.put_recurring(&s);
         Ok(Self::answer(&s, false))
     }
 
     /// Reschedule of an occurrence or of a series: refused, with what to do instead.
     pub(super) fn reschedule_refused(&mut self, key: &TimerKey) -> Result<Option<Rejection>> {
-        let why = if self.series_row(key)?.is_some() {
+        let why = if self.recurring_row(key)?.is_some() {
             "is a recurring timer: its times come from its rule (pause it, or cancel and \
              schedule it again)"
         } else {
-            match series::parse_occurrence(&key.id) {
+            match recurring::parse_occurrence(&key.id) {
                 Some((id, _))
                     if self
-                        .series_row(&TimerKey::new(key.namespace.clone(), id))?
+                        .recurring_row(&TimerKey::new(key.namespace.clone(), id))?
                         .is_some() =>
                 {
                     "is an occurrence of a recurring timer: cancel it to skip it, or pause the \
-                     series"
+                     recurring"
                 }
                 _ => return Ok(None),
             }
@@ -357,7 +371,7 @@ impl Applier<'_> {
 
     /// The series occurrences this entry's cursor passed (see the module essay). Returns how
     /// many of the rows the cursor counted as fired did not fire after all.
-    pub(super) fn fire_series(&mut self, now_ms: i64) -> Result<u32> {
+    pub(super) fn fire_recurring(&mut self, now_ms: i64) -> Result<u32> {
         let Some((old, new, _)) = self.fired else {
             return Ok(0);
         };
@@ -366,7 +380,7 @@ impl Applier<'_> {
         let mut upper = new.encode().to_vec();
         upper.push(0);
         let reader = Reader::live(self.db);
-        let mut iter = reader.iter(CF_SERIES_DUE, lower, Some(upper));
+        let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
         let mut due = Vec::new();
         while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
             let slot =
@@ -382,7 +396,7 @@ impl Applier<'_> {
         let mut unfired = 0;
         for (slot, key) in due {
             self.batch
-                .delete_cf(cf(self.db, CF_SERIES_DUE), slot.encode());
+                .delete_cf(cf(self.db, CF_RECURRING_DUE), slot.encode());
             unfired += self.occurrence_due(now_ms, slot, &key)?;
         }
         Ok(unfired)
@@ -390,7 +404,7 @@ impl Applier<'_> {
 
     /// The cursor passed the occurrence of series `key` placed at `slot`.
     fn occurrence_due(&mut self, now_ms: i64, slot: Slot, key: &TimerKey) -> Result<u32> {
-        let Some(mut s) = self.series_row(key)? else {
+        let Some(mut s) = self.recurring_row(key)? else {
             return Ok(0);
         };
         let Some(due) = s
@@ -416,7 +430,7 @@ impl Applier<'_> {
             None => (None, 0),
         };
         let rule = self.rule_of(&mut s)?;
-        let decision = series::plan(
+        let decision = recurring::plan(
             &mut s,
             &rule,
             due,
@@ -433,10 +447,10 @@ impl Applier<'_> {
                 let at = self.move_row(&ns, slot, row, until_ms)?;
                 self.count_pending(&ns, 1)?;
                 self.batch
-                    .put_cf(cf(self.db, CF_SERIES_DUE), at.encode(), key.index_key());
+                    .put_cf(cf(self.db, CF_RECURRING_DUE), at.encode(), key.index_key());
                 s.next = Some(Next { slot: at, ..due });
                 self.rewrote_fired.push(ns);
-                self.put_series(&s);
+                self.put_recurring(&s);
                 return Ok(1);
             }
             Decision::Drop { next, .. } => {
@@ -454,7 +468,7 @@ impl Applier<'_> {
         };
         s.next = None;
         self.materialize(&mut s, next, now_ms)?;
-        self.put_series(&s);
+        self.put_recurring(&s);
         Ok(unfired)
     }
 }
@@ -467,7 +481,7 @@ impl Applier<'_> {
         &mut self,
         tzdb: String,
         zone_fp: u64,
-        change: crate::command::SeriesChange,
+        change: crate::command::RecurringChange,
     ) -> Result<Response> {
         // A pause or resume names no spec: the stored row's stamp is checked where its rule
         // is read (`Applier::rule_of`).
@@ -478,7 +492,7 @@ impl Applier<'_> {
                      this build's (tzdb {}): upgrade every node to one build \
                      (docs/recurrence.md)",
                     spec.key,
-                    crate::series::tzdb_version()
+                    crate::recurring::tzdb_version()
                 )));
             }
         }
@@ -492,18 +506,18 @@ impl Applier<'_> {
 impl Store {
     /// The series at `key` as a client sees it, with its next `upcoming` occurrence times and
     /// the current state of its latest occurrences.
-    pub fn series(&self, key: &TimerKey, upcoming: usize) -> Result<Option<SeriesView>> {
+    pub fn recurring(&self, key: &TimerKey, upcoming: usize) -> Result<Option<RecurringView>> {
         let mut snap = Snap::new(&self.db)?;
-        series_in(&mut snap, key, upcoming)
+        recurring_in(&mut snap, key, upcoming)
     }
 
     /// One page of `namespace`'s recurring timers, in id order, after `after`.
-    pub fn list_series(
+    pub fn list_recurring(
         &self,
         namespace: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<SeriesView>, Option<String>)> {
+    ) -> Result<(Vec<RecurringView>, Option<String>)> {
         let prefix = wheel::namespace_prefix(namespace);
         let start = match after {
             Some(id) => {
@@ -517,7 +531,7 @@ impl Store {
         let mut keys = Vec::new();
         let mut iter = snap
             .reader
-            .iter(CF_SERIES, start, Some(prefix_end(&prefix)));
+            .iter(CF_RECURRING, start, Some(prefix_end(&prefix)));
         while let Some(k) = iter.key() {
             if keys.len() > limit {
                 break;
@@ -533,31 +547,35 @@ impl Store {
         for k in keys {
             let key = TimerKey::from_index_key(&k)
                 .ok_or_else(|| Error::Storage("corrupt series key".into()))?;
-            if let Some(t) = series_in(&mut snap, &key, UPCOMING_IN_ANSWERS)? {
+            if let Some(t) = recurring_in(&mut snap, &key, UPCOMING_IN_ANSWERS)? {
                 out.push(t);
             }
         }
         let next = more
-            .then(|| out.last().map(|v| v.series.spec.key.id.clone()))
+            .then(|| out.last().map(|v| v.recurring.spec.key.id.clone()))
             .flatten();
         Ok((out, next))
     }
 }
 
-fn series_in(snap: &mut Snap<'_>, key: &TimerKey, upcoming: usize) -> Result<Option<SeriesView>> {
-    let Some(raw) = snap.reader.get(CF_SERIES, &key.index_key())? else {
+fn recurring_in(
+    snap: &mut Snap<'_>,
+    key: &TimerKey,
+    upcoming: usize,
+) -> Result<Option<RecurringView>> {
+    let Some(raw) = snap.reader.get(CF_RECURRING, &key.index_key())? else {
         return Ok(None);
     };
-    let s: Series = codec::decode(&raw)?;
+    let s: RecurringTimer = codec::decode(&raw)?;
     let mut recent = Vec::with_capacity(s.recent.len());
     for (nominal, fate) in &s.recent {
         let occ = s.occurrence_key(*nominal);
         let state = snap.timer(&occ)?.map(|t| t.state);
         recent.push((occ.id, *fate, state));
     }
-    let view = SeriesView {
-        upcoming_ms: series::upcoming(&s, upcoming),
-        series: s,
+    let view = RecurringView {
+        upcoming_ms: recurring::upcoming(&s, upcoming),
+        recurring: s,
         recent,
     };
     Ok(Some(view))

@@ -5,8 +5,8 @@
 use super::convert::{self, MAX_FIRE_AT_MS};
 use super::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
-use crate::series::{
-    self, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec, SeriesView, TimerOrSeries,
+use crate::recurring::{
+    self, Misfire, Overlap, Recurrence, RecurringSpec, RecurringView, RuleSpec, TimerOrRecurring,
     DEFAULT_CATCH_UP_WINDOW_MS, DEFAULT_MAX_LATENESS_MS, OCCURRENCE_SUFFIX_BYTES,
 };
 use crate::Error;
@@ -19,7 +19,7 @@ fn invalid(msg: String) -> Error {
 }
 
 /// Validates a Schedule that carries a recurrence.
-pub fn series_spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<SeriesSpec, Error> {
+pub fn recurring_spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<RecurringSpec, Error> {
     let key = convert::key(&req.namespace, &req.id, limits)?;
     if key.id.len() + OCCURRENCE_SUFFIX_BYTES > limits.max_id_bytes {
         return Err(invalid(format!(
@@ -54,7 +54,7 @@ pub fn series_spec(req: &pb::ScheduleRequest, limits: &Limits) -> Result<SeriesS
     )?;
     let r = req.recurrence.as_ref().expect("the caller checked");
     let recurrence = recurrence(r)?;
-    Ok(SeriesSpec {
+    Ok(RecurringSpec {
         key,
         recurrence,
         payload: one_shot.payload,
@@ -203,30 +203,30 @@ fn recurrence_to_pb(r: Recurrence) -> pb::Recurrence {
 
 /// A recurring timer as the API shows it: the timer a client sees for it, with the series'
 /// own state in `series`.
-impl From<SeriesView> for pb::Timer {
-    fn from(v: SeriesView) -> pb::Timer {
+impl From<RecurringView> for pb::Timer {
+    fn from(v: RecurringView) -> pb::Timer {
         let mut timer: pb::Timer = v.timer().into();
-        timer.series = Some(series_to_pb(v));
+        timer.series = Some(recurring_to_pb(v));
         timer
     }
 }
 
 /// What a key names, as a Timer message.
-impl From<TimerOrSeries> for pb::Timer {
-    fn from(found: TimerOrSeries) -> pb::Timer {
+impl From<TimerOrRecurring> for pb::Timer {
+    fn from(found: TimerOrRecurring) -> pb::Timer {
         match found {
-            TimerOrSeries::Timer(t) => t.into(),
-            TimerOrSeries::Series(v) => v.into(),
+            TimerOrRecurring::Timer(t) => t.into(),
+            TimerOrRecurring::Recurring(v) => v.into(),
         }
     }
 }
 
 /// A series' state for the `series` field of a Timer.
-fn series_to_pb(v: SeriesView) -> pb::Series {
-    let s = v.series;
+fn recurring_to_pb(v: RecurringView) -> pb::Series {
+    let s = v.recurring;
     let next_id = s
         .next
-        .map(|n| series::occurrence_id(&s.spec.key.id, n.nominal_ms))
+        .map(|n| recurring::occurrence_id(&s.spec.key.id, n.nominal_ms))
         .unwrap_or_default();
     pb::Series {
         status: s.status.name().into(),

@@ -4,7 +4,7 @@
 use super::*;
 
 #[tokio::test]
-async fn a_cron_series_follows_its_zone_across_a_dst_change() {
+async fn a_cron_recurring_follows_its_zone_across_a_dst_change() {
     let mut s = Sm::new();
     // 02:30 every day in Berlin; 2027-03-28 02:30 does not exist (clocks go 02:00 -> 03:00).
     let mut r = every(SEC);
@@ -13,9 +13,9 @@ async fn a_cron_series_follows_its_zone_across_a_dst_change() {
         zone: "Europe/Berlin".into(),
     };
     let now = 1_806_019_200_000; // 2027-03-26T00:00:00Z
-    s.apply(Command::ScheduleSeries {
+    s.apply(Command::ScheduleRecurring {
         now_ms: now,
-        spec: SeriesSpec {
+        spec: RecurringSpec {
             key: TimerKey::new("ns", "dst"),
             recurrence: r,
             payload: vec![],
@@ -30,7 +30,7 @@ async fn a_cron_series_follows_its_zone_across_a_dst_change() {
         1_806_195_600_000,
         1_806_280_200_000,
     ];
-    assert_eq!(series(&s, "dst").upcoming_ms[..4], want);
+    assert_eq!(recurring(&s, "dst").upcoming_ms[..4], want);
     for w in want {
         s.apply(fire(w, 100)).await;
         assert_eq!(occ(&s, "dst", w).unwrap().state, TimerState::Fired, "{w}");
@@ -43,7 +43,7 @@ async fn a_cron_series_follows_its_zone_across_a_dst_change() {
 /// travels in the command: stored as proposed, and a replica with other rules for the zone
 /// stops before it writes anything.
 #[tokio::test]
-async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replica() {
+async fn a_recurring_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replica() {
     let mut cron = every(SEC);
     cron.rule = RuleSpec::Cron {
         expr: "30 2 * * *".into(),
@@ -52,9 +52,9 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let stamped = |id: &str, zone_fp: u64| Command::ZoneRules {
         tzdb: "2099a".into(),
         zone_fp,
-        change: crate::command::SeriesChange::Schedule {
+        change: crate::command::RecurringChange::Schedule {
             now_ms: T0,
-            spec: SeriesSpec {
+            spec: RecurringSpec {
                 key: TimerKey::new("ns", id),
                 recurrence: cron.clone(),
                 payload: b"p".to_vec(),
@@ -66,7 +66,7 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     let own = cron.zone_fingerprint();
     assert_ne!(own, 0);
     assert!(created(&s.apply(stamped("berlin", own)).await));
-    assert_eq!(series(&s, "berlin").series.tzdb, "2099a");
+    assert_eq!(recurring(&s, "berlin").recurring.tzdb, "2099a");
 
     let before = s.store.digest().unwrap();
     s.next += 1;
@@ -79,9 +79,9 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
 
     // A bare command (a builds' before ZoneRules, or one proposed while a member is older)
     // keeps the effect it had on those builds: the replica's own tzdb version.
-    let bare = Command::ScheduleSeries {
+    let bare = Command::ScheduleRecurring {
         now_ms: T0,
-        spec: SeriesSpec {
+        spec: RecurringSpec {
             key: TimerKey::new("ns", "bare"),
             recurrence: cron.clone(),
             payload: b"p".to_vec(),
@@ -90,8 +90,8 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
     };
     assert!(created(&s.apply(bare).await));
     assert_eq!(
-        series(&s, "bare").series.tzdb,
-        crate::series::tzdb_version(),
+        recurring(&s, "bare").recurring.tzdb,
+        crate::recurring::tzdb_version(),
         "a bare command's effect changed from the older builds'"
     );
 }
@@ -101,13 +101,13 @@ async fn a_series_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replic
 fn stamp_row(s: &Sm, id: &str, tzdb: &str, other_rules: bool) {
     let db = &s.store.db;
     let k = TimerKey::new("ns", id).index_key();
-    let raw = db.get_cf(cf(db, CF_SERIES), &k).unwrap().unwrap();
-    let mut row: crate::series::Series = codec::decode(&raw).unwrap();
+    let raw = db.get_cf(cf(db, CF_RECURRING), &k).unwrap().unwrap();
+    let mut row: crate::recurring::RecurringTimer = codec::decode(&raw).unwrap();
     row.tzdb = tzdb.into();
     if other_rules {
         row.zone_fp ^= 1;
     }
-    db.put_cf(cf(db, CF_SERIES), &k, codec::encode(&row))
+    db.put_cf(cf(db, CF_RECURRING), &k, codec::encode(&row))
         .unwrap();
 }
 
@@ -125,7 +125,7 @@ async fn a_fire_naming_this_builds_tzdb_moves_rows_to_its_rules_instead_of_stopp
         expr: "30 2 * * *".into(),
         zone: "Europe/Berlin".into(),
     };
-    let own = crate::series::tzdb_version().to_string();
+    let own = crate::recurring::tzdb_version().to_string();
     let fire_with = |tzdb: Option<&str>, now_ms: i64| match tzdb {
         Some(t) => Command::FireWithZones {
             tzdb: t.into(),
@@ -148,7 +148,7 @@ async fn a_fire_naming_this_builds_tzdb_moves_rows_to_its_rules_instead_of_stopp
         let case = format!("row {row_tzdb} other rules {other_rules}, Fire naming {named:?}");
         let mut s = Sm::new();
         assert!(created(&s.apply(create("berlin", cron.clone())).await));
-        let first = series(&s, "berlin").upcoming_ms[0];
+        let first = recurring(&s, "berlin").upcoming_ms[0];
         stamp_row(&s, "berlin", row_tzdb, other_rules);
         let before = s.store.digest().unwrap();
         s.next += 1;
@@ -165,20 +165,20 @@ async fn a_fire_naming_this_builds_tzdb_moves_rows_to_its_rules_instead_of_stopp
             continue;
         }
         got.unwrap_or_else(|e| panic!("{case}: stopped: {e}"));
-        let after = series(&s, "berlin");
-        assert_eq!(after.series.fired, 1, "{case}");
+        let after = recurring(&s, "berlin");
+        assert_eq!(after.recurring.fired, 1, "{case}");
         assert!(
             after.upcoming_ms[0] > first,
             "{case}: the next occurrence is planned"
         );
         if named == Some(own.as_str()) {
             assert_eq!(
-                after.series.tzdb, own,
+                after.recurring.tzdb, own,
                 "{case}: moved to this build's rules"
             );
-            assert_eq!(after.series.zone_fp, cron.zone_fingerprint(), "{case}");
+            assert_eq!(after.recurring.zone_fp, cron.zone_fingerprint(), "{case}");
         } else {
-            assert_eq!(after.series.tzdb, row_tzdb, "{case}");
+            assert_eq!(after.recurring.tzdb, row_tzdb, "{case}");
         }
     }
 }

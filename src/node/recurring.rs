@@ -3,8 +3,8 @@
 //! state machine after the read barrier, like any read.
 
 use super::Node;
-use crate::command::{Cond, SeriesChange};
-use crate::series::{SeriesSpec, SeriesView, TimerOrSeries};
+use crate::command::{Cond, RecurringChange};
+use crate::recurring::{RecurringSpec, RecurringView, TimerOrRecurring};
 use crate::timer::TimerKey;
 use crate::{Error, Result};
 
@@ -12,58 +12,58 @@ impl Node {
     /// Creates a recurring timer (`upsert` none: a repeat answered with created = false,
     /// another refused), or with `upsert` replaces an existing one's rule, payload and policies
     /// if its condition holds (Schedule in mode UPSERT).
-    pub async fn schedule_series(
+    pub async fn schedule_recurring(
         &self,
-        spec: SeriesSpec,
+        spec: RecurringSpec,
         upsert: Option<Cond>,
-    ) -> Result<(SeriesView, bool)> {
-        self.check_series(&spec)?;
+    ) -> Result<(RecurringView, bool)> {
+        self.check_recurring(&spec)?;
         let now_ms = self.now_ms();
         let change = match upsert {
-            None => SeriesChange::Schedule { now_ms, spec },
-            Some(cond) => SeriesChange::Upsert { now_ms, spec, cond },
+            None => RecurringChange::Schedule { now_ms, spec },
+            Some(cond) => RecurringChange::Upsert { now_ms, spec, cond },
         };
-        let cmd = self.series_entry(change)?;
-        self.write_series(cmd).await
+        let cmd = self.recurring_entry(change)?;
+        self.write_recurring(cmd).await
     }
 
     /// The namespace's payload limit and schedule rate, as for one timer.
-    pub(super) fn check_series(&self, spec: &SeriesSpec) -> Result<()> {
+    pub(super) fn check_recurring(&self, spec: &RecurringSpec) -> Result<()> {
         self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
         self.check_schedule_rate(&spec.key.namespace, 1)
     }
 
     /// Pauses (`paused`) or resumes a recurring timer.
-    pub async fn pause_series(&self, key: TimerKey, paused: bool) -> Result<SeriesView> {
-        let cmd = self.series_entry(crate::command::SeriesChange::Pause {
+    pub async fn pause_recurring(&self, key: TimerKey, paused: bool) -> Result<RecurringView> {
+        let cmd = self.recurring_entry(crate::command::RecurringChange::Pause {
             now_ms: self.now_ms(),
             key,
             paused,
         })?;
-        Ok(self.write_series(cmd).await?.0)
+        Ok(self.write_recurring(cmd).await?.0)
     }
 
     /// A timer or, when none has the key, the recurring timer there, with its next `upcoming`
     /// occurrence times (linearizable).
-    pub async fn get_with(&self, key: &TimerKey, upcoming: usize) -> Result<TimerOrSeries> {
+    pub async fn get_with(&self, key: &TimerKey, upcoming: usize) -> Result<TimerOrRecurring> {
         self.read_barrier().await?;
         if let Some(t) = self.store.get(key)? {
-            return Ok(TimerOrSeries::Timer(t));
+            return Ok(TimerOrRecurring::Timer(t));
         }
         self.store
-            .series(key, upcoming)?
-            .map(TimerOrSeries::Series)
+            .recurring(key, upcoming)?
+            .map(TimerOrRecurring::Recurring)
             .ok_or_else(|| Error::NotFound(format!("timer {key} not found")))
     }
 
     /// A page of `namespace`'s recurring timers (linearizable), and the id to continue after.
-    pub async fn list_series(
+    pub async fn list_recurring(
         &self,
         namespace: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<SeriesView>, Option<String>)> {
+    ) -> Result<(Vec<RecurringView>, Option<String>)> {
         self.read_barrier().await?;
-        self.store.list_series(namespace, after, limit)
+        self.store.list_recurring(namespace, after, limit)
     }
 }

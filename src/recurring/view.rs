@@ -1,28 +1,28 @@
 //! A series as a client sees it: the stored series with its next occurrence times and the fate
-//! of its latest occurrences ([`SeriesView`]), the timer shown for it, and [`TimerOrSeries`],
+//! of its latest occurrences ([`RecurringView`]), the timer shown for it, and [`TimerOrRecurring`],
 //! what a key names when it may be either. Read-side only: nothing here is replicated.
 
 use serde::{Deserialize, Serialize};
 
-use super::{Fate, Series};
+use super::{Fate, RecurringTimer};
 use crate::timer::{Phase, Timer, TimerState, When};
 
 /// A series as a client sees it: the stored series, the next occurrence times and what
 /// became of the latest occurrences (their current state, where they still exist).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeriesView {
-    pub series: Series,
+pub struct RecurringView {
+    pub recurring: RecurringTimer,
     pub upcoming_ms: Vec<i64>,
     /// Latest occurrences, oldest first: (id, fate, state now if it still exists).
     pub recent: Vec<(String, Fate, Option<TimerState>)>,
 }
 
-impl SeriesView {
+impl RecurringView {
     /// The timer a client sees for the series (a recurring timer's Get, Cancel and List show
     /// it beside the series' own state): its key, payload and next fire time, PENDING while
     /// occurrences are to come (active or paused), ACKED once it ended, CANCELLED once deleted.
     pub fn timer(&self) -> Timer {
-        let s = &self.series;
+        let s = &self.recurring;
         let next = s.next.map_or(0, |n| n.fire_at_ms);
         Timer {
             key: s.spec.key.clone(),
@@ -52,24 +52,24 @@ impl SeriesView {
 /// What a key names, as a client sees it: a timer, or a recurring timer (its series). A Get
 /// or a Cancel may meet either; the series is its own type, not a field of every timer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TimerOrSeries {
+pub enum TimerOrRecurring {
     Timer(Timer),
-    Series(SeriesView),
+    Recurring(RecurringView),
 }
 
 /// The next `n` occurrence times of `series` (nominal, as the occurrence ids name them), from
 /// its materialised next occurrence on, within its end time and max count.
-pub fn upcoming(series: &Series, n: usize) -> Vec<i64> {
-    let Some(next) = series.next else {
+pub fn upcoming(recurring: &RecurringTimer, n: usize) -> Vec<i64> {
+    let Some(next) = recurring.next else {
         return Vec::new();
     };
-    let Ok(rule) = series.spec.recurrence.rule(series.created_at_ms) else {
+    let Ok(rule) = recurring.spec.recurrence.rule(recurring.created_at_ms) else {
         return vec![next.nominal_ms];
     };
-    let r = &series.spec.recurrence;
+    let r = &recurring.spec.recurrence;
     let mut left = match r.max_count {
         0 => n,
-        max => n.min(max.saturating_sub(series.fired) as usize),
+        max => n.min(max.saturating_sub(recurring.fired) as usize),
     };
     let mut out = Vec::with_capacity(left);
     let mut at = Some(next.nominal_ms);

@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::command::Grant;
-use crate::series::{occurrence_id, Misfire, Overlap, Recurrence, RuleSpec, SeriesSpec, Status};
+use crate::recurring::{
+    occurrence_id, Misfire, Overlap, Recurrence, RecurringSpec, RuleSpec, Status,
+};
 
 const SEC: i64 = 1000;
 
@@ -13,9 +15,9 @@ fn every(period_ms: i64) -> Recurrence {
 }
 
 fn create(id: &str, recurrence: Recurrence) -> Command {
-    Command::ScheduleSeries {
+    Command::ScheduleRecurring {
         now_ms: T0,
-        spec: SeriesSpec {
+        spec: RecurringSpec {
             key: TimerKey::new("ns", id),
             recurrence,
             payload: b"p".to_vec(),
@@ -30,9 +32,9 @@ fn occ(s: &Sm, id: &str, nominal: i64) -> Option<Timer> {
         .unwrap()
 }
 
-fn series(s: &Sm, id: &str) -> crate::series::SeriesView {
+fn recurring(s: &Sm, id: &str) -> crate::recurring::RecurringView {
     s.store
-        .series(&TimerKey::new("ns", id), 5)
+        .recurring(&TimerKey::new("ns", id), 5)
         .unwrap()
         .unwrap()
 }
@@ -44,7 +46,7 @@ async fn each_occurrence_is_placed_in_apply_and_fires_once() {
     assert!(created(&r), "{r:?}");
     let again = s.apply(create("tick", every(SEC))).await;
     assert!(
-        matches!(again, Response::Series { created: false, .. }),
+        matches!(again, Response::Recurring { created: false, .. }),
         "{again:?}"
     );
     // Only the first occurrence exists, PENDING, named by its nominal time.
@@ -56,7 +58,7 @@ async fn each_occurrence_is_placed_in_apply_and_fires_once() {
         "only the next one exists"
     );
     assert_eq!(
-        series(&s, "tick").upcoming_ms,
+        recurring(&s, "tick").upcoming_ms,
         (1..=5).map(|i| T0 + i * SEC).collect::<Vec<_>>()
     );
     // Not early.
@@ -73,9 +75,9 @@ async fn each_occurrence_is_placed_in_apply_and_fires_once() {
     }
     // A second Fire at the same time fires nothing again.
     assert_eq!(s.apply(fire(T0 + 3 * SEC, 100)).await, fired(0, false));
-    let v = series(&s, "tick");
+    let v = recurring(&s, "tick");
     assert_eq!(
-        (v.series.fired, v.series.missed, v.series.skipped),
+        (v.recurring.fired, v.recurring.missed, v.recurring.skipped),
         (3, 0, 0)
     );
     assert_eq!(v.recent.len(), 3);
@@ -92,9 +94,13 @@ async fn fire_once_after_an_outage_fires_one_catch_up() {
         fired(1, false)
     );
     assert_eq!(occ(&s, "t", T0 + SEC).unwrap().state, TimerState::Fired);
-    let v = series(&s, "t");
-    assert_eq!(v.series.next.unwrap().nominal_ms, T0 + 11 * SEC);
-    assert_eq!((v.series.fired, v.series.missed), (1, 9), "2..=10 missed");
+    let v = recurring(&s, "t");
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 11 * SEC);
+    assert_eq!(
+        (v.recurring.fired, v.recurring.missed),
+        (1, 9),
+        "2..=10 missed"
+    );
     for i in 2..=10 {
         assert!(occ(&s, "t", T0 + i * SEC).is_none());
     }
@@ -130,9 +136,9 @@ async fn fire_all_fires_every_missed_occurrence_within_the_window() {
     for i in [1, 5, 6, 7, 8, 9, 10] {
         assert_eq!(occ(&s, "t", T0 + i * SEC).unwrap().state, TimerState::Fired);
     }
-    let v = series(&s, "t");
-    assert_eq!((v.series.fired, v.series.missed), (7, 3));
-    assert_eq!(v.series.next.unwrap().nominal_ms, T0 + 11 * SEC);
+    let v = recurring(&s, "t");
+    assert_eq!((v.recurring.fired, v.recurring.missed), (7, 3));
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 11 * SEC);
 }
 
 #[tokio::test]
@@ -151,9 +157,9 @@ async fn misfire_skip_drops_a_late_occurrence() {
         occ(&s, "t", T0 + SEC).is_none(),
         "a dropped occurrence is deleted"
     );
-    let v = series(&s, "t");
-    assert_eq!((v.series.fired, v.series.missed), (0, 2));
-    assert_eq!(v.series.next.unwrap().nominal_ms, T0 + 3 * SEC);
+    let v = recurring(&s, "t");
+    assert_eq!((v.recurring.fired, v.recurring.missed), (0, 2));
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 3 * SEC);
     // On time: fires.
     assert_eq!(
         s.apply(fire(T0 + 3 * SEC + 999, 100)).await,
@@ -199,7 +205,7 @@ async fn overlap_skip_drops_occurrences_until_the_previous_is_acked() {
     assert_eq!(s.apply(fire(T0 + 2 * SEC, 100)).await, fired(0, false));
     assert_eq!(s.apply(fire(T0 + 3 * SEC, 100)).await, fired(0, false));
     assert!(occ(&s, "t", T0 + 2 * SEC).is_none() && occ(&s, "t", T0 + 3 * SEC).is_none());
-    assert_eq!(series(&s, "t").series.skipped, 2);
+    assert_eq!(recurring(&s, "t").recurring.skipped, 2);
     deliver_and_ack(&mut s, &occurrence_id("t", T0 + SEC), T0 + 3 * SEC + 1).await;
     assert_eq!(s.apply(fire(T0 + 4 * SEC, 100)).await, fired(1, false));
     assert_eq!(occ(&s, "t", T0 + 4 * SEC).unwrap().state, TimerState::Fired);
@@ -226,10 +232,10 @@ async fn buffer_one_holds_the_next_occurrence_until_the_previous_finishes() {
         fired(1, false)
     );
     assert_eq!(occ(&s, "t", T0 + 2 * SEC).unwrap().state, TimerState::Fired);
-    let v = series(&s, "t");
-    assert_eq!((v.series.fired, v.series.skipped), (2, 0));
+    let v = recurring(&s, "t");
+    assert_eq!((v.recurring.fired, v.recurring.skipped), (2, 0));
     // fire_once: the next is the first after now.
-    assert_eq!(v.series.next.unwrap().nominal_ms, T0 + 4 * SEC);
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 4 * SEC);
 }
 
 #[tokio::test]
@@ -237,7 +243,7 @@ async fn pause_resume_cancel_and_refusals() {
     let mut s = Sm::new();
     s.apply(create("t", every(SEC))).await;
     s.apply(schedule("one", T0 + 10)).await;
-    let pause = |key: &str, paused| Command::PauseSeries {
+    let pause = |key: &str, paused| Command::PauseRecurring {
         now_ms: T0 + 1500,
         key: TimerKey::new("ns", key),
         paused,
@@ -252,7 +258,7 @@ async fn pause_resume_cancel_and_refusals() {
         occ(&s, "t", T0 + SEC).is_none(),
         "pausing removes the pending occurrence"
     );
-    assert_eq!(series(&s, "t").series.status, Status::Paused);
+    assert_eq!(recurring(&s, "t").recurring.status, Status::Paused);
     assert_eq!(
         s.apply(fire(T0 + 5 * SEC, 100)).await,
         fired(1, false),
@@ -261,7 +267,7 @@ async fn pause_resume_cancel_and_refusals() {
     // Resumed at T0 + 1.5 s (its entry's time): the next is after that.
     s.apply(pause("t", false)).await;
     assert_eq!(
-        series(&s, "t").series.next.unwrap().nominal_ms,
+        recurring(&s, "t").recurring.next.unwrap().nominal_ms,
         T0 + 2 * SEC
     );
     // Reschedule of the series or of an occurrence is refused, naming what to do.
@@ -295,7 +301,7 @@ async fn pause_resume_cancel_and_refusals() {
             })
             .await;
         assert!(
-            matches!(&r, Response::Series { series, .. } if series.timer().state == TimerState::Cancelled),
+            matches!(&r, Response::Recurring { recurring, .. } if recurring.timer().state == TimerState::Cancelled),
             "{r:?}"
         );
     }
@@ -305,7 +311,7 @@ async fn pause_resume_cancel_and_refusals() {
 }
 
 #[tokio::test]
-async fn a_cancelled_occurrence_is_skipped_and_the_series_goes_on() {
+async fn a_cancelled_occurrence_is_skipped_and_the_recurring_goes_on() {
     let mut s = Sm::new();
     s.apply(create("t", every(SEC))).await;
     let r = s
@@ -316,14 +322,14 @@ async fn a_cancelled_occurrence_is_skipped_and_the_series_goes_on() {
         .await;
     assert!(matches!(r, Response::Timer { .. }), "{r:?}");
     assert_eq!(s.apply(fire(T0 + SEC, 100)).await, fired(0, false));
-    let v = series(&s, "t");
-    assert_eq!((v.series.fired, v.series.skipped), (0, 1));
-    assert_eq!(v.series.next.unwrap().nominal_ms, T0 + 2 * SEC);
+    let v = recurring(&s, "t");
+    assert_eq!((v.recurring.fired, v.recurring.skipped), (0, 1));
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 2 * SEC);
     assert_eq!(s.apply(fire(T0 + 2 * SEC, 100)).await, fired(1, false));
 }
 
 #[tokio::test]
-async fn end_and_max_count_end_the_series() {
+async fn end_and_max_count_end_the_recurring() {
     let mut s = Sm::new();
     let mut r = every(SEC);
     r.max_count = 2;
@@ -334,11 +340,11 @@ async fn end_and_max_count_end_the_series() {
     for i in 1..=4 {
         s.apply(fire(T0 + i * SEC, 100)).await;
     }
-    let c = series(&s, "count");
-    assert_eq!((c.series.fired, c.series.status), (2, Status::Ended));
-    let e = series(&s, "end");
-    assert_eq!((e.series.fired, e.series.status), (1, Status::Ended));
-    assert!(c.upcoming_ms.is_empty() && c.series.next.is_none());
+    let c = recurring(&s, "count");
+    assert_eq!((c.recurring.fired, c.recurring.status), (2, Status::Ended));
+    let e = recurring(&s, "end");
+    assert_eq!((e.recurring.fired, e.recurring.status), (1, Status::Ended));
+    assert!(c.upcoming_ms.is_empty() && c.recurring.next.is_none());
     assert_eq!(s.store.meta().unwrap().pending, 0);
 }
 
@@ -368,8 +374,8 @@ async fn a_format_4_directory_is_upgraded_in_place() {
         let Ok(mut db) = Arc::try_unwrap(db) else {
             panic!("one handle")
         };
-        db.drop_cf(CF_SERIES).unwrap();
-        db.drop_cf(CF_SERIES_DUE).unwrap();
+        db.drop_cf(CF_RECURRING).unwrap();
+        db.drop_cf(CF_RECURRING_DUE).unwrap();
     }
     let (_, mut sm) = open(&dir);
     let db = sm.store.db();
@@ -426,7 +432,7 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
     // The series still fires, and its id still names it.
     s.apply(fire(T0 + SEC, 100)).await;
     assert_eq!(occ(&s, "tick", T0 + SEC).unwrap().state, TimerState::Fired);
-    assert!(s.store.series(&key, 1).unwrap().is_some());
+    assert!(s.store.recurring(&key, 1).unwrap().is_some());
     // A cancelled series' id stays taken (its tombstone answers retried cancels).
     s.apply(Command::LegacyCancel {
         now_ms: T0 + SEC,
@@ -441,7 +447,7 @@ async fn a_one_shot_schedule_cannot_take_a_recurring_timers_id() {
 pub(super) fn workload() -> Vec<Command> {
     let base = T0 + 80 * SEC;
     let at = |mut c: Command| {
-        if let Command::ScheduleSeries { now_ms, .. } = &mut c {
+        if let Command::ScheduleRecurring { now_ms, .. } = &mut c {
             *now_ms = base;
         }
         c
@@ -463,14 +469,14 @@ pub(super) fn workload() -> Vec<Command> {
     for i in 1..=6 {
         cmds.push(fire(base + i * 1700, 1000));
         if i == 3 {
-            cmds.push(Command::PauseSeries {
+            cmds.push(Command::PauseRecurring {
                 now_ms: base + i * 1700,
                 key: TimerKey::new("ns", "s-every"),
                 paused: true,
             });
         }
         if i == 5 {
-            cmds.push(Command::PauseSeries {
+            cmds.push(Command::PauseRecurring {
                 now_ms: base + i * 1700,
                 key: TimerKey::new("ns", "s-every"),
                 paused: false,
