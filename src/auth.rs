@@ -188,7 +188,7 @@ pub struct AccessState {
     /// By id.
     pub keys: BTreeMap<String, Key>,
     /// Ids of revoked keys, oldest first, the latest [`MAX_KEYS`]: a node refuses them at
-    /// once, while it gives an id it has never seen a moment to arrive (`api::auth`).
+    /// once, while it gives an id it has never seen a moment to arrive (`api::stack::auth`).
     pub revoked: std::collections::VecDeque<String>,
 }
 

@@ -7,7 +7,7 @@
 //!   so every node reports the same totals and any node's `rate()` is the cluster's. Lateness
 //!   is measured on the replicated clock (the Fire entry's time minus the timer's due time), so
 //!   it is exact and deterministic, not a guess from a wall clock.
-//! - **gRPC** requests, by method and status, with latency: [`crate::api::observe`], a tower
+//! - **gRPC** requests, by method and status, with latency: [`crate::api::stack::observe`], a tower
 //!   layer on the server.
 //! - **Gauges** (Raft term, leader, commit/applied index, apply lag, log size, snapshots,
 //!   PENDING timers per namespace) are sampled once a second by `sample::sample_loop` from openraft's

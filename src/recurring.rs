@@ -3,7 +3,7 @@
 //! arithmetic of when the next occurrence is.
 //!
 //! **One name.** The README's word, *recurring*, names the feature in every layer: this module,
-//! `storage/recurring.rs`, `node/recurring.rs`, `api/recurring.rs`, the tools' `recurring.rs`,
+//! `storage/recurring.rs`, `node/recurring.rs`, `api/convert/recurring.rs`, the tools' `recurring.rs`,
 //! and the types ([`RecurringTimer`], [`RecurringSpec`], [`RecurringView`], the
 //! `ScheduleRecurring`/`PauseRecurring`/`UpsertRecurring` commands). Only what is frozen keeps
 //! the older word: the wire (the proto's `Series` message and `Timer.series` field, JSON names

@@ -20,20 +20,20 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::access::AccessService;
-use crate::api::auth::Gate;
-use crate::api::cluster::ClusterService;
 use crate::api::http::Transcode;
-use crate::api::layer::LayerOf;
-use crate::api::limit::{Bound, MAX_REQUESTS_IN_PROGRESS};
-use crate::api::namespaces::NamespacesService;
 use crate::api::pb::access_server::AccessServer;
 use crate::api::pb::namespaces_server::NamespacesServer;
 use crate::api::pb::{
     cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer,
 };
-use crate::api::peer::PeerService;
-use crate::api::timers::TimersService;
+use crate::api::services::access::AccessService;
+use crate::api::services::cluster::ClusterService;
+use crate::api::services::namespaces::NamespacesService;
+use crate::api::services::peer::PeerService;
+use crate::api::services::timers::TimersService;
+use crate::api::stack::auth::Gate;
+use crate::api::stack::layer::LayerOf;
+use crate::api::stack::limit::{Bound, MAX_REQUESTS_IN_PROGRESS};
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::cluster::purger::Purger;
 use crate::cluster::MAX_PEER_MESSAGE_BYTES;
@@ -176,7 +176,7 @@ pub async fn start_with(
         pusher: crate::push::pusher::Pusher {
             node: node.clone(),
             http: crate::push::http::HttpSender::new(&trust, guard)?,
-            grpc: crate::api::receiver::grpc_sender(trust, guard),
+            grpc: crate::api::services::receiver::grpc_sender(trust, guard),
         },
     };
     tasks.push(tokio::spawn(pusher.run(rx.clone())));
@@ -278,7 +278,7 @@ async fn serve(
     incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::listen::Conn>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let router = Arc::new(crate::api::forward::Router::new(node.clone()));
+    let router = Arc::new(crate::api::stack::forward::Router::new(node.clone()));
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
@@ -289,7 +289,7 @@ async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
-    let health_task = tokio::spawn(crate::api::health::report(node.clone(), reporter));
+    let health_task = tokio::spawn(crate::api::services::health::report(node.clone(), reporter));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::api::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -309,8 +309,8 @@ async fn serve(
         .accept_http1(port == Port::Client)
         // Outermost: an HTTP/JSON call becomes the gRPC call it names and goes down the rest.
         .layer(LayerOf(Transcode))
-        .layer(crate::api::observe::ObserveLayer)
-        // The layers are each an `api::layer::Around`: the request bound, then auth, then
+        .layer(crate::api::stack::observe::ObserveLayer)
+        // The layers are each an `api::stack::layer::Around`: the request bound, then auth, then
         // forwarding to the leader.
         .layer(LayerOf(Bound::new(MAX_REQUESTS_IN_PROGRESS)))
         .layer(LayerOf(Arc::new(gate)))

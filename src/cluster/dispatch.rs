@@ -31,7 +31,7 @@
 //!   with `push`), one without only to streams: a lease goes to one subscription, so pull and
 //!   push never take the same timer.
 //!
-//! Subscriptions are served only while this node leads; the API layer (`api::subscribe`) moves
+//! Subscriptions are served only while this node leads; the API layer (`api::services::subscribe`) moves
 //! a stream to the new leader when leadership changes.
 
 use openraft::async_runtime::WatchReceiver as _;
@@ -68,7 +68,7 @@ pub struct Delivery {
     /// Its ack deadline: the lease's (after it, the delivery is made again with attempt + 1).
     pub deadline_ms: i64,
     /// The lease it came in, when the whole lease went to this subscription: acking every
-    /// delivery of it can then be one write (`api::subscribe`).
+    /// delivery of it can then be one write (`api::services::subscribe`).
     pub lease: Option<LeaseTag>,
 }
 

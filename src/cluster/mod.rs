@@ -2,7 +2,7 @@
 //! types are `raft_types`'s, a floor below, so storage can speak them too.
 //!
 //! Every node runs one `openraft::Raft` whose log store and state machine live in `storage`.
-//! Peers talk over the internal `timerdb.v1.Raft` gRPC service (served in `api::peer`, called
+//! Peers talk over the internal `timerdb.v1.Raft` gRPC service (served in `api::services::peer`, called
 //! from [`network`]). Client writes go through the [`Proposer`], which packs concurrent ones
 //! into shared entries; acks that arrive on delivery streams are coalesced by the [`Acker`].
 //! Three workers run only while this node is the leader: the fire driver ([`driver`]), the only

@@ -1,5 +1,5 @@
 //! Whether this node can serve a request soon and correctly: the judgement behind
-//! `grpc.health.v1` (`api/health.rs` reports it; its essay says what SERVING promises).
+//! `grpc.health.v1` (`api/services/health.rs` reports it; its essay says what SERVING promises).
 //!
 //! Serving means: it knows a leader (itself, or another it heard from within
 //! [`LEADER_SILENT`]) and it has applied everything it knew to be committed one check ago.

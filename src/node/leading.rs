@@ -5,7 +5,7 @@
 //! after the leader's own first (blank) entry commits. Until then a new leader's applied state
 //! may lack what its predecessor acknowledged — an API key whose creation was answered OK, for
 //! one. So a leader that has not yet applied an entry of its own term waits for it before it
-//! refuses on the grounds of its applied state (`api/auth.rs`: an unknown key), and answers
+//! refuses on the grounds of its applied state (`api/stack/auth.rs`: an unknown key), and answers
 //! from it once that entry has applied: everything acknowledged before the election is there.
 //!
 //! And a leader proposes an entry form only if every member advertised a feature level that

@@ -212,7 +212,7 @@ impl Answer {
     }
 }
 
-/// Sends pushes to gRPC receivers; implemented by the API layer (`api::receiver`), the only
+/// Sends pushes to gRPC receivers; implemented by the API layer (`api::services::receiver`), the only
 /// code that knows the protobuf types.
 pub trait GrpcSender: Send + Sync {
     /// Calls `Receiver/Receive` at `url` (`grpc://` or `grpcs://`) with `msg`, within `timeout`.

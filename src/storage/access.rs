@@ -31,7 +31,7 @@ impl Store {
         self.access_changed.notify_waiters();
     }
 
-    /// What wakes a waiter when the access state changes next (see `api::auth`).
+    /// What wakes a waiter when the access state changes next (see `api::stack::auth`).
     pub fn access_changes(&self) -> Arc<tokio::sync::Notify> {
         self.access_changed.clone()
     }

@@ -185,8 +185,8 @@ async fn with_auth_on_every_rpc_of_every_service_is_refused_without_a_valid_key(
         // Open by design: a load balancer's health check and a generic tool's discovery.
         if path.starts_with("/grpc.health.v1.") || path.starts_with("/grpc.reflection.") {
             assert_eq!(
-                timerdb::api::methods::rule_of(path).unwrap().access,
-                timerdb::api::methods::Access::Open
+                timerdb::api::stack::methods::rule_of(path).unwrap().access,
+                timerdb::api::stack::methods::Access::Open
             );
             continue;
         }
@@ -196,7 +196,7 @@ async fn with_auth_on_every_rpc_of_every_service_is_refused_without_a_valid_key(
         }
         // In the descriptors (receivers implement it) but served by no node: no rule, so
         // refused by default, credential or not.
-        if timerdb::api::methods::rule_of(path).is_none() {
+        if timerdb::api::stack::methods::rule_of(path).is_none() {
             assert!(
                 path.starts_with("/timerdb.v1.Receiver/"),
                 "{path} has no rule"

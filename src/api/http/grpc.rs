@@ -10,11 +10,11 @@ use tonic::body::Body;
 use tonic::Code;
 
 use super::codec::Decode;
-use crate::api::layer::{self, Inner};
+use crate::api::stack::layer::{self, Inner};
 
 /// The request headers that travel from the HTTP request into the gRPC call: the credential.
 /// (A client certificate travels in the request's extensions, as for gRPC.)
-const FORWARDED_HEADERS: &[&str] = &[crate::api::auth::AUTHORIZATION, "user-agent"];
+const FORWARDED_HEADERS: &[&str] = &[crate::api::stack::auth::AUTHORIZATION, "user-agent"];
 
 /// The gRPC request for method `rpc` with the encoded `message`, carrying the HTTP request's
 /// credential and connection.

@@ -30,7 +30,7 @@ use tonic::body::Body;
 
 use self::grpc::Reply;
 use self::routes::{Found, Input, Output, Route};
-use super::layer::{self, Answer, Around, Inner};
+use crate::api::stack::layer::{self, Answer, Around, Inner};
 
 /// The layer that serves HTTP/JSON calls and lets gRPC through.
 #[derive(Debug, Clone, Copy, Default)]

@@ -109,7 +109,7 @@ fn convert(input: &[u8]) -> Verdict {
     }));
     push(decoded::<pb::ScheduleRequest>(input, |m| {
         match m.recurrence {
-            Some(_) => outcome(timerdb::api::recurring::recurring_spec(m, &l)),
+            Some(_) => outcome(timerdb::api::convert::recurring::recurring_spec(m, &l)),
             None => "one-shot".into(),
         }
     }));
@@ -126,10 +126,10 @@ fn convert(input: &[u8]) -> Verdict {
         outcome(c::acks(m, &l))
     }));
     push(decoded::<pb::PutNamespaceRequest>(input, |m| {
-        outcome(timerdb::api::policy::namespace_put(m, &l))
+        outcome(timerdb::api::convert::policy::namespace_put(m, &l))
     }));
     push(decoded::<pb::SubscribeRequest>(input, |m| {
-        outcome(timerdb::api::subscribe::validate(m.clone(), &l))
+        outcome(timerdb::api::services::subscribe::validate(m.clone(), &l))
     }));
     push(decoded::<pb::CreateKeyRequest>(input, |m| {
         let roles: Vec<_> = m

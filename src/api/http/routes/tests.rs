@@ -1,7 +1,7 @@
 use http::Method;
 
 use super::*;
-use crate::api::methods::RULES;
+use crate::api::stack::methods::RULES;
 
 fn params(method: Method, path: &str) -> (&'static str, Vec<(&'static str, String)>) {
     match find(&method, path) {

@@ -232,11 +232,11 @@ const fn ns_in(p: Permission, names: Names) -> Access {
 /// before its service (auth, forwarding) buffer at most.
 pub fn message_limit(path: &str) -> usize {
     if path.starts_with("/timerdb.v1.Timers/") {
-        super::MAX_CLIENT_MESSAGE_BYTES
+        crate::api::MAX_CLIENT_MESSAGE_BYTES
     } else if path.starts_with("/timerdb.v1.Raft/") {
         crate::cluster::MAX_PEER_MESSAGE_BYTES
     } else {
-        super::MAX_SMALL_MESSAGE_BYTES
+        crate::api::MAX_SMALL_MESSAGE_BYTES
     }
 }
 

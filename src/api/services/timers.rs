@@ -1,20 +1,20 @@
 //! The client `Timers` service: validate, then run the domain operation.
 //!
 //! Every handler has the same shape: validate the request, call the node, convert the answer.
-//! Where it runs is not its concern: the forwarding layer ([`super::forward`]) sends each call
+//! Where it runs is not its concern: the forwarding layer ([`crate::api::stack::forward`]) sends each call
 //! to the leader (or keeps it here, for the streams), and the auth layer has checked the
-//! caller. Subscribe and Consume are streams that follow the leader: see [`super::subscribe`].
+//! caller. Subscribe and Consume are streams that follow the leader: see [`crate::api::services::subscribe`].
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert::{self, encode_token, RedriveTarget};
-use super::forward::{self, Router};
-use super::modes;
-use super::pb::{self, timers_server};
-use super::recurring;
-use super::subscribe;
+use crate::api::convert::modes;
+use crate::api::convert::recurring;
+use crate::api::convert::{self, encode_token, RedriveTarget};
+use crate::api::pb::{self, timers_server};
+use crate::api::services::subscribe;
+use crate::api::stack::forward::{self, Router};
 use crate::command::Options;
 use crate::config::Limits;
 use crate::node::Node;
@@ -58,7 +58,8 @@ impl timers_server::Timers for TimersService {
             }
             (false, mode) => {
                 let spec = convert::spec(req, self.limits())?;
-                let misfire = super::policy::misfire(req.max_lateness_ms, req.misfire, "")?;
+                let misfire =
+                    crate::api::convert::policy::misfire(req.max_lateness_ms, req.misfire, "")?;
                 let with = Options {
                     mode,
                     cond,
@@ -162,7 +163,7 @@ impl timers_server::Timers for TimersService {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = super::auth::credential(&request);
+        let credential = crate::api::stack::auth::credential(&request);
         let req = subscribe::validate(request.into_inner(), self.limits())?;
         let stream = subscribe::start(self.router.clone(), req, forwarded, credential, None)?;
         Ok(Response::new(stream))
@@ -175,7 +176,7 @@ impl timers_server::Timers for TimersService {
         request: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = super::auth::credential(&request);
+        let credential = crate::api::stack::auth::credential(&request);
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("the stream ended before its first message (subscribe)")

@@ -1,5 +1,5 @@
 //! Who may call what: one tower layer around every service, driven by the access rule of each
-//! RPC in [`super::methods`].
+//! RPC in [`crate::api::stack::methods`].
 //!
 //! Per call, before anything else runs (so an answer never depends on whether a timer or a
 //! namespace exists):
@@ -35,8 +35,8 @@ use prost::Message;
 use tonic::body::Body;
 use tonic::Status;
 
-use super::layer::{Answer, Around, Inner};
-use super::methods::{self, Access, Names, Permission};
+use crate::api::stack::layer::{Answer, Around, Inner};
+use crate::api::stack::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
 use crate::listen::ConnInfo;
 use crate::node::{Leader, Node};
@@ -240,7 +240,7 @@ impl Gate {
     async fn until_caught_up_as_leader(&self) -> Result<(), Status> {
         match self.node.until_applied_own_term(CATCH_UP).await {
             true => Ok(()),
-            false => Err(super::headers::not_applied_status(
+            false => Err(crate::api::stack::headers::not_applied_status(
                 "this node was just elected leader and is still applying its predecessor's \
                  entries: it cannot check the call's credentials yet; send it again"
                     .into(),
@@ -280,12 +280,15 @@ impl Gate {
         // A forwarded call skips what the member that forwarded it already did (a stream's
         // ack filter at the client's edge; the retry to the next leader), so only a member may
         // say a call is forwarded.
-        if req.headers().contains_key(super::headers::FORWARDED_HEADER) {
+        if req
+            .headers()
+            .contains_key(crate::api::stack::headers::FORWARDED_HEADER)
+        {
             if let Err(why) = self.peer(req.extensions().get::<ConnInfo>()) {
                 denied(path, "not_peer", None);
                 return Err(Status::unauthenticated(format!(
                     "{} marks a call a member forwarded, and this caller is no member: {why}",
-                    super::headers::FORWARDED_HEADER
+                    crate::api::stack::headers::FORWARDED_HEADER
                 )));
             }
         }
@@ -356,7 +359,9 @@ impl Gate {
             }
             Access::Namespace(permission, names) => {
                 let (parts, body) = req.into_parts();
-                let first = super::first::first_message(body, methods::message_limit(path)).await?;
+                let first =
+                    crate::api::stack::first::first_message(body, methods::message_limit(path))
+                        .await?;
                 if let Some(namespace) = refusal(&principal, permission, names, &first.message)? {
                     denied(path, "no_permission", Some(&principal));
                     return Err(Status::permission_denied(format!(
@@ -473,7 +478,7 @@ impl Around for Arc<Gate> {
                 Ok(req) => req,
                 Err(status) => return Ok(status.into_http()),
             };
-            use super::revocable::Watched;
+            use crate::api::stack::revocable::Watched;
             // A node-local call (the streams) let in while auth was off ends when it is
             // turned on; leader calls are short, and judged again if they wait for a leader
             // (`forward.rs`).
@@ -484,10 +489,10 @@ impl Around for Arc<Gate> {
                 Some(Principal::Anyone) if local => Some(Watched::AuthOff),
                 _ => None,
             };
-            let response = super::layer::call(inner, req).await;
+            let response = crate::api::stack::layer::call(inner, req).await;
             Ok(match watched {
-                // An open call ends when what let it in is gone (api/revocable.rs).
-                Some(watched) => super::revocable::wrap(response, &gate.node, watched),
+                // An open call ends when what let it in is gone (api/stack/revocable.rs).
+                Some(watched) => crate::api::stack::revocable::wrap(response, &gate.node, watched),
                 None => response,
             })
         })
@@ -511,14 +516,14 @@ pub fn still_holds(principal: Option<&Principal>, state: &AccessState) -> Result
         Some(Principal::Bootstrap) => Ok(()),
         Some(Principal::Key(k)) => match state.keys.get(&k.id) {
             Some(now) if now == k => Ok(()),
-            Some(_) => Err(super::headers::not_applied_status(
+            Some(_) => Err(crate::api::stack::headers::not_applied_status(
                 "the call's API key changed while the call waited for a leader: send it again"
                     .into(),
             )),
             None => Err(Status::unauthenticated(Unauthenticated::Unknown.message())),
         },
         // Judged while auth was off, its credentials were not read: judged afresh on a resend.
-        Some(Principal::Anyone) | None => Err(super::headers::not_applied_status(
+        Some(Principal::Anyone) | None => Err(crate::api::stack::headers::not_applied_status(
             "auth was turned on while the call waited for a leader: send it again".into(),
         )),
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use super::pb;
+use crate::api::pb;
 use crate::push::guard::Guard;
 use crate::push::trust::Trust;
 use crate::push::{Answer, GrpcSender, Message, RetryAfter};

@@ -22,7 +22,7 @@ use hyper::body::Frame;
 use tonic::body::Body;
 use tonic::Status;
 
-use super::layer::BoxFuture;
+use crate::api::stack::layer::BoxFuture;
 use crate::auth::{AccessState, Key};
 use crate::node::Node;
 
@@ -113,7 +113,7 @@ impl hyper::body::Body for Revocable {
                 true => Status::unauthenticated(self.why.clone()),
                 // Let in while auth was off, its caller's credentials were never read: a
                 // caller with a key reconnects and is judged afresh, one without is refused.
-                false => super::headers::not_applied_status(self.why.clone()),
+                false => crate::api::stack::headers::not_applied_status(self.why.clone()),
             };
             crate::metrics::auth_denied("(open stream)", "revoked");
             tracing::warn!("an open call ended: {}", self.why);

@@ -2,8 +2,8 @@
 //! validated and given its defaults, the acks a consumer sends upstream, and a delivery as the
 //! client sees it.
 
-use super::super::convert::check_name;
-use super::super::pb;
+use crate::api::convert::check_name;
+use crate::api::pb;
 use crate::cluster::Delivery;
 use crate::config::Limits;
 use crate::Error;

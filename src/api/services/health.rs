@@ -25,7 +25,7 @@ use std::time::Duration;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use super::subscribe::stopping;
+use crate::api::services::subscribe::stopping;
 use crate::node::Node;
 
 /// The services whose status is reported besides the whole server's ("").

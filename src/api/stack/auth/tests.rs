@@ -11,7 +11,7 @@ fn bearer_takes_the_token_in_any_case_and_nothing_else() {
 
 #[test]
 fn the_namespaces_of_a_batch_and_of_a_consume_are_all_checked() {
-    use super::super::pb;
+    use crate::api::pb;
     let k = crate::auth::Key {
         id: "aa".into(),
         name: "orders-writer".into(),

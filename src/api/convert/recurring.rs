@@ -2,8 +2,8 @@
 //! [`crate::series`]. A bad rule is refused here, naming the field, before anything is
 //! proposed; apply builds the rule again from what was validated (docs/recurrence.md).
 
-use super::convert::{self, MAX_FIRE_AT_MS};
-use super::pb;
+use crate::api::convert::{self, MAX_FIRE_AT_MS};
+use crate::api::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
 use crate::recurring::{
     self, Misfire, Overlap, Recurrence, RecurringSpec, RecurringView, RuleSpec, TimerOrRecurring,

@@ -6,7 +6,7 @@
 
 use tonic::{Code, Status};
 
-use super::pb;
+use crate::api::pb;
 use crate::config::{Limits, MIN_FIRE_AT_MS};
 use crate::storage::{ListFilter, ListQuery};
 use crate::timer::{
@@ -48,7 +48,9 @@ impl From<Error> for Status {
             | Error::NoQuorum(_)
             | Error::NotYet(_)
             | Error::OutcomeUnknown(_) => {
-                use super::headers::{NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER};
+                use crate::api::stack::headers::{
+                    NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER,
+                };
                 let mut status = Status::new(Code::Unavailable, e.to_string());
                 let mark = |status: &mut Status, header: &'static str| {
                     let one = tonic::metadata::MetadataValue::from_static("1");
@@ -488,6 +490,10 @@ pub fn ack_result(r: Result<Timer, Error>) -> pb::AckResult {
         }
     }
 }
+
+pub mod modes;
+pub mod policy;
+pub mod recurring;
 
 #[cfg(test)]
 mod tests;

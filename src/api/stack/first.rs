@@ -127,8 +127,8 @@ impl First {
 mod tests {
     use prost::Message;
 
-    use super::super::MAX_CLIENT_MESSAGE_BYTES;
     use super::*;
+    use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 
     fn framed(msg: &impl Message) -> Vec<u8> {
         let body = msg.encode_to_vec();
@@ -140,7 +140,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_first_message_is_read_across_chunks_and_handed_on_whole() {
-        let req = super::super::pb::ScheduleRequest {
+        let req = crate::api::pb::ScheduleRequest {
             namespace: "orders".into(),
             id: "x".repeat(100),
             ..Default::default()
@@ -155,7 +155,7 @@ mod tests {
             chunks,
         )));
         let first = first_message(body, MAX_CLIENT_MESSAGE_BYTES).await.unwrap();
-        let decoded = super::super::pb::ScheduleRequest::decode(first.message.clone()).unwrap();
+        let decoded = crate::api::pb::ScheduleRequest::decode(first.message.clone()).unwrap();
         assert_eq!(decoded.namespace, "orders");
         let again = first.hand_on().collect().await.unwrap().to_bytes();
         assert_eq!(&again[..], &bytes[..], "every byte handed on, in order");

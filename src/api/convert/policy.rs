@@ -7,7 +7,7 @@
 //! namespace's current ones or generates one (`Node::put_namespace`), so they are checked
 //! again there.
 
-use super::pb;
+use crate::api::pb;
 use crate::config::Limits;
 use crate::namespace::sign::Secret;
 use crate::namespace::{
@@ -20,7 +20,7 @@ pub fn namespace_put(
     req: &pb::PutNamespaceRequest,
     limits: &Limits,
 ) -> Result<(String, Policy, Option<PushTarget>), Error> {
-    super::convert::check_name("namespace", &req.name, limits.max_namespace_bytes)?;
+    crate::api::convert::check_name("namespace", &req.name, limits.max_namespace_bytes)?;
     let p = req.policy.clone().unwrap_or_default();
     let d = Policy::default();
     let or = |v: u64, default: u64| if v == 0 { default } else { v };

@@ -1,6 +1,6 @@
 //! Routing a client call to the leader: one tower layer around every service.
 //!
-//! Each RPC's route is in [`super::methods`]. A `Local` call goes straight to its service. A
+//! Each RPC's route is in [`crate::api::stack::methods`]. A `Local` call goes straight to its service. A
 //! `Leader` call runs on this node if it leads; on a follower the unchanged request (method,
 //! headers, the message bytes) is sent to the leader's client port, marked with the
 //! `x-timerdb-forwarded` header, and the leader's answer (a message, or a stream of them) comes
@@ -35,14 +35,14 @@ use tonic::body::Body;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
-use super::headers::{
+use crate::api::pb::timers_client::TimersClient;
+use crate::api::stack::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
+use crate::api::stack::headers::{
     not_applied_status, FORWARDED_HEADER, NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER,
 };
-use super::layer::{Answer, Around, Inner};
-use super::methods::{self, Route};
-use super::pb::timers_client::TimersClient;
-use super::MAX_CLIENT_MESSAGE_BYTES;
+use crate::api::stack::layer::{Answer, Around, Inner};
+use crate::api::stack::methods::{self, Route};
+use crate::api::MAX_CLIENT_MESSAGE_BYTES;
 use crate::node::{Leader, Node};
 
 /// Pause between attempts while the leader is unknown or changing.
@@ -55,7 +55,10 @@ pub fn is_forwarded<T>(req: &tonic::Request<T>) -> bool {
 
 /// Wraps a Subscribe for the leader: marked forwarded, with the client's credential, and
 /// without a deadline (it is a stream).
-pub fn stream_request<T>(msg: T, credential: Option<super::auth::Credential>) -> tonic::Request<T> {
+pub fn stream_request<T>(
+    msg: T,
+    credential: Option<crate::api::stack::auth::Credential>,
+) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut().insert(
         FORWARDED_HEADER,
@@ -133,12 +136,12 @@ async fn on_leader<S: Inner>(
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let deferred = req
         .extensions()
-        .get::<super::auth::LeaderDecides>()
+        .get::<crate::api::stack::auth::LeaderDecides>()
         .is_some();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     let limit = match deferred {
-        true => super::auth::DEFERRED_MESSAGE_BYTES.min(methods::message_limit(path)),
+        true => crate::api::stack::auth::DEFERRED_MESSAGE_BYTES.min(methods::message_limit(path)),
         false => methods::message_limit(path),
     };
     let message = match read_message(body, limit).await {
@@ -171,7 +174,7 @@ async fn on_leader<S: Inner>(
                     return s.into_http();
                 }
                 let req = rebuild(&parts, message.clone(), false, timeout);
-                let resp = super::layer::call(inner.clone(), req).await;
+                let resp = crate::api::stack::layer::call(inner.clone(), req).await;
                 // Leadership moved under the call: the next leader may take it, if it did
                 // nothing here or may be repeated.
                 match retry_status(&resp) {
@@ -243,7 +246,7 @@ async fn on_leader<S: Inner>(
 /// predecessors' entries and the call's principal still holds against them
 /// (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not bypassed.
 async fn judged_here(node: &Node, parts: &http::request::Parts) -> Result<(), Status> {
-    let Some(super::auth::JudgedAt(judged)) = parts.extensions.get().copied() else {
+    let Some(crate::api::stack::auth::JudgedAt(judged)) = parts.extensions.get().copied() else {
         return Ok(()); // not judged by the gate: an open method
     };
     let view = node.leader_view();
@@ -257,17 +260,17 @@ async fn judged_here(node: &Node, parts: &http::request::Parts) -> Result<(), St
                 .into(),
         ));
     }
-    super::auth::still_holds(parts.extensions.get(), &node.access())
+    crate::api::stack::auth::still_holds(parts.extensions.get(), &node.access())
 }
 
 /// Whether the call in `message` (one gRPC frame) may be sent twice (DESIGN 9). A compressed
 /// or malformed frame is not looked into: not safe.
 fn retry_safe(path: &str, message: &[u8]) -> bool {
     match message.split_first() {
-        Some((0, rest)) if rest.len() >= super::first::FRAME_HEADER_BYTES - 1 => {
+        Some((0, rest)) if rest.len() >= crate::api::stack::first::FRAME_HEADER_BYTES - 1 => {
             timerdb_client::idempotent::retry_safe(
                 path,
-                &rest[super::first::FRAME_HEADER_BYTES - 1..],
+                &rest[crate::api::stack::first::FRAME_HEADER_BYTES - 1..],
             )
         }
         _ => false,
@@ -293,7 +296,7 @@ fn outcome_unknown(why: &str) -> Status {
 
 /// The request's bytes (one gRPC message of at most `max` bytes).
 async fn read_message(body: Body, max: usize) -> Result<Bytes, Status> {
-    let limit = max + super::first::FRAME_HEADER_BYTES;
+    let limit = max + crate::api::stack::first::FRAME_HEADER_BYTES;
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) => {

@@ -1,14 +1,14 @@
 //! The client `Cluster` service: this node's view of itself and its cluster, the digest of its
 //! state machine (what the chaos checker compares across replicas), and membership and
-//! leadership changes, which run on the leader (forwarded like writes, see [`super::forward`]),
-//! and backups, streamed from the leader ([`super::backup`]; a follower relays the stream).
+//! leadership changes, which run on the leader (forwarded like writes, see [`crate::api::stack::forward`]),
+//! and backups, streamed from the leader ([`crate::api::services::backup`]; a follower relays the stream).
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::backup;
-use super::pb::{self, cluster_server};
+use crate::api::pb::{self, cluster_server};
+use crate::api::services::backup;
 use crate::node::Member;
 use crate::node::Node;
 

@@ -1,14 +1,14 @@
 //! The client `Namespaces` service: replicated namespace policies.
 //!
 //! Same shape as the Timers handlers: validate, then call the node. The forwarding layer runs
-//! every call on the leader ([`super::forward`]), so reads are linearizable.
+//! every call on the leader ([`crate::api::stack::forward`]), so reads are linearizable.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, encode_token};
-use super::pb::{self, namespaces_server};
+use crate::api::convert::{self, encode_token};
+use crate::api::pb::{self, namespaces_server};
 use crate::node::Node;
 use crate::Error;
 
@@ -45,7 +45,8 @@ impl namespaces_server::Namespaces for NamespacesService {
         request: Request<pb::PutNamespaceRequest>,
     ) -> Result<Response<pb::PutNamespaceResponse>, Status> {
         let limits = &self.node.config().limits;
-        let (name, policy, push) = super::policy::namespace_put(request.get_ref(), limits)?;
+        let (name, policy, push) =
+            crate::api::convert::policy::namespace_put(request.get_ref(), limits)?;
         if let Some(target) = &push {
             check_reach(&self.node, &target.url).await?;
         }

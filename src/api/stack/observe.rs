@@ -10,7 +10,7 @@
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use super::layer::BoxFuture;
+use crate::api::stack::layer::BoxFuture;
 
 /// Wraps a service in [`Observe`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,7 +43,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let known = super::methods::index_of(req.uri().path());
+        let known = crate::api::stack::methods::index_of(req.uri().path());
         let method = match known {
             Some(_) => String::new(), // the metrics keep the known methods' names
             None => req.uri().path().to_string(),
@@ -67,9 +67,11 @@ where
                     calls.increment(1);
                     seconds.record(started.elapsed().as_secs_f64());
                 }
-                Some(i) => {
-                    crate::metrics::grpc(super::methods::RULES[i].path, code, started.elapsed())
-                }
+                Some(i) => crate::metrics::grpc(
+                    crate::api::stack::methods::RULES[i].path,
+                    code,
+                    started.elapsed(),
+                ),
                 None => crate::metrics::grpc(&method, code, started.elapsed()),
             }
             result
@@ -83,12 +85,12 @@ fn ok_recurring(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
     type Series = std::sync::OnceLock<(metrics::Counter, metrics::Histogram)>;
     static OK: std::sync::OnceLock<Vec<Series>> = std::sync::OnceLock::new();
     let all = OK.get_or_init(|| {
-        super::methods::RULES
+        crate::api::stack::methods::RULES
             .iter()
             .map(|_| Series::new())
             .collect()
     });
     all[i].get_or_init(|| {
-        crate::metrics::grpc_recurring(super::methods::RULES[i].path, tonic::Code::Ok)
+        crate::metrics::grpc_recurring(crate::api::stack::methods::RULES[i].path, tonic::Code::Ok)
     })
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::pb::{self, access_server};
+use crate::api::pb::{self, access_server};
 use crate::auth::{self, AccessChange, Key, Principal, Role};
 use crate::command::{Command, Response as Applied};
 use crate::node::Node;

@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use tonic::body::Body;
 use tonic::Status;
 
-use super::layer::{Answer, Around, Inner};
+use crate::api::stack::layer::{Answer, Around, Inner};
 
 /// Most client requests a node works on at once.
 pub const MAX_REQUESTS_IN_PROGRESS: usize = 8192;
@@ -62,8 +62,8 @@ impl Around for Bound {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layer::LayerOf;
     use super::*;
+    use crate::api::stack::layer::LayerOf;
     use std::convert::Infallible;
     use tower::{Layer, Service, ServiceExt};
 

@@ -2,8 +2,8 @@
 //! `if_revision`) and of Reschedule's relative shifts, into [`crate::timer`]'s `Mode`, `Cond`
 //! and `Shift` (the semantics: `storage/change.rs`).
 
-use super::convert::{self, state_from_pb};
-use super::pb;
+use crate::api::convert::{self, state_from_pb};
+use crate::api::pb;
 use crate::command::{Cond, Mode, Shift};
 use crate::config::Limits;
 use crate::Error;

@@ -39,9 +39,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::auth::Credential;
-use super::forward::{self, Router};
-use super::pb;
+use crate::api::pb;
+use crate::api::stack::auth::Credential;
+use crate::api::stack::forward::{self, Router};
 use crate::cluster::acks::{StreamAcks, HOLD};
 use crate::cluster::{AckItem, Subscription};
 use crate::node::{Leader, Node};

@@ -14,7 +14,7 @@ use openraft_legacy::network_v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::pb::{raft_server, RaftMessage};
+use crate::api::pb::{raft_server, RaftMessage};
 use crate::cluster::network::{BUCKET_MS_HEADER, TERM_HEADER};
 use crate::cluster::Raft;
 use crate::raft_types::{LogId, TypeConfig};
@@ -32,7 +32,7 @@ pub struct PeerService {
     /// it admits (`storage/admission.rs`).
     config: std::sync::Arc<crate::config::NodeConfig>,
     /// What each peer advertised and when: an AppendEntries notes its leader here, which is
-    /// how this node knows it still hears from one (health, `api/health.rs`).
+    /// how this node knows it still hears from one (health, `api/services/health.rs`).
     levels: std::sync::Arc<crate::cluster::Levels>,
 }
 

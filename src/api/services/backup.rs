@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use super::pb;
+use crate::api::pb;
 use crate::raft_types::NodeId;
 use crate::storage::Snapshot;
 
