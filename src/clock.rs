@@ -5,6 +5,13 @@
 //! (DESIGN invariant 1). A `Clock` may carry a fixed offset so that tests and the chaos harness
 //! can skew one node's clock without touching the system clock. In a simulation (`crate::sim`)
 //! it reads the simulated clock instead of the system's.
+//!
+//! **Tests drive it** three ways, by what they test: the state machine never reads it (an
+//! entry's `now_ms` is its time, so a goldenscript in `src/storage/testscripts/` sets every
+//! instant by hand); pure leader rules take `now_ms` as an argument (`cluster::limits`); and a
+//! leader-side wait is tested in paused time — `sim::install` makes this clock read tokio's
+//! time, and `#[tokio::test(start_paused = true)]` makes that time jump to the next timer
+//! (`cluster/dispatch/tests.rs`: a second of pacing in no real time, exact to the ms).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -554,4 +554,5 @@ mod recurring;
 mod replicas;
 mod restore;
 mod schedule;
+mod script;
 mod snapshot;
