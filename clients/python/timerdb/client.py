@@ -15,7 +15,6 @@ is: an unknown outcome the caller must judge.
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Callable, Iterable, Optional, Sequence, TypeVar
 import grpc
 
 from timerdb import idempotent
+from timerdb.errors import TRANSIENT, Retry, TimerdbError
 from timerdb.v1 import timerdb_pb2 as pb
 from timerdb.v1 import timerdb_pb2_grpc as rpc
 
@@ -32,46 +32,7 @@ T = TypeVar("T")
 # Set by a node on an UNAVAILABLE answer to a call it did not propose: safe to send again.
 NOT_APPLIED = "x-timerdb-not-applied"
 
-TRANSIENT = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNKNOWN,
-    }
-)
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Exponential backoff with jitter, bounded by attempts and by a deadline per call."""
-
-    attempts: int = 12
-    base: float = 0.05
-    max_backoff: float = 2.0
-    within: float = 30.0
-
-    def backoff(self, n: int) -> float:
-        """The pause before retry n (1-based): random in [cap/2, cap]."""
-        cap = min(self.base * (2 ** min(n - 1, 16)), self.max_backoff)
-        return random.uniform(cap / 2, cap)
-
-
 NEVER = Retry(attempts=1)
-
-
-class TimerdbError(Exception):
-    """A call failed: `code` is the gRPC status code, `details` the server's message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-    @property
-    def outcome_unknown(self) -> bool:
-        """True when the call may or may not have been applied."""
-        return self.code in TRANSIENT
 
 
 @dataclass

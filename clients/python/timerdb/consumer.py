@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 
 import grpc
 
-from timerdb.client import TRANSIENT, Client, Retry, TimerdbError
+from timerdb.errors import TRANSIENT, Retry, TimerdbError
 from timerdb.v1 import timerdb_pb2 as pb
 
 _CLOSED = object()
@@ -31,7 +31,7 @@ _CLOSED = object()
 class Consumer:
     def __init__(
         self,
-        client: Client,
+        client: "timerdb.client.Client",  # it makes consumers (`Client.consumer`): not imported
         namespace: str,
         *,
         name: str = "timerdb-python",
