@@ -9,7 +9,8 @@
 //! `Node` is the only door (mini-redis's `Db` is the model): its parts are private, and the
 //! API layer and the pusher call its verbs. Every `impl Node` is under `node/`, one file per
 //! concern: this file the struct, the write and read paths and the timers' plain verbs;
-//! [`series`] recurring timers;
+//! [`admit`] the payload and rate checks before a new timer is proposed; [`recurring`]
+//! recurring timers;
 //! [`namespaces`] namespace policies; [`ack`] the unary Ack; [`delivery`] what the delivery
 //! channels (streams, pusher) ask of it; [`local`] local reads (access state, digest,
 //! Status); [`health`] whether it serves; [`membership`] adding, removing and handing over to
@@ -21,7 +22,6 @@
 //! (`RunningNode`).
 
 use openraft::async_runtime::WatchReceiver as _;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -35,7 +35,7 @@ use crate::raft_types::{NodeId, TypeConfig};
 use crate::recurring::{RecurringView, TimerOrRecurring};
 use crate::storage::Hold;
 use crate::storage::{ListFilter, ListQuery, Page, Store};
-use crate::timer::{KeyRef, Specs, Timer, TimerKey, TimerSpec, TimerState};
+use crate::timer::{Specs, Timer, TimerKey, TimerSpec, TimerState};
 use crate::{Error, Result};
 pub use ack::Acked;
 pub use health::LEADER_SILENT;
@@ -208,64 +208,12 @@ impl Node {
         self.config.clock.now_ms()
     }
 
-    /// Refuses payloads over their namespace's limit (the policy as this leader has applied it).
-    /// Refuses any of `payloads` (a timer's key and payload size) over its namespace's limit.
-    pub(super) fn check_payloads<'a>(
-        &self,
-        payloads: impl IntoIterator<Item = (KeyRef<'a>, usize)>,
-    ) -> Result<()> {
-        let mut limits: HashMap<&str, u32> = HashMap::new();
-        for (key, len) in payloads {
-            let ns = key.namespace;
-            let limit = match limits.get(ns) {
-                Some(l) => *l,
-                None => {
-                    let l = self.store.namespace(ns)?.policy.max_payload_bytes;
-                    *limits.entry(ns).or_insert(l)
-                }
-            };
-            if len > limit as usize {
-                return Err(Error::ResourceExhausted(format!(
-                    "payload of {key} is {len} bytes; namespace {ns} allows {limit}"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes `namespace`'s schedule-rate tokens for `n` timers, or refuses with the wait.
-    fn check_schedule_rate(&self, namespace: &str, n: usize) -> Result<()> {
-        let policy = self.store.namespace(namespace)?.policy;
-        let term = self.raft.metrics().borrow_watched().current_term;
-        let now_ms = self.now_ms();
-        // Filled from when this node began to lead, as the dispatch buckets are.
-        let since = self.tenure.since(term).unwrap_or(now_ms);
-        let taken = self
-            .schedule_tokens
-            .take(namespace, n, &policy, (term, since), now_ms);
-        if taken.is_err() {
-            crate::metrics::schedule_throttled(namespace);
-        }
-        taken
-    }
-
-    /// Gives back `n` schedule tokens [`Node::check_schedule_rate`] took.
-    fn refund_schedule_rate(&self, namespace: &str, n: usize) {
-        if let Ok(ns) = self.store.namespace(namespace) {
-            let term = self.raft.metrics().borrow_watched().current_term;
-            let now_ms = self.now_ms();
-            self.schedule_tokens
-                .refund(namespace, n, &ns.policy, term, now_ms);
-        }
-    }
-
     /// Creates a timer (`Options::default()`: create-only, a repeat answered with
     /// created = false), or with a mode changes the PENDING one that has its key if the
     /// condition holds; returns the timer and whether it was created. One command either way,
     /// decided in apply (`storage/change.rs`), so callers racing on one timer are ordered.
     pub async fn schedule(&self, spec: TimerSpec, with: Options) -> Result<(Timer, bool)> {
-        self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
-        self.check_schedule_rate(&spec.key.namespace, 1)?;
+        self.admit([(spec.key.as_ref(), spec.payload.len())])?;
         let cmd = Command::Schedule {
             now_ms: self.now_ms(),
             spec,
@@ -281,22 +229,7 @@ impl Node {
     }
 
     pub async fn schedule_batch(&self, specs: Specs) -> Result<Vec<(Timer, bool)>> {
-        self.check_payloads(specs.iter().map(|s| (s.key, s.payload.len())))?;
-        let mut per_ns: HashMap<&str, usize> = HashMap::new();
-        for s in specs.iter() {
-            *per_ns.entry(s.key.namespace).or_default() += 1;
-        }
-        let mut taken = Vec::with_capacity(per_ns.len());
-        for (ns, n) in per_ns {
-            if let Err(e) = self.check_schedule_rate(ns, n) {
-                // All or nothing: the namespaces that gave tokens get them back.
-                for (ns, n) in taken {
-                    self.refund_schedule_rate(ns, n);
-                }
-                return Err(e);
-            }
-            taken.push((ns, n));
-        }
+        self.admit(specs.iter().map(|s| (s.key, s.payload.len())))?;
         let cmd = Command::ScheduleBatch {
             now_ms: self.now_ms(),
             specs,
@@ -480,6 +413,7 @@ impl Node {
 
 /// The deliberate bugs of `config::Faults`, kept apart so that the real paths stay plain.
 mod ack;
+mod admit;
 mod backup;
 mod delivery;
 mod health;

@@ -29,8 +29,7 @@ impl Node {
 
     /// The namespace's payload limit and schedule rate, as for one timer.
     pub(super) fn check_recurring(&self, spec: &RecurringSpec) -> Result<()> {
-        self.check_payloads([(spec.key.as_ref(), spec.payload.len())])?;
-        self.check_schedule_rate(&spec.key.namespace, 1)
+        self.admit([(spec.key.as_ref(), spec.payload.len())])
     }
 
     /// Pauses (`paused`) or resumes a recurring timer.
