@@ -217,7 +217,7 @@ impl FireStats {
 
 /// One gRPC call finished: `method` is the request path (`/timerdb.v1.Timers/Schedule`).
 pub fn grpc(method: &str, code: tonic::Code, elapsed: Duration) {
-    let (calls, seconds) = grpc_recurring(method, code);
+    let (calls, seconds) = grpc_series(method, code);
     calls.increment(1);
     seconds.record(elapsed.as_secs_f64());
 }
@@ -226,7 +226,7 @@ pub fn grpc(method: &str, code: tonic::Code, elapsed: Duration) {
 /// and labels, with two strings made for it, on every call cost ~1 % of a busy leader's CPU.
 /// Kept handles record only if the exporter was installed before they were made ([`serve`]:
 /// timerd installs it before it serves anything).
-pub fn grpc_recurring(method: &str, code: tonic::Code) -> (metrics::Counter, metrics::Histogram) {
+pub fn grpc_series(method: &str, code: tonic::Code) -> (metrics::Counter, metrics::Histogram) {
     let labels = [
         ("method", method.to_string()),
         ("code", format!("{code:?}")),

@@ -4,8 +4,10 @@
 //! and the same read serves both checks.
 //!
 //! Rate tokens are taken all or none: a call whose second namespace is out of tokens gives the
-//! first its tokens back. The buckets fill from when this node began to lead
-//! ([`super::quorum::Tenure`]), as the dispatch buckets do (`cluster::limits`).
+//! first its tokens back. The buckets fill from when the quorum watch first saw this node lead
+//! ([`super::quorum::Tenure`]: after its election, within a metrics change), empty then, as
+//! `cluster::limits` asks; the dispatch buckets start a little later, at the dispatcher's
+//! first plan.
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;

@@ -63,7 +63,7 @@ where
             };
             match known {
                 Some(i) if code == tonic::Code::Ok => {
-                    let (calls, seconds) = ok_recurring(i);
+                    let (calls, seconds) = ok_series(i);
                     calls.increment(1);
                     seconds.record(started.elapsed().as_secs_f64());
                 }
@@ -81,7 +81,7 @@ where
 
 /// The OK series of the method at `i` in `methods::RULES`, looked up in the registry at its
 /// first call and kept.
-fn ok_recurring(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
+fn ok_series(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
     type Series = std::sync::OnceLock<(metrics::Counter, metrics::Histogram)>;
     static OK: std::sync::OnceLock<Vec<Series>> = std::sync::OnceLock::new();
     let all = OK.get_or_init(|| {
@@ -91,6 +91,6 @@ fn ok_recurring(i: usize) -> &'static (metrics::Counter, metrics::Histogram) {
             .collect()
     });
     all[i].get_or_init(|| {
-        crate::metrics::grpc_recurring(crate::api::stack::methods::RULES[i].path, tonic::Code::Ok)
+        crate::metrics::grpc_series(crate::api::stack::methods::RULES[i].path, tonic::Code::Ok)
     })
 }

@@ -52,7 +52,15 @@ fn a_stale_ack_frees_no_other_subscriptions_room() {
 #[tokio::test(start_paused = true)]
 async fn pacing_holds_a_namespace_to_its_rate_in_paused_time() {
     const EPOCH: i64 = 1_800_000_000_000;
+    /// Takes the simulated world off this thread however the test ends.
+    struct Installed;
+    impl Drop for Installed {
+        fn drop(&mut self) {
+            crate::sim::uninstall();
+        }
+    }
     crate::sim::install(EPOCH, 1);
+    let installed = Installed;
     let (_dir, d) = dispatcher();
     let clock = crate::clock::Clock::system();
     let wall = std::time::Instant::now();
@@ -62,7 +70,7 @@ async fn pacing_holds_a_namespace_to_its_rate_in_paused_time() {
         d.paced("ns", (100, 50), &clock).await;
         sent_at.push(clock.now_ms() - EPOCH);
     }
-    crate::sim::uninstall();
+    drop(installed);
     assert!(
         wall.elapsed() < Duration::from_secs(1),
         "paused time: a second of pacing took {:?} of real time",

@@ -100,19 +100,32 @@ fn pairs() -> Vec<(Command, Command)> {
     ]
 }
 
-/// Applied one entry at a time to two state machines, the legacy and the folded forms answer
-/// alike and leave the same state after every step.
+/// Applied one entry at a time to three state machines — the legacy forms; the folded forms;
+/// the folded forms with a plain Schedule taken by `schedule_with`, as builds before the fold
+/// apply it (this build takes the fast path, `schedule`) — every step answers alike and leaves
+/// the same state.
 #[tokio::test]
 async fn each_legacy_form_applies_as_its_folded_form() {
-    let (mut legacy, mut folded) = (Sm::new(), Sm::new());
+    use crate::storage::apply::GENERAL_SCHEDULE;
+    let (mut legacy, mut folded, mut general) = (Sm::new(), Sm::new(), Sm::new());
     for (i, (old, new)) in pairs().into_iter().enumerate() {
-        let (a, b) = (legacy.apply(old.clone()).await, folded.apply(new).await);
+        let a = legacy.apply(old.clone()).await;
+        let b = folded.apply(new.clone()).await;
+        GENERAL_SCHEDULE.with(|g| g.set(true));
+        let c = general.apply(new).await;
+        GENERAL_SCHEDULE.with(|g| g.set(false));
         assert_eq!(a, b, "step {i}: {} answers otherwise", old.name());
+        assert_eq!(b, c, "step {i}: the two apply paths answer otherwise");
+        let digests = [&legacy, &folded, &general].map(|s| s.store.digest().unwrap());
         assert_eq!(
-            legacy.store.digest().unwrap(),
-            folded.store.digest().unwrap(),
+            digests[0],
+            digests[1],
             "step {i}: {} leaves another state",
             old.name()
+        );
+        assert_eq!(
+            digests[1], digests[2],
+            "step {i}: the two apply paths leave other states"
         );
     }
 }

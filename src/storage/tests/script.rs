@@ -7,7 +7,8 @@
 //! Times are written relative to the scripts' epoch `T0` (`at=2500` is 2.5 s after it) and
 //! shown so (`+2500`); every timer is in namespace `ns`. The commands:
 //!
-//! - `namespace [misfire=fire|dead|skip] [lateness=MS]`: PutNamespace with that misfire policy.
+//! - `namespace [misfire=fire|dead|skip] [lateness=MS]`: a SetNamespace with that misfire
+//!   policy.
 //! - `schedule ID at=MS [now=MS] [payload=P] [mode=upsert|keep_earliest|keep_latest]
 //!   [if_state=STATE] [if_revision=N] [misfire=ACTION lateness=MS]`: one Schedule.
 //! - `cancel ID [now=MS] [if_state=STATE] [if_revision=N]`, `reschedule ID (at=MS |
@@ -92,6 +93,15 @@ fn show_timer(t: &Timer) -> String {
     line
 }
 
+/// One slot per grant: `-` for none, else how many timers the lease holds.
+fn show_leases(leases: &[Option<crate::command::Granted>]) -> String {
+    let slots: Vec<String> = leases
+        .iter()
+        .map(|l| l.as_ref().map_or("-".into(), |l| l.count.to_string()))
+        .collect();
+    format!("[{}]", slots.join(" "))
+}
+
 fn show(r: &Response) -> String {
     match r {
         Response::Timer { timer, created } => {
@@ -99,14 +109,15 @@ fn show(r: &Response) -> String {
             format!("{how}: {}", show_timer(timer))
         }
         Response::Rejected(why) => format!("refused: {}", why.clone().into_error()),
-        Response::Fired { count, leases, .. } => {
-            let leased: u32 = leases.iter().flatten().map(|l| l.count).sum();
-            format!("fired {count}, leased {leased}")
+        Response::Fired {
+            count,
+            more,
+            leases,
+        } => {
+            let more = if *more { ", more due" } else { "" };
+            format!("fired {count}{more}, leases {}", show_leases(leases))
         }
-        Response::Delivered(leases) => {
-            let leased: u32 = leases.iter().flatten().map(|l| l.count).sum();
-            format!("leased {leased}")
-        }
+        Response::Delivered(leases) => format!("leases {}", show_leases(leases)),
         Response::Redriven { timers, skipped } => {
             format!("redriven {}, skipped {}", timers.len(), skipped.len())
         }
