@@ -240,6 +240,11 @@ impl Policy {
 }
 
 impl Policy {
+    /// The dispatch rate and burst that pace this namespace's deliveries, if it has a rate.
+    pub fn dispatch_limit(&self) -> Option<(u32, u32)> {
+        self.max_dispatches_per_second.map(|r| (r, self.max_burst))
+    }
+
     /// How long to wait before redelivering a timer whose attempt `attempt` (1-based) went
     /// unacknowledged: `backoff_min_ms × multiplier^(attempt-1)`, capped at `backoff_max_ms`,
     /// spread by ± `backoff_jitter_percent`.

@@ -70,10 +70,11 @@ impl Node {
     /// `namespace`'s dispatch rate and burst, if it has one (none if its policy cannot be
     /// read: the grants are limited anyway).
     pub fn dispatch_rate(&self, namespace: &str) -> Option<(u32, u32)> {
-        let policy = self.store.namespace(namespace).ok()?.policy;
-        policy
-            .max_dispatches_per_second
-            .map(|r| (r, policy.max_burst))
+        self.store
+            .namespace(namespace)
+            .ok()?
+            .policy
+            .dispatch_limit()
     }
 
     /// Counts the applied entries that changed a namespace: a reader of a policy reads it again

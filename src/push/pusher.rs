@@ -144,8 +144,7 @@ impl Shared {
         if self.read_at.load(Ordering::Acquire) != now {
             match node.applied_namespace(&self.namespace) {
                 Ok(ns) => {
-                    let p = ns.policy;
-                    let rate = p.max_dispatches_per_second.map(|r| (r, p.max_burst));
+                    let rate = ns.policy.dispatch_limit();
                     if let Some(t) = ns.push.as_ref().and_then(|t| Target::from(t, rate)) {
                         self.set_target(t);
                     }

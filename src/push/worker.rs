@@ -80,8 +80,7 @@ impl PushLoop {
             let last = page.last().map(|ns| ns.name.clone());
             for ns in page {
                 if let Some(push) = ns.push {
-                    let p = ns.policy;
-                    let rate = p.max_dispatches_per_second.map(|r| (r, p.max_burst));
+                    let rate = ns.policy.dispatch_limit();
                     out.insert(ns.name, (push, rate));
                 }
             }
