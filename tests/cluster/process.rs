@@ -1,139 +1,13 @@
 //! Process level: three real `timerd` binaries; SIGKILL the leader under due timers, restart
 //! it on its data dir, and check every timer fired and every node converged.
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
-use tonic::transport::Channel;
 
 use crate::harness::*;
-
-pub(crate) struct Proc {
-    pub addr: String,
-    pub dir: std::path::PathBuf,
-    pub child: Option<Child>,
-}
-
-/// A failing assertion must not leave timerd processes behind.
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-pub(crate) fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-pub(crate) fn spawn(id: u64, p: &Proc, peers: &str) -> Child {
-    spawn_with(id, p, peers, &[])
-}
-
-/// The `timerd` binary: `TIMERDB_TIMERD` if set (the test script points it at the release
-/// build, which the million-timer test needs to finish in minutes), else this build's.
-pub(crate) fn timerd() -> String {
-    std::env::var("TIMERDB_TIMERD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_timerd").to_string())
-}
-
-/// Starts `timerd` for node `id` with `extra` arguments; its output goes to a log in its dir
-/// (appended, so a restart keeps the earlier lines).
-pub(crate) fn spawn_with(id: u64, p: &Proc, peers: &str, extra: &[&str]) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(p.dir.join(format!("timerd-{id}.log")))
-        .unwrap();
-    Command::new(timerd())
-        .args([
-            "--id",
-            &id.to_string(),
-            "--listen",
-            &p.addr,
-            "--peers",
-            peers,
-        ])
-        .arg("--data-dir")
-        .arg(p.dir.join("data"))
-        // The tests' push receivers listen on loopback.
-        .arg("--push-allow-private=true")
-        .args(extra)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn timerd")
-}
-
-/// Starts three `timerd` processes under `tmp`; returns them and their `--peers`.
-pub(crate) fn start_three(tmp: &TempDir) -> (Vec<Proc>, String) {
-    start_three_with(tmp, &[])
-}
-
-/// Starts three `timerd` processes, each with `extra` arguments.
-pub(crate) fn start_three_with(tmp: &TempDir, extra: &[&str]) -> (Vec<Proc>, String) {
-    let (mut procs, peers) = three_procs(tmp, "n");
-    for (i, p) in procs.iter_mut().enumerate() {
-        p.child = Some(spawn_with(i as u64 + 1, p, &peers, extra));
-    }
-    (procs, peers)
-}
-
-/// Three nodes, not started: directories `tmp/<prefix>1..3`, fresh addresses, their `--peers`.
-pub(crate) fn three_procs(tmp: &TempDir, prefix: &str) -> (Vec<Proc>, String) {
-    let procs: Vec<Proc> = (1..=3)
-        .map(|id| {
-            let dir = tmp.path().join(format!("{prefix}{id}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            Proc {
-                addr: free_addr(),
-                dir,
-                child: None,
-            }
-        })
-        .collect();
-    let peers = procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}={}", i + 1, p.addr))
-        .collect::<Vec<_>>()
-        .join(",");
-    (procs, peers)
-}
-
-pub(crate) async fn channel(addr: &str) -> Option<Channel> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .ok()?
-        .connect()
-        .await
-        .ok()
-}
-
-pub(crate) async fn status(addr: &str) -> Option<pb::StatusResponse> {
-    let mut c = ClusterClient::new(channel(addr).await?);
-    Some(c.status(pb::StatusRequest {}).await.ok()?.into_inner())
-}
-
-/// Waits until one node reports itself leader; returns its index in `procs`.
-pub(crate) async fn leader(procs: &[Proc]) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        for (i, p) in procs.iter().enumerate() {
-            if p.child.is_some() && status(&p.addr).await.is_some_and(|s| s.role == "leader") {
-                return i;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no leader among the timerd processes"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub(crate) use timerdb_harness::process::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_the_leader_process_and_restart_it() {
@@ -203,66 +77,6 @@ async fn sigkill_the_leader_process_and_restart_it() {
             tail.join("\n")
         );
     }
-}
-
-/// Polls `addr`'s status until `ok` holds, for at most `within`.
-pub(crate) async fn wait_status(
-    addr: &str,
-    within: Duration,
-    what: &str,
-    ok: impl Fn(&pb::StatusResponse) -> bool,
-) -> pb::StatusResponse {
-    let deadline = Instant::now() + within;
-    loop {
-        let s = status(addr).await;
-        if let Some(s) = s.as_ref().filter(|s| ok(s)) {
-            return s.clone();
-        }
-        assert!(Instant::now() < deadline, "{what}: last status {s:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Every node's (applied index, state digest).
-pub(crate) async fn digests(procs: &[Proc]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for p in procs {
-        let mut c = ClusterClient::new(channel(&p.addr).await.unwrap());
-        let d = c.digest(pb::DigestRequest {}).await.unwrap().into_inner();
-        out.push((d.applied_index, d.digest));
-    }
-    out
-}
-
-/// Waits until every node reports the same applied index and digest; returns it.
-pub(crate) async fn same_digests(procs: &[Proc], within: Duration) -> (u64, u64) {
-    let deadline = Instant::now() + within;
-    let mut d = digests(procs).await;
-    while !d.windows(2).all(|w| w[0] == w[1]) {
-        assert!(Instant::now() < deadline, "replicas differ: {d:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        d = digests(procs).await;
-    }
-    d[0]
-}
-
-pub(crate) fn send_sigterm(child: &Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-}
-
-/// The exit status, or `None` if the process was still running after `within` (then killed).
-pub(crate) fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    None
 }
 
 /// Schedules batches of 50 timers (due ~1 s ahead) until `stop`, each through the next node

@@ -15,9 +15,9 @@ use std::time::Duration;
 use timerdb::api::pb::{self, timers_client::TimersClient};
 use timerdb::recurring::parse_occurrence;
 
-use crate::checker::Findings;
-use crate::secure::Conn;
-use crate::workload::NAMESPACE;
+use timerdb_harness::checker::Findings;
+use timerdb_harness::secure::Conn;
+use timerdb_harness::workload::NAMESPACE;
 
 /// A series the run creates, and what its rule makes.
 #[derive(Debug, Clone)]

@@ -13,20 +13,7 @@
 //!   timerdb-sim [--seeds N] [--first S] [--minutes M] [--seed S] [--jobs J] [--plant BUG]
 //!   timerdb-sim --prove [--seeds N]      every planted bug, until a seed catches it
 
-// Shared with the chaos harness (which reads every field): some go unused here.
-#[allow(dead_code)]
-#[path = "../chaos/checker.rs"]
-mod checker;
-mod cluster;
 mod scenario;
-#[allow(dead_code)]
-#[path = "../chaos/workload.rs"]
-mod workload;
-
-/// The chaos workload's client type.
-mod secure {
-    pub use timerdb_client::Conn;
-}
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -10,16 +10,11 @@
 //!
 //! Exit status: 0 when every run is clean (or, with --prove, every bug was caught), 1 otherwise.
 
-mod checker;
-mod cluster;
 mod plan;
-mod proxy;
 mod push;
 mod recurring;
 mod report;
 mod run;
-mod secure;
-mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -83,10 +78,10 @@ async fn main() {
 }
 
 async fn go(args: Args) -> anyhow::Result<bool> {
-    let timerd = cluster::timerd_path(args.timerd.as_deref())?;
+    let timerd = timerdb_harness::process::timerd_path(args.timerd.as_deref())?;
     anyhow::ensure!(timerd.exists(), "no timerd at {}", timerd.display());
     let base = args.dir.clone().unwrap_or_else(|| {
-        let stamp = workload::now_ms();
+        let stamp = timerdb_harness::workload::now_ms();
         std::env::temp_dir().join(format!("timerdb-chaos-{}-{stamp}", std::process::id()))
     });
     if let Some(dir) = &args.secure {
@@ -109,8 +104,11 @@ async fn go(args: Args) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-fn secure(args: &Args) -> anyhow::Result<Option<secure::Secure>> {
-    args.secure.as_deref().map(secure::Secure::new).transpose()
+fn secure(args: &Args) -> anyhow::Result<Option<timerdb_harness::secure::Secure>> {
+    args.secure
+        .as_deref()
+        .map(timerdb_harness::secure::Secure::new)
+        .transpose()
 }
 
 async fn soak(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use timerdb::api::pb;
 
 use crate::run::{RunReport, Window};
-use crate::workload::{AckPath, Kind, Outcome};
+use timerdb_harness::workload::{AckPath, Kind, Outcome};
 
 /// A timer's fire counts as "under faults" if due from a fault's start to this long after its
 /// end (a restarted node, an election, a backlog of due timers).

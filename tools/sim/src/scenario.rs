@@ -22,9 +22,9 @@ use timerdb::sim::{self, Link};
 use timerdb_client::Conn;
 use tokio::sync::watch;
 
-use crate::checker::{self, SkewWindow};
-use crate::cluster::{SimCluster, NODES};
-use crate::workload::{self, History, NAMESPACE};
+use timerdb_harness::checker::{self, SkewWindow};
+use timerdb_harness::simulated::{SimCluster, NODES};
+use timerdb_harness::workload::{self, History, NAMESPACE};
 
 /// The simulated clock's start: 2027-01-01, plus a second per seed.
 const EPOCH_MS: i64 = 1_798_761_600_000;
@@ -243,13 +243,13 @@ async fn scenario(
             _ => Fault::SkewLeader(rng.random_range(-2_000..2_000)),
         };
         let span = Duration::from_millis(rng.random_range(500..5_000));
-        let from_ms = workload::now_ms();
+        let from_ms = timerdb_harness::workload::now_ms();
         let target = inject(&mut c, fault, span).await?;
         faults.push(format!("{fault:?}@{target}"));
         if let Fault::SkewLeader(_) = fault {
             skews.push(SkewWindow {
                 from_ms,
-                to_ms: workload::now_ms() + 3_000,
+                to_ms: timerdb_harness::workload::now_ms() + 3_000,
             });
         }
     }
@@ -261,7 +261,7 @@ async fn scenario(
     c.wait_leader(Duration::from_secs(60))
         .await
         .ok_or_else(|| anyhow::anyhow!("no leader after healing"))?;
-    let healed_ms = workload::now_ms();
+    let healed_ms = timerdb_harness::workload::now_ms();
     let quiet = quiesce(&clients).await;
     let _ = stop_consumers.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), slow).await;
@@ -398,7 +398,7 @@ async fn sparse(
         let (_, mut client) = clients[rng.random_range(0..clients.len())].clone();
         n += 1;
         let id = format!("s{n}");
-        let at = workload::now_ms() + rng.random_range(200..2_000);
+        let at = timerdb_harness::workload::now_ms() + rng.random_range(200..2_000);
         let req = pb::ScheduleRequest {
             namespace: SPARSE.into(),
             id: id.clone(),

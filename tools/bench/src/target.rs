@@ -13,8 +13,8 @@ use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::Timer
 use timerdb_client::Connector;
 use tonic::transport::Channel;
 
-use crate::cluster::{ProcCluster, NODES};
-use crate::secure::Secure;
+use timerdb_harness::process::{Options, ProcCluster, NODES};
+use timerdb_harness::secure::Secure;
 
 pub struct Target {
     /// Node id → client address.
@@ -35,7 +35,11 @@ impl Target {
         secure: Option<Secure>,
     ) -> anyhow::Result<Target> {
         std::fs::create_dir_all(dir)?;
-        let procs = ProcCluster::start(dir, timerd, "", false, false, secure.clone(), &[]).await?;
+        let options = Options {
+            secure: secure.clone(),
+            ..Options::default()
+        };
+        let procs = ProcCluster::start(dir, timerd, options).await?;
         let addrs = NODES
             .iter()
             .map(|id| (*id, procs.nodes[id].addr.clone()))

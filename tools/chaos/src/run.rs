@@ -6,19 +6,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::secure::Conn;
 use anyhow::{bail, Context};
 use timerdb::api::pb::{self, namespaces_client::NamespacesClient, timers_client::TimersClient};
+use timerdb_harness::secure::Conn;
 use tokio::sync::watch;
 
-use crate::checker::{self, Findings, SkewWindow};
-use crate::cluster::{ProcCluster, DISK_NODE, NODES};
 use crate::plan::{self, Fault, Mix, Step, Target};
-use crate::proxy::Mode;
 use crate::push::{self, SharedPush, PUSH_NAMESPACE};
 use crate::recurring;
-use crate::secure::Secure;
-use crate::workload::{self, now_ms, History, Shared, NAMESPACE};
+use timerdb_harness::checker::{self, Findings, SkewWindow};
+use timerdb_harness::process::{Options, ProcCluster, DISK_NODE, NODES};
+use timerdb_harness::proxy::Mode;
+use timerdb_harness::secure::Secure;
+use timerdb_harness::workload::{self, now_ms, History, Shared, NAMESPACE};
 
 pub struct RunConfig {
     pub seed: u64,
@@ -63,16 +63,14 @@ pub async fn run(cfg: &RunConfig) -> anyhow::Result<RunReport> {
     // Snapshots every 1,000 entries, 200 kept behind: a node wiped or left behind catches up
     // through a snapshot install, not only from the log.
     let extra = ["--snapshot-every-entries=1000", "--keep-log-entries=200"].map(String::from);
-    let mut cluster = ProcCluster::start(
-        &cfg.dir,
-        &cfg.timerd,
-        &cfg.fault,
-        cfg.tmpfs,
-        true,
+    let options = Options {
+        fault: cfg.fault.clone(),
+        tmpfs: cfg.tmpfs,
+        proxies: true,
         secure,
-        &extra,
-    )
-    .await?;
+        extra: extra.to_vec(),
+    };
+    let mut cluster = ProcCluster::start(&cfg.dir, &cfg.timerd, options).await?;
     cluster.wait_leader(Duration::from_secs(30)).await?;
     cluster.enable_auth().await?;
     let mut clients = Vec::new();

@@ -13,17 +13,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::secure::Conn;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use timerdb::api::pb::{self, timers_client::TimersClient};
 use timerdb::namespace::sign::Secret;
+use timerdb_harness::secure::Conn;
 use tokio::sync::watch;
 
-use crate::checker::{Findings, SkewWindow};
-use crate::workload::now_ms;
+use timerdb_harness::checker::{Findings, SkewWindow};
+use timerdb_harness::workload::now_ms;
 
 pub const PUSH_NAMESPACE: &str = "chaos-push";
 const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";

@@ -11,23 +11,14 @@
 //! writes over a timer's whole life) and `naive` (a one-at-a-time consumer) in `life`; `push`;
 //! `recur` (N active recurring timers: disk, memory, fire rate).
 
-#[allow(dead_code)]
-#[path = "../chaos/cluster.rs"]
-mod cluster;
 mod consume;
 mod fire;
 mod life;
 mod pending;
 mod progress;
-#[allow(dead_code)]
-#[path = "../chaos/proxy.rs"]
-mod proxy;
 mod push;
 mod recurring;
 mod report;
-#[allow(dead_code)]
-#[path = "../chaos/secure.rs"]
-mod secure;
 mod target;
 mod write;
 
@@ -203,7 +194,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         consumer_ack: args.consumer_ack,
         recur_period: args.recur_period,
     };
-    let timerd = cluster::timerd_path(args.timerd.as_deref())?;
+    let timerd = timerdb_harness::process::timerd_path(args.timerd.as_deref())?;
     // The builds measured, in the order each run takes them: (label, timerd, options).
     let mut builds = vec![(String::new(), timerd.clone(), opts.clone(), None)];
     anyhow::ensure!(
@@ -211,7 +202,7 @@ async fn go(mut args: Args) -> anyhow::Result<()> {
         "--compare and --secure each make a side-by-side table: use one"
     );
     if let Some(dir) = &args.secure {
-        let secure = secure::Secure::new(dir)?;
+        let secure = timerdb_harness::secure::Secure::new(dir)?;
         builds = vec![
             ("plain".to_string(), timerd.clone(), opts.clone(), None),
             (

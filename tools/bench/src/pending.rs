@@ -10,11 +10,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cluster::NODES;
 use crate::report::Recorder;
 use crate::target::{now_ms, schedule_req, Target};
 use crate::write::load;
 use crate::Opts;
+use timerdb_harness::process::NODES;
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
