@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
+use timerdb::api::pb;
 use timerdb_client::retry::{retrying, Retry};
 use tokio::sync::Semaphore;
 
-use crate::consume::{wait_acked, Consumers, Log};
+use crate::consume::{wait_acked, Log};
 use crate::report::Recorder;
-use crate::target::{ms_at, now_ms, now_us, schedule_req, Target};
+use crate::target::{ms_at, now_ms, now_us, schedule_req, Scene, Target};
 use crate::write::load;
 use crate::Opts;
 
@@ -30,16 +30,9 @@ pub async fn fire(
     rate: u64,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("fire-{}", now_ms());
-    let consumers = Consumers::start(
-        target,
-        &ns,
-        &vec![leader; opts.consumers],
-        opts.consumer_ack,
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let scene = target.scene("fire", None).await?;
+    let consumers = scene.consumers(target, opts).await?;
+    let Scene { leader, ns } = scene;
     let (count, late_sends) = produce(target, opts, &ns, leader, rate).await?;
     let bar = crate::progress::counted(&format!("fire {rate}/s: acks"), count);
     let all = wait_acked(&consumers, count, drain_time(count), &bar).await;
@@ -127,15 +120,9 @@ pub async fn burst(
     count: u64,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("burst-{}", now_ms());
-    let consumers = Consumers::start(
-        target,
-        &ns,
-        &vec![leader; opts.consumers],
-        opts.consumer_ack,
-    )
-    .await?;
+    let scene = target.scene("burst", None).await?;
+    let consumers = scene.consumers(target, opts).await?;
+    let ns = scene.ns;
     // Loading must end before the burst is due; allow for a slow loader.
     let lead_ms = 5_000 + (count / 50) as i64;
     let due_ms = now_ms() + lead_ms;
@@ -184,13 +171,15 @@ pub async fn failover(
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
     target.procs("failover")?;
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("failover-{}", now_ms());
     // Deliveries the killed leader committed but never sent come again after the ack timeout;
     // a short one keeps the wait for them short (the gap is measured on first receipts).
-    short_ack_timeout(target, leader, &ns).await?;
-    let consumers =
-        Consumers::start(target, &ns, &target.followers(leader), opts.consumer_ack).await?;
+    let policy = pb::NamespacePolicy {
+        ack_timeout_ms: 3_000,
+        ..Default::default()
+    };
+    let scene = target.scene("failover", Some(policy)).await?;
+    let consumers = (scene.consumers_on(target, opts, &target.followers(scene.leader))).await?;
+    let Scene { leader, ns } = scene;
     let window_ms = opts.window.as_millis() as i64;
     let count = rate * opts.window.as_secs();
     let start_ms = now_ms() + 3_000 + (count / 20) as i64;
@@ -235,20 +224,6 @@ pub async fn failover(
     };
     target.wait_leader(Duration::from_secs(30)).await?;
     checked
-}
-
-async fn short_ack_timeout(target: &Target, via: u64, ns: &str) -> anyhow::Result<()> {
-    let mut client = NamespacesClient::new(target.channel(via)?);
-    let policy = pb::NamespacePolicy {
-        ack_timeout_ms: 3_000,
-        ..Default::default()
-    };
-    let req = pb::PutNamespaceRequest {
-        name: ns.into(),
-        policy: Some(policy),
-    };
-    client.put_namespace(req).await?;
-    Ok(())
 }
 
 /// Prints the state of a few loaded timers (ids `t0`…) the consumers never received, so that a

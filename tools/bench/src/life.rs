@@ -13,10 +13,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
+use timerdb::api::pb;
 
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_ms, now_us, Target};
+use crate::target::{histogram, ms_at, now_ms, now_us, Scene, Target};
 use crate::write::load;
 use crate::Opts;
 
@@ -46,24 +46,14 @@ pub async fn keys(
     count: u64,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("keys-{}", now_ms());
-    let mut client = NamespacesClient::new(target.channel(leader)?);
     let policy = pb::NamespacePolicy {
         retention_ms: RETENTION_MS,
         ack_timeout_ms: ACK_TIMEOUT_MS,
         ..Default::default()
     };
-    client
-        .put_namespace(pb::PutNamespaceRequest {
-            name: ns.clone(),
-            policy: Some(policy),
-        })
-        .await?;
-    let homes = vec![leader; opts.consumers];
-    let consumers =
-        crate::consume::Consumers::start(target, &ns, &homes, opts.consumer_ack).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let scene = target.scene("keys", Some(policy)).await?;
+    let consumers = scene.consumers(target, opts).await?;
+    let Scene { leader, ns } = scene;
     let before = keys_written(target).await?;
     let due_ms = now_ms() + 3_000 + (count / 50) as i64;
     load(
@@ -160,8 +150,7 @@ pub async fn naive(
     mode: AckMode,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("naive-{}", now_ms());
+    let Scene { leader, ns } = target.scene("naive", None).await?;
     let total = rate * opts.window.as_secs();
     let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     // The consumers share the namespace's deliveries; each stops once `total` distinct

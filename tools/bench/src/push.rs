@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use timerdb::api::pb::{self, namespaces_client::NamespacesClient};
+use timerdb::api::pb;
 
 use crate::fire::produce;
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_ms, now_us, Target};
+use crate::target::{histogram, ms_at, now_us, Scene, Target};
 use crate::Opts;
 
 /// First receipt per timer id: (receive µs, fire_at ms), and how many requests in all.
@@ -68,8 +68,6 @@ pub async fn push(
     rate: u64,
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("push-{}", now_ms());
     let got = Arc::new(Mutex::new(Received::default()));
     let url = receiver(got.clone()).await?;
     let policy = pb::NamespacePolicy {
@@ -79,12 +77,7 @@ pub async fn push(
         }),
         ..Default::default()
     };
-    NamespacesClient::new(target.channel(leader)?)
-        .put_namespace(pb::PutNamespaceRequest {
-            name: ns.clone(),
-            policy: Some(policy),
-        })
-        .await?;
+    let Scene { leader, ns } = target.scene("push", Some(policy)).await?;
     // The pusher looks for new push targets every 500 ms.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let (count, late_sends) = produce(target, opts, &ns, leader, rate).await?;

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use timerdb::api::pb;
 use timerdb_client::retry::{retrying, Retry};
 
-use crate::consume::Consumers;
 use crate::pending::{caught_up, footprint, MIB, REST};
 use crate::report::Recorder;
 use crate::target::{ms_at, now_ms, Target};
@@ -30,15 +29,9 @@ pub async fn recur(
 ) -> anyhow::Result<()> {
     target.procs("recur")?;
     let (disk0, rss0) = footprint(target, "recur")?;
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
-    let ns = format!("recur-{}", now_ms());
-    let consumers = Consumers::start(
-        target,
-        &ns,
-        &vec![leader; opts.consumers],
-        opts.consumer_ack,
-    )
-    .await?;
+    let scene = target.scene("recur", None).await?;
+    let consumers = scene.consumers(target, opts).await?;
+    let ns = scene.ns;
     let period_ms = period.as_millis() as i64;
     // The first occurrences 30 s after the creation starts (100,000 take ~8 s here): few or
     // none are due while creating; the measured period starts at the first of them anyway.

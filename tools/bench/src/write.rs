@@ -12,7 +12,7 @@ use timerdb::api::pb;
 use timerdb_client::retry::{retrying, Retry};
 
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Target};
+use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Scene, Target};
 use crate::Opts;
 
 /// How one closed-loop window went.
@@ -74,13 +74,12 @@ async fn closed_loop(
     size: usize,
     label: &str,
 ) -> anyhow::Result<Window> {
-    let leader = target.wait_leader(Duration::from_secs(10)).await?;
+    let Scene { leader, ns } = target.scene("bench", None).await?;
     // One connection per 16 clients: HTTP/2 multiplexes, but each connection is one task.
     let conns = target.timers(leader, clients.div_ceil(16).min(8))?;
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let ns = format!("bench-{}", now_ms());
     let mut tasks = Vec::new();
     for c in 0..clients {
         let mut client = conns[c % conns.len()].clone();
