@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use timerdb::api::pb::{self, cluster_client::ClusterClient, timers_client::TimersClient};
+use timerdb::api::pb::{self, timers_client::TimersClient};
 
 use crate::harness::*;
 pub(crate) use timerdb_harness::process::*;
@@ -193,18 +193,5 @@ async fn rolling_restart_under_load_loses_nothing_and_fires_nothing_twice() {
         acked.len(),
         "timers fired that were never acknowledged"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut digests = Vec::new();
-        for p in &procs {
-            let mut c = ClusterClient::new(channel(&p.addr).await.unwrap());
-            let d = c.digest(pb::DigestRequest {}).await.unwrap().into_inner();
-            digests.push((d.applied_index, d.digest));
-        }
-        if digests.windows(2).all(|w| w[0] == w[1]) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "replicas differ: {digests:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    same_digests(&procs, Duration::from_secs(30)).await;
 }

@@ -17,7 +17,8 @@ use tokio::sync::Semaphore;
 
 use crate::consume::{wait_acked, Log};
 use crate::report::Recorder;
-use crate::target::{ms_at, now_ms, now_us, schedule_req, Scene, Target};
+use crate::scene::Scene;
+use crate::target::{ms_at, now_ms, now_us, schedule_req, Target};
 use crate::write::load;
 use crate::Opts;
 

@@ -16,7 +16,8 @@ use std::time::Duration;
 use timerdb::api::pb;
 
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_ms, now_us, Scene, Target};
+use crate::scene::Scene;
+use crate::target::{histogram, ms_at, now_ms, now_us, Target};
 use crate::write::load;
 use crate::Opts;
 

@@ -19,6 +19,7 @@ mod progress;
 mod push;
 mod recurring;
 mod report;
+mod scene;
 mod target;
 mod write;
 

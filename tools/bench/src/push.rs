@@ -12,7 +12,8 @@ use timerdb::api::pb;
 
 use crate::fire::produce;
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_us, Scene, Target};
+use crate::scene::Scene;
+use crate::target::{histogram, ms_at, now_us, Target};
 use crate::Opts;
 
 /// First receipt per timer id: (receive µs, fire_at ms), and how many requests in all.

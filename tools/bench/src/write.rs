@@ -12,7 +12,8 @@ use timerdb::api::pb;
 use timerdb_client::retry::{retrying, Retry};
 
 use crate::report::Recorder;
-use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Scene, Target};
+use crate::scene::Scene;
+use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Target};
 use crate::Opts;
 
 /// How one closed-loop window went.

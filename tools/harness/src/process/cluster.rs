@@ -93,7 +93,7 @@ impl ProcCluster {
             push_flag: takes_flag(timerd, "--push-allow-private"),
         };
         if tmpfs {
-            c.tmpfs = super::faults::mount_tmpfs(&c.data_dir(DISK_NODE))?;
+            c.tmpfs = super::mount_tmpfs(&c.data_dir(DISK_NODE))?;
         }
         for id in NODES {
             c.spawn(id)?;
@@ -253,7 +253,7 @@ impl ProcCluster {
             self.reap(id);
         }
         if self.tmpfs {
-            super::faults::unmount(&self.data_dir(DISK_NODE));
+            super::unmount(&self.data_dir(DISK_NODE));
             self.tmpfs = false;
         }
     }

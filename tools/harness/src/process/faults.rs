@@ -4,8 +4,6 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -13,8 +11,6 @@ use timerdb::api::pb::{self, cluster_client::ClusterClient};
 
 use super::cluster::{ProcCluster, DISK_NODE, NODES};
 use crate::proxy::Mode;
-
-const TMPFS_SIZE: &str = "768m";
 
 impl ProcCluster {
     /// SIGKILL: the process is gone at once, with whatever it had not written.
@@ -223,23 +219,4 @@ impl ProcCluster {
             })
         })
     }
-}
-
-/// Mounts a small tmpfs at `dir`; false (with a note) where mounting is not allowed.
-pub(super) fn mount_tmpfs(dir: &Path) -> anyhow::Result<bool> {
-    std::fs::create_dir_all(dir)?;
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
-        .arg(dir)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("note: cannot mount a tmpfs (not root?): the disk-full fault is skipped");
-    }
-    Ok(ok)
-}
-
-pub(super) fn unmount(dir: &Path) {
-    let _ = Command::new("umount").arg(dir).status();
 }

@@ -28,35 +28,36 @@ use tempfile::TempDir;
 use timerdb::api::pb::{self, cluster_client::ClusterClient};
 use tonic::transport::Channel;
 
-/// The `timerd` binary: `given`, else `TIMERDB_TIMERD` (the test script points it at the
-/// release build), else the one built beside this executable — or one directory up, where a
-/// test binary (`target/<profile>/deps/`) finds its package's binaries.
+/// The `timerd` a tool runs: `given` (`--timerd`), else the one built beside the tool — the
+/// binary the script that built the tool built with it. Deliberately not `TIMERDB_TIMERD`:
+/// a variable left in the shell would make the gate compare its reference with itself, or a
+/// chaos run test another build than the one it just made.
 pub fn timerd_path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = given {
-        return Ok(p.to_path_buf());
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("no parent dir")?
+            .join("timerd")),
     }
-    if let Ok(p) = std::env::var("TIMERDB_TIMERD") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("no parent dir")?;
-    let beside = dir.join("timerd");
-    if beside.exists() {
-        return Ok(beside);
-    }
-    let up = dir.parent().context("no parent dir")?.join("timerd");
-    if up.exists() {
-        return Ok(up);
-    }
-    anyhow::bail!(
-        "no timerd beside {} (build it: cargo build --bin timerd)",
-        exe.display()
-    )
 }
 
-/// [`timerd_path`] for a test: the binary or a panic saying how to build it.
+/// The `timerd` a test runs: `TIMERDB_TIMERD` if set (the test script points it at the
+/// release build, which the million-timer test needs to finish in minutes), else the package's
+/// own build, one directory above the test binary (`target/<profile>/deps/`).
 pub fn timerd() -> PathBuf {
-    timerd_path(None).unwrap_or_else(|e| panic!("{e:#}"))
+    if let Ok(p) = std::env::var("TIMERDB_TIMERD") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary's directory");
+    let built = deps.parent().expect("the profile directory").join("timerd");
+    assert!(
+        built.exists(),
+        "no timerd at {} (cargo test builds it; else set TIMERDB_TIMERD)",
+        built.display()
+    );
+    built
 }
 
 /// Whether `timerd --help` names `flag` (a reference build may predate it).
@@ -292,4 +293,26 @@ pub async fn same_digests(procs: &[Proc], within: Duration) -> (u64, u64) {
         d = digests(procs).await;
     }
     d[0]
+}
+
+/// The size of the tmpfs a [`ProcCluster`] fills (the disk-full fault).
+const TMPFS_SIZE: &str = "768m";
+
+/// Mounts a small tmpfs at `dir`; false (with a note) where mounting is not allowed.
+fn mount_tmpfs(dir: &Path) -> anyhow::Result<bool> {
+    std::fs::create_dir_all(dir)?;
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+        .arg(dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("note: cannot mount a tmpfs (not root?): the disk-full fault is skipped");
+    }
+    Ok(ok)
+}
+
+fn unmount(dir: &Path) {
+    let _ = Command::new("umount").arg(dir).status();
 }
