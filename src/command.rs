@@ -455,7 +455,20 @@ impl Command {
         }
     }
 
-    /// Short name for logs and metrics.
+    /// What a person reads in a log line or a refusal: [`Command::name`], but a plain
+    /// folded command says what it does (`schedule`, not `schedule_with`, which names the
+    /// form that carries it).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Command::Schedule { with, .. } if with.is_plain() => "schedule",
+            Command::Cancel { cond, .. } if !cond.is_set() => "cancel",
+            Command::Reschedule { cond, .. } if !cond.is_set() => "reschedule",
+            other => other.name(),
+        }
+    }
+
+    /// The form's name: one per variant, pinned by `forms.golden` (the folded forms keep the
+    /// names of the conditional forms they are, byte for byte).
     pub fn name(&self) -> &'static str {
         match self {
             Command::LegacySchedule { .. } => "schedule",
@@ -499,7 +512,7 @@ impl std::fmt::Display for Command {
                 write!(f, "acks({} leases, {})", leases.len(), acks.len())
             }
             Command::Redrive { keys, .. } => write!(f, "redrive({})", keys.len()),
-            other => f.write_str(other.name()),
+            other => f.write_str(other.label()),
         }
     }
 }

@@ -131,14 +131,14 @@ pub fn check_bounds(cmd: &Command) -> crate::Result<()> {
     if cost.rows > MAX_ROWS_PER_ENTRY as usize {
         return Err(crate::Error::InvalidArgument(format!(
             "{} names {} timers; one log entry can place at most {MAX_ROWS_PER_ENTRY}",
-            cmd.name(),
+            cmd.label(),
             cost.rows
         )));
     }
     if cost.bytes > MAX_ENTRY_BYTES {
         return Err(crate::Error::InvalidArgument(format!(
             "{} is about {} bytes; one log entry holds at most {MAX_ENTRY_BYTES}",
-            cmd.name(),
+            cmd.label(),
             cost.bytes
         )));
     }

@@ -171,3 +171,26 @@ fn a_command_displays_as_its_name_and_a_batch_as_its_size() {
     assert_eq!(batch.to_string(), "schedule_batch(0)");
     assert_eq!(Command::Multi(vec![ack, batch]).to_string(), "multi(2)");
 }
+
+/// A plain folded command reads as what it does; its form keeps the conditional form's name
+/// (`forms.golden` pins names), and a conditional one reads as that form.
+#[test]
+fn a_plain_folded_command_reads_as_what_it_does() {
+    let key = TimerKey::new("ns", "id");
+    let plain = Command::Cancel {
+        now_ms: 1,
+        key: key.clone(),
+        cond: Cond::default(),
+    };
+    assert_eq!((plain.label(), plain.name()), ("cancel", "cancel_if"));
+    assert_eq!(plain.to_string(), "cancel");
+    let held = Command::Cancel {
+        now_ms: 1,
+        key,
+        cond: Cond {
+            if_state: Some(crate::timer::TimerState::Pending),
+            ..Cond::default()
+        },
+    };
+    assert_eq!((held.label(), held.name()), ("cancel_if", "cancel_if"));
+}
