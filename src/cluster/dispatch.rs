@@ -147,7 +147,6 @@ pub struct Plan {
     subs: Vec<(u64, usize)>,
     /// The term it was planned in (its tokens came from that term's buckets).
     term: u64,
-    now_ms: i64,
 }
 
 impl Plan {
@@ -322,7 +321,6 @@ impl Dispatcher {
         let ids: Vec<u64> = reg.subs.keys().copied().collect();
         let mut plan = Plan {
             term,
-            now_ms,
             ..Plan::default()
         };
         if ids.is_empty() {
@@ -415,7 +413,7 @@ impl Dispatcher {
     }
 
     /// Gives back the tokens of `grant` that `used` did not take (a rate-limited namespace's).
-    fn refund(&self, plan_term: u64, now_ms: i64, grant: &Grant, used: u32) {
+    fn refund(&self, plan_term: u64, grant: &Grant, used: u32) {
         let unused = grant.room.saturating_sub(used);
         if unused == 0 {
             return;
@@ -423,19 +421,15 @@ impl Dispatcher {
         let Ok(ns) = self.store.namespace(&grant.namespace) else {
             return;
         };
-        if let Some(rate) = ns.policy.max_dispatches_per_second {
-            let limit = (rate, ns.policy.max_burst);
-            self.tokens
-                .with((plan_term, now_ms), now_ms, &grant.namespace, limit, |b| {
-                    b.refund(unused)
-                });
+        if ns.policy.max_dispatches_per_second.is_some() {
+            self.tokens.refund(plan_term, &grant.namespace, unused);
         }
     }
 
     /// The entry carrying `plan` failed: its room is free again.
     pub fn release(&self, plan: Plan) {
         for g in &plan.grants {
-            self.refund(plan.term, plan.now_ms, g, 0);
+            self.refund(plan.term, g, 0);
         }
         let mut reg = self.lock();
         for (id, room) in plan.subs {
@@ -449,12 +443,7 @@ impl Dispatcher {
     /// applied state) to the subscription it was granted for. Returns how many were sent.
     pub fn hand_out(&self, store: &Store, plan: Plan, leases: Vec<Option<Granted>>) -> usize {
         for (g, lease) in plan.grants.iter().zip(&leases) {
-            self.refund(
-                plan.term,
-                plan.now_ms,
-                g,
-                lease.as_ref().map_or(0, |l| l.count),
-            );
+            self.refund(plan.term, g, lease.as_ref().map_or(0, |l| l.count));
         }
         let mut read = Vec::with_capacity(leases.len());
         for lease in leases {

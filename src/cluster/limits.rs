@@ -136,6 +136,20 @@ impl Buckets {
         f(bucket)
     }
 
+    /// Gives `n` tokens back to `namespace`'s bucket, if the buckets still belong to `term`,
+    /// the term they were taken in. A refund that comes after a newer term began does
+    /// nothing: through [`Buckets::with`] it would empty the newer term's buckets, which then
+    /// fill again from that term's start and forget what it already spent.
+    pub fn refund(&self, term: u64, namespace: &str, n: u32) {
+        let mut inner = self.lock();
+        if inner.term != term {
+            return;
+        }
+        if let Some(bucket) = inner.buckets.get_mut(namespace) {
+            bucket.refund(n);
+        }
+    }
+
     /// The latest term these buckets know this node led in, and since when.
     pub fn current(&self) -> (u64, i64) {
         let inner = self.lock();
@@ -204,12 +218,10 @@ impl ScheduleLimits {
     }
 
     /// Gives back `n` tokens [`ScheduleLimits::take`] took.
-    pub fn refund(&self, namespace: &str, n: usize, policy: &Policy, term: u64, now_ms: i64) {
-        if let Some(rate) = policy.max_schedules_per_second {
+    pub fn refund(&self, namespace: &str, n: usize, policy: &Policy, term: u64) {
+        if policy.max_schedules_per_second.is_some() {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
-            let limit = (rate, policy.max_schedule_burst);
-            self.buckets
-                .with((term, now_ms), now_ms, namespace, limit, |b| b.refund(n));
+            self.buckets.refund(term, namespace, n);
         }
     }
 }
@@ -281,6 +293,17 @@ mod tests {
         assert_eq!(buckets.since(1), None);
         let got = buckets.with((2, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
         assert_eq!(got, 50, "and earns from the term's start");
+        // A refund of term 1's tokens arriving now neither gives term 2 tokens nor resets it.
+        buckets.refund(1, "ns", 100);
+        let got = buckets.with((2, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
+        assert_eq!(
+            got, 0,
+            "term 2 spent its 50; term 1's refund is not its to keep"
+        );
+        assert_eq!(buckets.since(2), Some(20_000), "and term 2's start stands");
+        buckets.refund(2, "ns", 20);
+        let got = buckets.with((2, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
+        assert_eq!(got, 20, "a refund in its own term is given back");
         let other = Buckets::default();
         let got = other.with((3, 19_000), 20_000, "ns", lim, |b| b.take_up_to(1000));
         assert_eq!(

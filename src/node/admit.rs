@@ -53,7 +53,7 @@ impl Node {
             if let Err(e) = took {
                 crate::metrics::schedule_throttled(ns);
                 for (ns, policy, n) in taken {
-                    self.schedule_tokens.refund(ns, n, policy, term, now_ms);
+                    self.schedule_tokens.refund(ns, n, policy, term);
                 }
                 return Err(e);
             }
