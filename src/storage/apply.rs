@@ -109,6 +109,12 @@ pub(super) struct Applier<'a> {
     pub(super) zone_tzdb: Option<String>,
     /// The committed level as this entry raised it (`level.rs`).
     pub level_staged: Option<u32>,
+    /// A plain Schedule goes through `schedule_with` (nothing set), the path builds before the
+    /// fold apply it by, not the fast path, `schedule`, this build takes. The two must make
+    /// exactly the same change (DESIGN 8: in a rolling upgrade both kinds of replica apply the
+    /// same entry); the apply fuzzer's disturbed replica and `storage/tests/folded.rs` take
+    /// this path to compare them ([`StateMachine::apply_plain_schedules_generally`]).
+    pub plain_as_general: bool,
 }
 
 impl<'a> Applier<'a> {
@@ -155,6 +161,7 @@ impl<'a> Applier<'a> {
             late: Vec::new(),
             zone_tzdb: None,
             level_staged: None,
+            plain_as_general: false,
         }
     }
 
@@ -199,7 +206,9 @@ impl<'a> Applier<'a> {
         match cmd {
             // A plain Schedule, in either form: the shared path (no copy of the spec).
             Command::LegacySchedule { now_ms, spec } => self.schedule(*now_ms, spec),
-            Command::Schedule { now_ms, spec, with } if with.is_plain() && fast_path() => {
+            Command::Schedule { now_ms, spec, with }
+                if with.is_plain() && !self.plain_as_general =>
+            {
                 self.schedule(*now_ms, spec)
             }
             Command::ScheduleBatch { now_ms, specs } => {
@@ -227,7 +236,9 @@ impl<'a> Applier<'a> {
                 shift,
                 cond,
             } => self.reschedule(now_ms, key, shift, cond),
-            Command::Schedule { now_ms, spec, with } if with.is_plain() && fast_path() => {
+            Command::Schedule { now_ms, spec, with }
+                if with.is_plain() && !self.plain_as_general =>
+            {
                 self.schedule(now_ms, &spec)
             }
             Command::Schedule { now_ms, spec, with } => self.schedule_with(now_ms, &spec, with),
@@ -519,22 +530,4 @@ impl Lookup for Applier<'_> {
     fn retention_ms(&mut self, namespace: &str) -> Result<u64> {
         Ok(self.policy(namespace)?.retention_ms)
     }
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Set by `storage/tests/folded.rs`: plain folded Schedules take `schedule_with`, the path
-    /// builds before the fold apply them by, so the test compares the two paths.
-    pub(super) static GENERAL_SCHEDULE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether a plain Schedule may take the fast path (`schedule`). It must make exactly the
-/// change `schedule_with` makes with nothing set: older builds apply the same entry by that
-/// one (DESIGN 8), and `storage/tests/folded.rs` compares the two.
-fn fast_path() -> bool {
-    #[cfg(test)]
-    if GENERAL_SCHEDULE.with(std::cell::Cell::get) {
-        return false;
-    }
-    true
 }

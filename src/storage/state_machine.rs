@@ -41,6 +41,8 @@ pub struct StateMachine {
     pub(super) meta: SmMeta,
     signal: Arc<FireSignal>,
     snapshots: Arc<Snapshots>,
+    /// Plain Schedules applied as builds before the fold apply them (`Applier::plain_as_general`).
+    plain_as_general: bool,
 }
 
 impl StateMachine {
@@ -59,6 +61,7 @@ impl StateMachine {
             meta,
             signal,
             snapshots,
+            plain_as_general: false,
         };
         sm.reload()?;
         Ok(sm)
@@ -71,6 +74,14 @@ impl StateMachine {
         self.store.deadline_floor.reset();
         let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
         heads.all_early(self.meta.cursor);
+    }
+
+    /// From now on a plain Schedule is applied through `schedule_with` with nothing set, as
+    /// builds before the fold apply the entry a node proposes now; this build's own path is
+    /// `schedule`. The change must be the same either way (DESIGN 8): the apply fuzzer's
+    /// disturbed replica applies this way beside a steady one that does not, and compares.
+    pub fn apply_plain_schedules_generally(&mut self) {
+        self.plain_as_general = true;
     }
 
     /// Rebuilds every node-local structure apply and the readers keep beside the database (the
@@ -127,6 +138,7 @@ impl StateMachine {
                     self.store.heads.clone(),
                 );
                 applier.deadline_floor = self.store.deadline_floor.get();
+                applier.plain_as_general = self.plain_as_general;
                 let response = applier.apply(cmd)?;
                 applier.finish();
                 after = AfterWrite {

@@ -63,6 +63,26 @@ fn pairs() -> Vec<(Command, Command)> {
             content_type: String::new(),
         },
     };
+    // A Schedule whose spec the caller shapes (a relative time, a content type).
+    let both_spec = |now_ms: i64, spec: TimerSpec| {
+        (
+            Command::LegacySchedule {
+                now_ms,
+                spec: spec.clone(),
+            },
+            Command::Schedule {
+                now_ms,
+                spec,
+                with: Options::default(),
+            },
+        )
+    };
+    let after = |id: &str, ms: i64, content_type: &str| TimerSpec {
+        key: key(id),
+        when: When::After(ms),
+        payload: b"p".to_vec(),
+        content_type: content_type.into(),
+    };
     let same = |c: Command| (c.clone(), c);
     let multi = |pairs: Vec<(Command, Command)>| {
         let (a, b): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
@@ -91,12 +111,38 @@ fn pairs() -> Vec<(Command, Command)> {
             max: 100,
             grants: Vec::new(),
         }),
-        both_reschedule("c", T0 + 900), // FIRED: refused
-        both_cancel("c"),               // FIRED: refused
+        both_reschedule("c", T0 + 900),   // FIRED: refused
+        both_cancel("c"),                 // FIRED: refused
+        both_schedule("c", T0 + 10, "p"), // a repeat of a FIRED timer
+        both_schedule("c", T0 + 10, "q"), // another over a FIRED one
+        // Relative times: a repeat proposed later names a later time, yet is the same request.
+        both_spec(T0, after("r", 1_000, "")),
+        both_spec(T0 + 3, after("r", 1_000, "")),
+        both_spec(T0 + 3, after("r", 2_000, "")),
+        // Content types: the default spelled out, and another.
+        both_spec(T0, after("t", 1_000, "text/plain")),
+        both_spec(T0, after("t", 1_000, "")),
+        both_spec(T0, after("t", 1_000, "text/plain")),
+        both_spec(T0, after("d", 1_000, "")),
+        both_spec(T0, after("d", 1_000, "application/octet-stream")),
         same(recurring),
         both_schedule("tick", T0 + 10, "p"), // a recurring timer's id
         both_reschedule("tick", T0 + 10),
         both_cancel("tick"), // deletes the series
+        // A batch, then a Multi of plain forms over fired, cancelled and batched timers. (A
+        // Multi holding a batch answers with the entry itself, which differs between the two
+        // forms by construction: `the_two_apply_paths_agree_beside_a_batch` covers that one.)
+        same(Command::ScheduleBatch {
+            now_ms: T0,
+            specs: vec![spec("b", T0 + 5, "p"), spec("n1", T0 + 5, "p")].into(),
+        }),
+        multi(vec![
+            both_schedule("c", T0 + 10, "p"),
+            both_schedule("n1", T0 + 5, "p"),
+            both_schedule("n2", T0 + 5, "p"),
+            both_cancel("n2"),
+            both_schedule("n2", T0 + 5, "p"),
+        ]),
     ]
 }
 
@@ -106,14 +152,12 @@ fn pairs() -> Vec<(Command, Command)> {
 /// the same state.
 #[tokio::test]
 async fn each_legacy_form_applies_as_its_folded_form() {
-    use crate::storage::apply::GENERAL_SCHEDULE;
     let (mut legacy, mut folded, mut general) = (Sm::new(), Sm::new(), Sm::new());
+    general.sm.apply_plain_schedules_generally();
     for (i, (old, new)) in pairs().into_iter().enumerate() {
         let a = legacy.apply(old.clone()).await;
         let b = folded.apply(new.clone()).await;
-        GENERAL_SCHEDULE.with(|g| g.set(true));
         let c = general.apply(new).await;
-        GENERAL_SCHEDULE.with(|g| g.set(false));
         assert_eq!(a, b, "step {i}: {} answers otherwise", old.name());
         assert_eq!(b, c, "step {i}: the two apply paths answer otherwise");
         let digests = [&legacy, &folded, &general].map(|s| s.store.digest().unwrap());
@@ -126,6 +170,40 @@ async fn each_legacy_form_applies_as_its_folded_form() {
         assert_eq!(
             digests[1], digests[2],
             "step {i}: the two apply paths leave other states"
+        );
+    }
+}
+
+/// A Multi mixing plain Schedules with a batch that names the same timers, applied by this
+/// build's fast path and by the general path older builds take: same answers, same state.
+#[tokio::test]
+async fn the_two_apply_paths_agree_beside_a_batch() {
+    let plain = |id: &str| Command::Schedule {
+        now_ms: T0,
+        spec: spec(id, T0 + 5, "p"),
+        with: Options::default(),
+    };
+    let entry = Command::Multi(vec![
+        plain("x"),
+        Command::ScheduleBatch {
+            now_ms: T0,
+            specs: vec![spec("x", T0 + 5, "p"), spec("y", T0 + 5, "p")].into(),
+        },
+        plain("y"),
+        plain("z"),
+        Command::ScheduleBatch {
+            now_ms: T0,
+            specs: vec![spec("z", T0 + 5, "other")].into(),
+        },
+    ]);
+    let (mut fast, mut general) = (Sm::new(), Sm::new());
+    general.sm.apply_plain_schedules_generally();
+    for cmd in [entry.clone(), entry] {
+        let (a, b) = (fast.apply(cmd.clone()).await, general.apply(cmd).await);
+        assert_eq!(a, b, "the two apply paths answer otherwise");
+        assert_eq!(
+            fast.store.digest().unwrap(),
+            general.store.digest().unwrap()
         );
     }
 }

@@ -12,7 +12,9 @@
 //! - the *disturbed* one applies the same entries one at a time, rebuilding every node-local
 //!   cache from its database before each (`StateMachine::reload`, what opening does), and at
 //!   the points the program says it is closed and opened again or installs a snapshot the
-//!   steady one builds there — what a restart or a catching-up follower does;
+//!   steady one builds there — what a restart or a catching-up follower does; and it applies
+//!   a plain Schedule by the general path, as builds before the fold do (the steady one takes
+//!   the fast path: a rolling upgrade runs both);
 //! - the *grouped* one applies every entry in one call.
 //!
 //! The disturbed replica applies each command as a follower does, decoded from its encoding.
@@ -94,6 +96,28 @@ const OPS: [u8; 32] = [
     20, 20, 20, 20,
 ];
 
+/// A new plain Schedule's request: an absolute time near `now` or a delay after it, a short
+/// payload, no content type, the default spelled out, or another.
+fn fresh_spec(b: &mut Bytes, now: i64) -> TimerSpec {
+    let key = b.key();
+    let when = match b.next() % 4 {
+        0 => When::After(i64::from(b.next()) * 25),
+        _ => When::At(now + i64::from(b.next()) * 25 - 500),
+    };
+    let payload = vec![b.next(); usize::from(b.next() % 8)];
+    let content_type = match b.next() % 4 {
+        0 => "text/plain".to_string(),
+        1 => timerdb::timer::DEFAULT_CONTENT_TYPE.to_string(),
+        _ => String::new(),
+    };
+    TimerSpec {
+        key,
+        when,
+        payload,
+        content_type,
+    }
+}
+
 /// The commands `input` describes.
 pub fn program(input: &[u8]) -> Vec<Command> {
     steps(input)
@@ -111,6 +135,8 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
     let mut now = T0;
     let mut out = Vec::new();
     let mut commands = 0;
+    // The last plain Schedule's request, for a retry to send again.
+    let mut retried: Option<TimerSpec> = None;
     while !b.done() && commands < MAX_COMMANDS {
         let op = OPS[usize::from(b.next()) % OPS.len()];
         match op {
@@ -132,17 +158,22 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
         let at = |b: &mut Bytes, now: i64| now + i64::from(b.next()) * 25 - 500;
         let cmd = match op {
             0 => {
-                let key = b.key();
-                let when = When::At(at(&mut b, now));
-                let payload = vec![b.next(); usize::from(b.next() % 8)];
-                Command::LegacySchedule {
-                    now_ms: now,
-                    spec: TimerSpec {
-                        key,
-                        when,
-                        payload,
-                        content_type: String::new(),
-                    },
+                let spec = match &retried {
+                    // A client's retry: its last request again, as it was, proposed later.
+                    Some(spec) if b.next() % 3 == 0 => spec.clone(),
+                    _ => fresh_spec(&mut b, now),
+                };
+                retried = Some(spec.clone());
+                // What a node proposes since the fold; now and then the first form, which
+                // older logs hold.
+                if b.next() % 4 == 0 {
+                    Command::LegacySchedule { now_ms: now, spec }
+                } else {
+                    Command::Schedule {
+                        now_ms: now,
+                        spec,
+                        with: Options::default(),
+                    }
                 }
             }
             1 => {
@@ -484,7 +515,7 @@ pub fn run(input: &[u8]) -> Verdict {
     let (d1, d2, d3) = (tempdir()?, tempdir()?, tempdir()?);
     runtime().block_on(async {
         let (mut steady, mut grouped) = (open(d1.path())?, open(d3.path())?);
-        let mut disturbed = Some(open(d2.path())?);
+        let mut disturbed = Some(open_disturbed(d2.path())?);
         let mut answers = Vec::new();
         let mut disturbances = 0;
         for step in &steps {
@@ -521,7 +552,7 @@ pub fn run(input: &[u8]) -> Verdict {
                 Step::Stale => steady.stale_caches(),
                 Step::Reopen => {
                     drop(disturbed.take());
-                    disturbed = Some(open(d2.path())?);
+                    disturbed = Some(open_disturbed(d2.path())?);
                     disturbances += 1;
                 }
                 Step::Install => {
@@ -563,6 +594,15 @@ pub fn run(input: &[u8]) -> Verdict {
             disturbances.min(2)
         ))
     })
+}
+
+/// The disturbed replica: besides its caches, it applies a plain Schedule through
+/// `schedule_with`, as builds before the fold do, while the steady one takes this build's fast
+/// path; after every entry the two must agree (a rolling upgrade runs both).
+fn open_disturbed(dir: &Path) -> Result<StateMachine, String> {
+    let mut sm = open(dir)?;
+    sm.apply_plain_schedules_generally();
+    Ok(sm)
 }
 
 /// Applies `cmd` as entry `index` of `sm`, alone.
