@@ -109,7 +109,7 @@ fn a_recurrence_names_the_field_it_refuses() {
 }
 
 #[test]
-fn a_recurring_refuses_to_compute_with_other_zone_rules() {
+fn a_recurring_timer_refuses_to_compute_with_other_zone_rules() {
     let spec = RecurringSpec {
         key: TimerKey::new("ns", "s"),
         recurrence: Recurrence {

@@ -122,7 +122,7 @@ async fn of_two_racing_conditional_updates_exactly_one_wins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn create_only_upsert_and_a_recurring_rule_changed_by_upsert() {
+async fn create_only_upsert_and_a_recurring_timer_rule_changed_by_upsert() {
     let cluster = TestCluster::start(3).await;
     let mut c = cluster.client(cluster.follower().await).await;
     // A relative Schedule, then the absolute time it returned: the same timer.

@@ -110,7 +110,7 @@ async fn an_upgraded_leader_writes_what_older_members_read_until_all_are_upgrade
 /// at the entry (review of issue 33's change, F6). An interval series, which no zone rules
 /// touch, is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_recurring_in_a_time_zone_waits_until_every_member_runs_one_tzdb() {
+async fn a_recurring_timer_in_a_time_zone_waits_until_every_member_runs_one_tzdb() {
     let c = TestCluster::start_with(3, |n| {
         if n.id == 3 {
             n.tzdb = "2000a".into();

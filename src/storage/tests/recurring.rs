@@ -311,7 +311,7 @@ async fn pause_resume_cancel_and_refusals() {
 }
 
 #[tokio::test]
-async fn a_cancelled_occurrence_is_skipped_and_the_recurring_goes_on() {
+async fn a_cancelled_occurrence_is_skipped_and_the_recurring_timer_goes_on() {
     let mut s = Sm::new();
     s.apply(create("t", every(SEC))).await;
     let r = s
@@ -329,7 +329,7 @@ async fn a_cancelled_occurrence_is_skipped_and_the_recurring_goes_on() {
 }
 
 #[tokio::test]
-async fn end_and_max_count_end_the_recurring() {
+async fn end_and_max_count_end_the_recurring_timer() {
     let mut s = Sm::new();
     let mut r = every(SEC);
     r.max_count = 2;

@@ -4,7 +4,7 @@
 use super::*;
 
 #[tokio::test]
-async fn a_cron_recurring_follows_its_zone_across_a_dst_change() {
+async fn a_cron_recurring_timer_follows_its_zone_across_a_dst_change() {
     let mut s = Sm::new();
     // 02:30 every day in Berlin; 2027-03-28 02:30 does not exist (clocks go 02:00 -> 03:00).
     let mut r = every(SEC);
@@ -43,7 +43,7 @@ async fn a_cron_recurring_follows_its_zone_across_a_dst_change() {
 /// travels in the command: stored as proposed, and a replica with other rules for the zone
 /// stops before it writes anything.
 #[tokio::test]
-async fn a_recurring_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replica() {
+async fn a_recurring_timer_keeps_its_proposers_zone_rules_and_other_rules_stop_the_replica() {
     let mut cron = every(SEC);
     cron.rule = RuleSpec::Cron {
         expr: "30 2 * * *".into(),
