@@ -15,6 +15,7 @@
 //!   timerdb-fuzz [--seconds N] [--target T]... [--save] [--seed S]
 
 mod apply;
+mod program;
 mod targets;
 
 use std::collections::HashSet;
@@ -252,7 +253,7 @@ fn main() {
             std::process::exit(2);
         });
         if target == "apply" {
-            for (i, step) in apply::steps(&input).iter().enumerate() {
+            for (i, step) in program::steps(&input).iter().enumerate() {
                 println!("{i:>3} {step:?}");
             }
         }

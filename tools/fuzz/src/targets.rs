@@ -224,7 +224,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
             }
             .encode_to_vec(),
         ],
-        "apply" => crate::apply::seed_programs(),
+        "apply" => crate::program::seed_programs(),
         _ => Vec::new(),
     }
 }

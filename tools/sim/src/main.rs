@@ -13,6 +13,8 @@
 //!   timerdb-sim [--seeds N] [--first S] [--minutes M] [--seed S] [--jobs J] [--plant BUG]
 //!   timerdb-sim --prove [--seeds N]      every planted bug, until a seed catches it
 
+mod faults;
+mod load;
 mod scenario;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -14,17 +14,17 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use timerdb::api::pb::{
-    self, cluster_client::ClusterClient, namespaces_client::NamespacesClient,
-    timers_client::TimersClient,
-};
-use timerdb::sim::{self, Link};
+use timerdb::api::pb::{self, timers_client::TimersClient};
+use timerdb::sim;
 use timerdb_client::Conn;
 use tokio::sync::watch;
 
 use timerdb_harness::checker::{self, SkewWindow};
 use timerdb_harness::simulated::{SimCluster, NODES};
 use timerdb_harness::workload::{self, History, NAMESPACE};
+
+use crate::faults::{heal, inject, Fault};
+use crate::load::{configure, slow_consumer, sparse};
 
 /// The simulated clock's start: 2027-01-01, plus a second per seed.
 const EPOCH_MS: i64 = 1_798_761_600_000;
@@ -146,22 +146,6 @@ pub fn run_seed(seed: u64, base: &Path, setup: &Setup, verbose: bool) -> SeedOut
     sim::uninstall();
     let _ = std::fs::remove_dir_all(&dir);
     out
-}
-
-/// A fault of the plan.
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    CrashLeader,
-    CrashFollower,
-    IsolateLeader,
-    IsolateFollower,
-    /// Every link slower by this many ms, and as much again at random (chunks of different
-    /// connections overtake each other).
-    SlowLinks(u64),
-    /// Every link breaks this many connections of 1,000 chunks (lost segments).
-    LossyLinks(u32),
-    /// The leader restarted with its clock this far off.
-    SkewLeader(i64),
 }
 
 async fn scenario(
@@ -296,216 +280,6 @@ async fn scenario(
         deliveries: history.deliveries.len(),
         faults,
     })
-}
-
-/// Applies `fault` for `span` and heals it; the node it hit.
-async fn inject(c: &mut SimCluster, fault: Fault, span: Duration) -> anyhow::Result<u64> {
-    let leader = c.leader();
-    let follower = NODES
-        .iter()
-        .copied()
-        .find(|n| Some(*n) != leader && c.node(*n).is_some());
-    let pick = |leader_first: bool| match leader_first {
-        true => leader.or(follower),
-        false => follower.or(leader),
-    };
-    match fault {
-        Fault::CrashLeader | Fault::CrashFollower => {
-            let Some(n) = pick(matches!(fault, Fault::CrashLeader)) else {
-                return Ok(0);
-            };
-            c.crash(n).await;
-            tokio::time::sleep(span).await;
-            c.start_node(n).await?;
-            Ok(n)
-        }
-        Fault::IsolateLeader | Fault::IsolateFollower => {
-            let Some(n) = pick(matches!(fault, Fault::IsolateLeader)) else {
-                return Ok(0);
-            };
-            c.isolate(n, true);
-            tokio::time::sleep(span).await;
-            c.isolate(n, false);
-            Ok(n)
-        }
-        Fault::SlowLinks(ms) => {
-            c.set_all(Link {
-                delay_ms: ms,
-                jitter_ms: ms,
-                ..Link::default()
-            });
-            tokio::time::sleep(span).await;
-            c.set_all(Link::default());
-            Ok(0)
-        }
-        Fault::LossyLinks(per_mille) => {
-            c.set_all(Link {
-                loss_per_mille: per_mille,
-                ..Link::default()
-            });
-            tokio::time::sleep(span).await;
-            c.set_all(Link::default());
-            Ok(0)
-        }
-        Fault::SkewLeader(ms) => {
-            let Some(n) = leader else { return Ok(0) };
-            c.skew_ms.insert(n, ms);
-            c.restart(n).await?;
-            // And it leads again (a clock behind the cursor must not move it back).
-            let mut cluster = ClusterClient::new(c.conn(n));
-            let _ = cluster
-                .transfer_leader(pb::TransferLeaderRequest { node_id: n })
-                .await;
-            tokio::time::sleep(span).await;
-            c.skew_ms.insert(n, 0);
-            c.restart(n).await?;
-            Ok(n)
-        }
-    }
-}
-
-/// Every node running, every link healthy, every clock right.
-async fn heal(c: &mut SimCluster) -> anyhow::Result<()> {
-    c.set_all(Link::default());
-    for n in NODES {
-        c.isolate(n, false);
-        if c.skew_ms[&n] != 0 {
-            c.skew_ms.insert(n, 0);
-            c.restart(n).await?;
-        }
-        if c.node(n).is_none() {
-            c.start_node(n).await?;
-        }
-    }
-    Ok(())
-}
-
-/// A namespace of few timers nobody consumes, under a misfire policy: fired late (a fault),
-/// a timer expires in place, behind the fire cursor; moved later soon after it was scheduled,
-/// it leaves an early head in the long-running nodes' caches. What a node-local cache that
-/// decides a write gets wrong after a restart (issue 33 finding 1) shows here, as digests
-/// that differ. The chaos checker does not judge these timers (their namespace is not its).
-pub const SPARSE: &str = "sparse";
-
-async fn sparse(
-    clients: Vec<(u64, TimersClient<Conn>)>,
-    seed: u64,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_5a45e);
-    let mut n = 0u64;
-    while !*stop.borrow() {
-        let (_, mut client) = clients[rng.random_range(0..clients.len())].clone();
-        n += 1;
-        let id = format!("s{n}");
-        let at = timerdb_harness::workload::now_ms() + rng.random_range(200..2_000);
-        let req = pb::ScheduleRequest {
-            namespace: SPARSE.into(),
-            id: id.clone(),
-            when: Some(pb::schedule_request::When::FireAtMs(at)),
-            ..Default::default()
-        };
-        let _ = client.schedule(req).await;
-        if rng.random_range(0..3) == 0 {
-            let later = pb::RescheduleRequest {
-                namespace: SPARSE.into(),
-                id,
-                when: Some(pb::reschedule_request::When::FireAtMs(at + 30_000)),
-                ..Default::default()
-            };
-            let _ = client.reschedule(later).await;
-        }
-        let pause = Duration::from_millis(rng.random_range(300..1_500));
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = stop.changed() => {}
-        }
-    }
-}
-
-/// The sparse namespace's one consumer: room for one delivery, each acked after a while (so
-/// that most Fire entries grant it nothing, and the fired rows behind the cursor are passed by
-/// pass leases), through any node.
-async fn slow_consumer(
-    clients: Vec<(u64, TimersClient<Conn>)>,
-    seed: u64,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x510_c0de);
-    while !*stop.borrow() {
-        let (_, mut client) = clients[rng.random_range(0..clients.len())].clone();
-        let sub = pb::SubscribeRequest {
-            namespace: SPARSE.into(),
-            consumer: "slow".into(),
-            max_in_flight: 1,
-        };
-        let opened = tokio::select! {
-            r = client.subscribe(sub) => r,
-            _ = stop.changed() => return,
-        };
-        if let Ok(stream) = opened {
-            let mut stream = stream.into_inner();
-            loop {
-                let msg = tokio::select! {
-                    m = stream.message() => m,
-                    _ = stop.changed() => return,
-                };
-                let Ok(Some(d)) = msg else { break };
-                let Some(t) = d.timer else { continue };
-                tokio::time::sleep(Duration::from_millis(rng.random_range(100..1_500))).await;
-                let (_, mut any) = clients[rng.random_range(0..clients.len())].clone();
-                let ack = pb::AckRequest {
-                    namespace: SPARSE.into(),
-                    id: t.id,
-                    attempt: d.attempt,
-                    // Both paths: answered once applied, or once queued on the leader.
-                    wait_for_commit: rng.random_bool(0.5),
-                };
-                let _ = any.ack(ack).await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-async fn configure(c: &SimCluster) -> anyhow::Result<()> {
-    let policy = pb::NamespacePolicy {
-        ack_timeout_ms: 3_000,
-        max_attempts: 1_000,
-        backoff_min_ms: 200,
-        backoff_max_ms: 2_000,
-        retention_ms: 24 * 3600 * 1000,
-        ..Default::default()
-    };
-    let sparse = pb::NamespacePolicy {
-        max_lateness_ms: 300,
-        misfire: pb::MisfireAction::Skip as i32,
-        retention_ms: 2_000,
-        ack_timeout_ms: 1_000,
-        backoff_min_ms: 100,
-        backoff_max_ms: 500,
-        max_attempts: 1_000,
-        ..Default::default()
-    };
-    let mut ns = NamespacesClient::new(c.conn(1));
-    for (name, policy) in [(NAMESPACE, policy), (SPARSE, sparse)] {
-        let req = pb::PutNamespaceRequest {
-            name: name.into(),
-            policy: Some(policy),
-        };
-        let mut done = false;
-        for _ in 0..20 {
-            if ns.put_namespace(req.clone()).await.is_ok() {
-                done = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        if !done {
-            anyhow::bail!("could not configure namespace {name}");
-        }
-    }
-    Ok(())
 }
 
 /// Waits until no timer is PENDING or FIRED (everything fired and acked).
