@@ -122,6 +122,13 @@ impl Buckets {
         f: impl FnOnce(&mut Bucket) -> T,
     ) -> T {
         let mut inner = self.lock();
+        if term < inner.term {
+            // A caller that read an older term (it raced a re-election): it gets nothing,
+            // and the newer term's buckets stay as they are. Resetting them to the older
+            // term, and back at the newer one's next call, would let that term's buckets
+            // fill again from its start and forget what it spent.
+            return f(&mut Bucket::empty_since(rate, burst, now_ms, now_ms));
+        }
         if inner.term != term {
             inner.term = term;
             inner.since_ms = since_ms.min(now_ms);
@@ -162,10 +169,11 @@ impl Buckets {
         (inner.term == term).then_some(inner.since_ms)
     }
 
-    /// Notes that this node leads in `term` from `now_ms` on (if it did not know yet).
+    /// Notes that this node leads in `term` from `now_ms` on (if it did not know yet; an
+    /// older term than the buckets know changes nothing).
     pub fn lead(&self, term: u64, now_ms: i64) {
         let mut inner = self.lock();
-        if inner.term != term {
+        if term > inner.term {
             inner.term = term;
             inner.since_ms = now_ms;
             inner.buckets.clear();
@@ -301,6 +309,13 @@ mod tests {
             "term 2 spent its 50; term 1's refund is not its to keep"
         );
         assert_eq!(buckets.since(2), Some(20_000), "and term 2's start stands");
+        // Nor does a take by a caller that read term 1 before the new term began.
+        let got = buckets.with((1, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
+        assert_eq!(got, 0, "an older term gets nothing");
+        buckets.lead(1, 20_500);
+        let got = buckets.with((2, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
+        assert_eq!(got, 0, "and leaves term 2's buckets as they were");
+        assert_eq!(buckets.since(2), Some(20_000));
         buckets.refund(2, "ns", 20);
         let got = buckets.with((2, 0), 20_500, "ns", lim, |b| b.take_up_to(1000));
         assert_eq!(got, 20, "a refund in its own term is given back");
