@@ -155,6 +155,50 @@ impl Plan {
     }
 }
 
+/// A plan out for proposal: handed out when its entry applied, released when it failed — and
+/// released when dropped before either. The worker proposing it can be cancelled at any await
+/// (`while_leader` drops the leader's workers when leadership moves), and a reservation left
+/// behind would shrink its subscription's room for the subscription's whole life (to nothing,
+/// if it reserved all of it).
+pub struct Planned<'a> {
+    dispatcher: &'a Dispatcher,
+    plan: Option<Plan>,
+}
+
+impl Planned<'_> {
+    pub fn grants(&self) -> &[Grant] {
+        self.plan.as_ref().map_or(&[], |p| &p.grants)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plan.as_ref().is_none_or(Plan::is_empty)
+    }
+
+    /// The entry carrying the plan applied with `leases`: sends what each holds (see
+    /// [`Dispatcher::hand_out`]); how many were sent.
+    pub fn hand_out(mut self, store: &Store, leases: Vec<Option<Granted>>) -> usize {
+        match self.plan.take() {
+            Some(plan) => self.dispatcher.hand_out(store, plan, leases),
+            None => 0,
+        }
+    }
+
+    /// The entry carrying the plan failed: its room and tokens are free again.
+    pub fn release(mut self) {
+        if let Some(plan) = self.plan.take() {
+            self.dispatcher.release(plan);
+        }
+    }
+}
+
+impl Drop for Planned<'_> {
+    fn drop(&mut self) {
+        if let Some(plan) = self.plan.take() {
+            self.dispatcher.release(plan);
+        }
+    }
+}
+
 /// A registered subscription; dropping it unregisters it.
 pub struct Subscription {
     id: u64,
@@ -315,7 +359,19 @@ impl Dispatcher {
     /// is worth proposing only then; a Fire entry grants to everyone, for what it fires).
     ///
     /// `term` is this leader's: the rate buckets start empty in a new one (see `limits`).
-    pub fn plan(&self, now_ms: i64, term: u64, waiting: Option<&dyn Fn(&str) -> bool>) -> Plan {
+    pub fn plan(
+        &self,
+        now_ms: i64,
+        term: u64,
+        waiting: Option<&dyn Fn(&str) -> bool>,
+    ) -> Planned<'_> {
+        Planned {
+            dispatcher: self,
+            plan: Some(self.plan_grants(now_ms, term, waiting)),
+        }
+    }
+
+    fn plan_grants(&self, now_ms: i64, term: u64, waiting: Option<&dyn Fn(&str) -> bool>) -> Plan {
         self.tokens.lead(term, now_ms);
         let mut reg = self.lock();
         let ids: Vec<u64> = reg.subs.keys().copied().collect();
@@ -427,7 +483,7 @@ impl Dispatcher {
     }
 
     /// The entry carrying `plan` failed: its room is free again.
-    pub fn release(&self, plan: Plan) {
+    fn release(&self, plan: Plan) {
         for g in &plan.grants {
             self.refund(plan.term, g, 0);
         }
@@ -441,7 +497,7 @@ impl Dispatcher {
 
     /// The entry carrying `plan` applied: sends what each lease holds (read back from the
     /// applied state) to the subscription it was granted for. Returns how many were sent.
-    pub fn hand_out(&self, store: &Store, plan: Plan, leases: Vec<Option<Granted>>) -> usize {
+    fn hand_out(&self, store: &Store, plan: Plan, leases: Vec<Option<Granted>>) -> usize {
         for (g, lease) in plan.grants.iter().zip(&leases) {
             self.refund(plan.term, g, lease.as_ref().map_or(0, |l| l.count));
         }
@@ -548,23 +604,23 @@ impl DispatchLoop {
         self.hold.pass().await;
         let cmd = Command::Deliver {
             now_ms,
-            grants: plan.grants.clone(),
+            grants: plan.grants().to_vec(),
         };
         let reply = match super::propose::client_write(&self.raft, cmd.into()).await {
             Ok(reply) => reply,
             Err(e) => {
-                self.dispatcher.release(plan);
+                plan.release();
                 return Err(crate::Error::Unavailable(e.to_string()));
             }
         };
         match reply.data {
             Response::Delivered(leases) => {
-                let sent = self.dispatcher.hand_out(&self.store, plan, leases);
+                let sent = plan.hand_out(&self.store, leases);
                 tracing::debug!(sent, "delivered");
                 Ok(sent > 0)
             }
             other => {
-                self.dispatcher.release(plan);
+                plan.release();
                 Err(crate::Error::Internal(format!(
                     "unexpected Deliver response {other:?}"
                 )))

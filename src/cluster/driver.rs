@@ -104,7 +104,7 @@ impl FireDriver {
             self.hold.pass().await;
             let term = self.raft.metrics().borrow_watched().current_term;
             let plan = self.dispatcher.plan(now_ms, term, None);
-            let (max, grants) = (self.max_fires_per_entry, plan.grants.clone());
+            let (max, grants) = (self.max_fires_per_entry, plan.grants().to_vec());
             // One read of the membership for both questions (a Fire is proposed often).
             let members = super::level::members(&self.raft);
             let committed = self.store.committed_level();
@@ -135,20 +135,20 @@ impl FireDriver {
                         more,
                         leases,
                     } => {
-                        let sent = self.dispatcher.hand_out(&self.store, plan, leases);
+                        let sent = plan.hand_out(&self.store, leases);
                         tracing::debug!(now_ms, count, more, sent, "fired");
                         if !more {
                             return true;
                         }
                     }
                     other => {
-                        self.dispatcher.release(plan);
+                        plan.release();
                         tracing::error!(?other, "fire driver: unexpected response");
                         return false;
                     }
                 },
                 Err(e) => {
-                    self.dispatcher.release(plan);
+                    plan.release();
                     tracing::warn!(error = %e, "fire driver: proposal failed");
                     return false;
                 }

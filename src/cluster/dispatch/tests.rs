@@ -30,8 +30,8 @@ fn a_stale_ack_frees_no_other_subscriptions_room() {
     // How many subscriptions get a grant (the room is given back at once).
     let granted = |d: &Dispatcher| {
         let plan = d.plan(0, 1, None);
-        let n = plan.grants.len();
-        d.release(plan);
+        let n = plan.grants().len();
+        plan.release();
         n
     };
     assert_eq!(granted(&d), 1, "only A has room");
@@ -42,6 +42,24 @@ fn a_stale_ack_frees_no_other_subscriptions_room() {
     // B's own stream acking attempt 2 frees B.
     b.settled(&key, 2);
     assert_eq!(granted(&d), 2);
+}
+
+/// Review of issue 35: a worker cancelled at an await while its plan is out for proposal
+/// (leadership moved; `while_leader` drops it) left the plan's reservation behind, and its
+/// subscription's room stayed smaller for its whole life — with `max_in_flight` 1, nothing
+/// more was ever granted to it. A plan dropped unused now releases itself.
+#[test]
+fn a_plan_dropped_before_its_entry_applied_gives_its_room_back() {
+    let (_dir, d) = dispatcher();
+    let _sub = d.subscribe("ns", "a", 1, false);
+    let plan = d.plan(0, 1, None);
+    assert_eq!(plan.grants().len(), 1);
+    drop(plan); // the proposing task was cancelled
+    let plan = d.plan(0, 1, None);
+    assert_eq!(plan.grants().len(), 1, "the room came back");
+    // What a leaked reservation did: the subscription is never granted again.
+    std::mem::forget(plan);
+    assert_eq!(d.plan(0, 1, None).grants().len(), 0);
 }
 
 /// A leader-side time rule in paused time: with the simulator's clock installed
@@ -64,7 +82,7 @@ async fn pacing_holds_a_namespace_to_its_rate_in_paused_time() {
     let (_dir, d) = dispatcher();
     let clock = crate::clock::Clock::system();
     let wall = std::time::Instant::now();
-    d.release(d.plan(clock.now_ms(), 1, None)); // this node leads from now
+    d.plan(clock.now_ms(), 1, None).release(); // this node leads from now
     let mut sent_at = Vec::new();
     for _ in 0..100 {
         d.paced("ns", (100, 50), &clock).await;
