@@ -80,6 +80,7 @@ impl StateMachine {
     /// builds before the fold apply the entry a node proposes now; this build's own path is
     /// `schedule`. The change must be the same either way (DESIGN 8): the apply fuzzer's
     /// disturbed replica applies this way beside a steady one that does not, and compares.
+    #[doc(hidden)]
     pub fn apply_plain_schedules_generally(&mut self) {
         self.plain_as_general = true;
     }
