@@ -9,7 +9,8 @@
 //!
 //! Workloads: `schedule`, `batch`, `fire`, `burst`, `failover`, `pending`, and `keys` (storage
 //! writes over a timer's whole life) and `naive` (a one-at-a-time consumer) in `life`; `push`;
-//! `recur` (N active recurring timers: disk, memory, fire rate).
+//! `recur` (N active recurring timers: disk, memory, fire rate); `scale` (the CPU one timer
+//! costs the leader and a follower, under per-node CPU quotas: what sharding can buy).
 
 mod consume;
 mod fire;
@@ -19,6 +20,7 @@ mod progress;
 mod push;
 mod recurring;
 mod report;
+mod scale;
 mod scene;
 mod target;
 mod write;
@@ -44,6 +46,7 @@ enum Workload {
     Naive,
     Push,
     Recur,
+    Scale,
 }
 
 #[derive(Parser, Debug)]
@@ -111,6 +114,10 @@ struct Args {
     /// The period of every series of the recur workload (N / period occurrences per second).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     recur_period: Duration,
+    /// CPU quota of every timerd in the scale workload, in millicores (1000 = one core; 0 =
+    /// no quota), one configuration each. Needs root and cgroup v1's cpu controller.
+    #[arg(long, value_delimiter = ',', default_value = "0,250")]
+    scale_quotas: Vec<u64>,
     /// Timers loaded by the pending workload.
     #[arg(long, default_value_t = 10_000_000)]
     pending: u64,
@@ -297,6 +304,7 @@ fn configurations(args: &Args) -> Vec<(Workload, u64)> {
             Workload::Naive => args.naive_rates.clone(),
             Workload::Push => args.push_rates.clone(),
             Workload::Recur => args.recur_recurring.clone(),
+            Workload::Scale => args.scale_quotas.clone(),
         };
         out.extend(params.into_iter().map(|p| (*w, p)));
     }
@@ -361,5 +369,6 @@ async fn measure(
             let mut rec = results.recorder_for(build, "recur", params);
             recurring::recur(target, opts, p, period, &mut rec).await
         }
+        Workload::Scale => scale::scale(target, opts, p, build, results).await,
     }
 }

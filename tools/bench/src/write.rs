@@ -17,12 +17,16 @@ use crate::target::{histogram, ms_at, now_ms, now_us, schedule_req, Target};
 use crate::Opts;
 
 /// How one closed-loop window went.
-struct Window {
-    timers: u64,
-    errors: u64,
-    secs: f64,
-    latency: Histogram<u64>,
-    first_error: Option<String>,
+pub struct Window {
+    pub timers: u64,
+    pub errors: u64,
+    pub secs: f64,
+    pub latency: Histogram<u64>,
+    pub first_error: Option<String>,
+    /// The node the calls went to (the leader throughout, when `cpu` is measured).
+    pub leader: u64,
+    /// CPU seconds each node spent in the window, when asked for (`scale`).
+    pub cpu: Option<Vec<(u64, f64)>>,
 }
 
 /// `schedule`: `in_flight` clients each send one Schedule after another.
@@ -38,6 +42,7 @@ pub async fn schedule(
         in_flight,
         1,
         &format!("schedule x{in_flight}"),
+        None,
     )
     .await?;
     report(w, rec, "schedules/s");
@@ -52,7 +57,7 @@ pub async fn batch(
     rec: &mut Recorder<'_>,
 ) -> anyhow::Result<()> {
     let label = format!("batch {size} x{}", opts.batch_in_flight);
-    let w = closed_loop(target, opts, opts.batch_in_flight, size, &label).await?;
+    let w = closed_loop(target, opts, opts.batch_in_flight, size, &label, None).await?;
     report(w, rec, "timers/s");
     Ok(())
 }
@@ -68,12 +73,15 @@ fn report(w: Window, rec: &mut Recorder<'_>, unit: &'static str) {
 }
 
 /// Runs `clients` loops of calls carrying `size` timers each (1: Schedule, more: ScheduleBatch).
-async fn closed_loop(
+/// Given the nodes' pids, it also reads the CPU each spent in the measured window, and fails
+/// if the leader changed during it (the split between leader and followers would be wrong).
+pub async fn closed_loop(
     target: &Target,
     opts: &Opts,
     clients: usize,
     size: usize,
     label: &str,
+    cpu_of: Option<&[(u64, u32)]>,
 ) -> anyhow::Result<Window> {
     let Scene { leader, ns } = target.scene("bench", None).await?;
     // One connection per 16 clients: HTTP/2 multiplexes, but each connection is one task.
@@ -94,6 +102,8 @@ async fn closed_loop(
                 secs: 0.0,
                 latency: histogram(),
                 first_error: None,
+                leader,
+                cpu: None,
             };
             let due = now_ms() + 3_600_000;
             let mut i = 0u64;
@@ -128,6 +138,7 @@ async fn closed_loop(
         }));
     }
     tokio::time::sleep(opts.warmup).await;
+    let cpu_before = cpu_of.map(crate::scale::cpu).transpose()?;
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     let bar = crate::progress::timed(label, opts.window);
@@ -137,14 +148,32 @@ async fn closed_loop(
     }
     measuring.store(false, Ordering::Relaxed);
     let secs = started.elapsed().as_secs_f64();
+    let cpu_after = cpu_of.map(crate::scale::cpu).transpose()?;
     stop.store(true, Ordering::Relaxed);
     bar.finish_and_clear();
+    let cpu = match (cpu_before, cpu_after) {
+        (Some(before), Some(after)) => {
+            let now = target.leader().await;
+            anyhow::ensure!(
+                now == Some(leader),
+                "{label}: the leader changed during the window ({leader} → {now:?})"
+            );
+            let spent = after
+                .iter()
+                .zip(&before)
+                .map(|((id, a), (_, b))| (*id, a - b));
+            Some(spent.collect())
+        }
+        _ => None,
+    };
     let mut total = Window {
         timers: 0,
         errors: 0,
         secs,
         latency: histogram(),
         first_error: None,
+        leader,
+        cpu,
     };
     for t in tasks {
         let w = t.await?;
