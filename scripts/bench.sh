@@ -57,10 +57,11 @@ if [ "$gate" = 1 ]; then
   (cd "$src" && ROCKSDB_LIB_DIR="$archive" ROCKSDB_STATIC=1 \
     CARGO_TARGET_DIR="$dir/target" cargo build --release --bin timerd)
   echo "== gate: schedule, batch, fire 20,000/s, burst, naive, push, failover: reference vs HEAD, alternating"
+  # The gated configurations, the same for the first runs and a retake.
+  profile=(--window 5s --in-flight 1,200 --batch-sizes 1000 --fire-rates 20000 --push-rates 20000
+    --burst 200000 --naive-rates 500 --compare "$dir/target/release/timerd")
   "$BIN/timerdb-bench" schedule batch fire burst naive push failover --runs "${GATE_RUNS:-3}" \
-    --window 5s --in-flight 1,200 --batch-sizes 1000 --fire-rates 20000 --push-rates 20000 \
-    --burst 200000 --naive-rates 500 --compare "$dir/target/release/timerd" \
-    --json "$out/gate.json" | tee "$out/gate.md"
+    "${profile[@]}" --json "$out/gate.json" | tee "$out/gate.md"
   flagged=$(python3 scripts/gate.py "$out/gate.json" --flagged)
   if [ -z "$flagged" ]; then
     python3 scripts/gate.py "$out/gate.json" | tee "$out/gate-verdict.md"
@@ -71,9 +72,7 @@ if [ "$gate" = 1 ]; then
   python3 scripts/gate.py "$out/gate.json" >"$out/gate-first-verdict.md" || true
   echo "== gate: the first 3 runs flag $flagged; taking it again, ${GATE_RETAKE_RUNS:-6} runs each"
   # shellcheck disable=SC2086 # one workload name a word
-  "$BIN/timerdb-bench" $flagged --runs "${GATE_RETAKE_RUNS:-6}" \
-    --window 5s --in-flight 1,200 --batch-sizes 1000 --fire-rates 20000 --push-rates 20000 \
-    --burst 200000 --naive-rates 500 --compare "$dir/target/release/timerd" \
+  "$BIN/timerdb-bench" $flagged --runs "${GATE_RETAKE_RUNS:-6}" "${profile[@]}" \
     --json "$out/gate-retake.json" | tee "$out/gate-retake.md"
   python3 scripts/gate.py "$out/gate.json" --retake "$out/gate-retake.json" |
     tee "$out/gate-verdict.md"

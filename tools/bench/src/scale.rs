@@ -58,13 +58,8 @@ pub async fn scale(
     ];
     for (name, clients, size) in loops {
         let w = closed_loop(target, opts, clients, size, name, Some(&pids)).await?;
-        let Some(spent) = &w.cpu else {
-            anyhow::bail!("{name}: no CPU sample");
-        };
-        let leader = w.leader;
-        let params = format!("{name}, {share}");
-        let mut rec = results.recorder_for(build, "scale", params);
-        report(&w, leader, spent, &mut rec)?;
+        let mut rec = results.recorder_for(build, "scale", format!("{name}, {share}"));
+        report(&w, &mut rec)?;
     }
     Ok(())
 }
@@ -89,12 +84,8 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((ticks(14)? + ticks(15)?) / TICKS_PER_SEC)
 }
 
-fn report(
-    w: &Window,
-    leader: u64,
-    spent: &[(u64, f64)],
-    rec: &mut crate::report::Recorder<'_>,
-) -> anyhow::Result<()> {
+fn report(w: &Window, rec: &mut crate::report::Recorder<'_>) -> anyhow::Result<()> {
+    let (leader, spent) = (w.leader, w.cpu.as_deref().context("no CPU sample")?);
     anyhow::ensure!(w.timers > 0, "no timer scheduled in the window");
     let per_timer_us = |secs: f64| secs * 1e6 / w.timers as f64;
     let l = spent
