@@ -272,6 +272,14 @@ fn cf_options(name: &str, cache: &rocksdb::Cache) -> Options {
     let mut opts = Options::default();
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
     opts.set_block_based_table_factory(&table);
+    // Most of a ScheduleBatch's "is this id taken?" lookups miss, and a miss in a memtable
+    // walked its skiplist to the end of a search (8 % of a follower's CPU under ScheduleBatch
+    // of 1,000, perf): a whole-key bloom filter in each memtable answers most misses at once.
+    // 20 batches of 1,000 on one node (`scripts/instructions.sh`): x0.964 instructions.
+    if name == CF_INDEX {
+        opts.set_memtable_whole_key_filtering(true);
+        opts.set_memtable_prefix_bloom_ratio(0.05);
+    }
     opts
 }
 
