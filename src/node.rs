@@ -74,6 +74,8 @@ pub struct Node {
     levels: Arc<crate::cluster::Levels>,
     /// The commit index as this node knows it (see `LogStore::committed`).
     committed: Arc<std::sync::atomic::AtomicU64>,
+    /// This node's log (group 0's handle on the log engine): its size on disk, for metrics.
+    log: crate::storage::LogStore,
     /// The snapshot directory (its counters, for status and metrics).
     snapshots: Arc<crate::storage::Snapshots>,
     /// Schedule-rate buckets per namespace (used while this node leads).
@@ -99,6 +101,7 @@ pub struct Parts {
     pub hold: Hold,
     pub levels: Arc<crate::cluster::Levels>,
     pub committed: Arc<std::sync::atomic::AtomicU64>,
+    pub log: crate::storage::LogStore,
     pub snapshots: Arc<crate::storage::Snapshots>,
 }
 
@@ -122,6 +125,7 @@ impl Node {
             hold: parts.hold,
             levels: parts.levels,
             committed: parts.committed,
+            log: parts.log,
             snapshots: parts.snapshots,
             schedule_tokens: Default::default(),
             writes: Default::default(),

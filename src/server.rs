@@ -101,9 +101,10 @@ pub async fn start_with(
     }
     let db_owner = db.clone();
     // The node's one log engine; this build runs one Raft group on it.
-    let log = LogEngine::new(db).group(storage::GROUP0);
+    let log = LogEngine::open(db)?.group(storage::GROUP0);
     let fsync_delay_ms = log.fsync_delay_ms();
     let committed = log.committed();
+    let log_handle = log.clone();
     let snapshots = sm.snapshots();
     let hold = Hold::default();
     let levels = Arc::new(crate::cluster::Levels::default());
@@ -129,6 +130,7 @@ pub async fn start_with(
         proposer,
         hold: hold.clone(),
         committed,
+        log: log_handle,
         snapshots,
         levels: levels.clone(),
     }));

@@ -38,7 +38,7 @@ fn sample(node: &Node) {
     gauge!("timerdb_raft_applied_index").set(applied as f64);
     gauge!("timerdb_raft_apply_lag_entries").set(commit.saturating_sub(applied) as f64);
     gauge!("timerdb_raft_log_entries").set(last.saturating_sub(purged) as f64);
-    gauge!("timerdb_raft_log_bytes").set(node.store.log_bytes() as f64);
+    gauge!("timerdb_raft_log_bytes").set(node.log.used_bytes() as f64);
     let stats = &node.snapshots.stats;
     counter!("timerdb_snapshots_built_total").absolute(stats.built.load(Ordering::Relaxed));
     counter!("timerdb_snapshots_installed_total").absolute(stats.installed.load(Ordering::Relaxed));

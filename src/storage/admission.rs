@@ -58,10 +58,11 @@ impl Store {
                     mine, width_ms, from,
                 )));
             }
-            self.db.put_cf(
+            self.db.put_cf_opt(
                 cf(&self.db, CF_META),
                 meta::BUCKET_MS,
                 codec::encode(&width_ms),
+                &super::synced(),
             )?;
             self.set_width(width_ms);
             tracing::info!(
@@ -70,8 +71,13 @@ impl Store {
                 "took the cluster's bucket width"
             );
         }
-        self.db
-            .put_cf(cf(&self.db, CF_RAFT), ADMITTED, codec::encode(&term))?;
+        // Synced: the log no longer shares this database's WAL, and a restart must keep it.
+        self.db.put_cf_opt(
+            cf(&self.db, CF_RAFT),
+            ADMITTED,
+            codec::encode(&term),
+            &super::synced(),
+        )?;
         Ok(())
     }
 }

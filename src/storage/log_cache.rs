@@ -13,7 +13,7 @@
 //!   the suffix it deletes before deleting it, `purge` drops the prefix it deletes. Eviction
 //!   takes the oldest entries first, so what stays is still a suffix.
 //! - A read starting at or after `first` is served from here alone: every index from `first` to
-//!   the log's last entry is present. Any other read goes to RocksDB, as before the cache.
+//!   the log's last entry is present. Any other read goes to the log engine, as before the cache.
 //! - Bounded by the entries' encoded size ([`CAP_BYTES`]): enough for the entries between an
 //!   append and its apply under load, small beside the memtables.
 
@@ -96,7 +96,7 @@ impl LogCache {
     }
 
     /// The entries of `[start, end)`, if the cache can answer alone: it holds `start` and
-    /// every later index up to `end` or to the byte bound; `None` sends the read to RocksDB. `max_bytes` bounds the answer's encoded size
+    /// every later index up to `end` or to the byte bound; `None` sends the read to the log engine. `max_bytes` bounds the answer's encoded size
     /// (its first entry goes whatever its size), as [`super::log_store::MAX_APPEND_BYTES`]
     /// bounds replication.
     pub fn get(&self, start: u64, end: u64, max_bytes: usize) -> Option<Vec<Entry>> {
@@ -116,7 +116,7 @@ impl LogCache {
         }
         match out.last() {
             Some(last) if last.log_id.index + 1 >= end => Some(out),
-            // The cache ends before `end`: only RocksDB knows whether the log does too (an
+            // The cache ends before `end`: only the log engine knows whether the log does too (an
             // append is written there before it is cached here).
             _ => None,
         }
@@ -146,7 +146,11 @@ mod tests {
     #[test]
     fn answers_only_from_its_suffix_and_keeps_it_a_suffix() {
         let c = LogCache::default();
-        assert_eq!(indexes(c.get(1, 5, usize::MAX)), None, "empty: to RocksDB");
+        assert_eq!(
+            indexes(c.get(1, 5, usize::MAX)),
+            None,
+            "empty: to the log engine"
+        );
         c.appended((5..=7).map(entry));
         assert_eq!(indexes(c.get(4, 8, usize::MAX)), None, "starts before it");
         assert_eq!(indexes(c.get(5, 8, usize::MAX)), Some(vec![5, 6, 7]));
@@ -157,7 +161,7 @@ mod tests {
             "ends past the cache"
         );
         assert_eq!(indexes(c.get(8, 10, usize::MAX)), None, "past the cache");
-        // The bound counts the first entry's bytes too, as the RocksDB read does.
+        // The bound counts the first entry's bytes too, as the log engine's read does.
         assert_eq!(indexes(c.get(5, 8, 3 << 20)), Some(vec![5, 6, 7]));
         assert_eq!(indexes(c.get(5, 8, (3 << 20) - 1)), Some(vec![5, 6]));
         assert_eq!(indexes(c.get(5, 8, 0)), Some(vec![5]), "at least one");

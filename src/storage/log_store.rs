@@ -4,8 +4,8 @@
 //! Invariants:
 //! - openraft hears an append is done (the `LogFlushed` callback) only after the entries are
 //!   fsynced; votes, truncations and purges are fsynced before their call returns (DESIGN 5).
-//! - Appended entries are readable as soon as `append` returns (written to RocksDB unsynced,
-//!   then synced in the background), as openraft's contract asks.
+//! - Appended entries are readable as soon as `append` returns (written to the log engine
+//!   unsynced, then synced in the background), as openraft's contract asks.
 //! - The log has no holes: truncate deletes a suffix, purge a prefix and records the last
 //!   purged id in the same synced batch.
 //! - The log is never purged past what the state machine holds. openraft 0.9 purges up to a
@@ -26,11 +26,11 @@
 //!   machine no longer comes from it; the deferral stays as a guard, and logs when it acts.
 //!
 //! Reads of the newest entries (apply, replication) are answered from the [`LogCache`] of
-//! decoded entries when it holds them; RocksDB answers the rest.
+//! decoded entries when it holds them; the log engine answers the rest.
 //!
 //! Group commit: the engine's syncer thread takes every callback queued since its last fsync
-//! (of every group) and answers them all after one `SyncWAL`, so many concurrent appends cost
-//! one fsync. Callbacks are answered in append order, which openraft requires.
+//! (of every group) and answers them all after one synced write, so many concurrent appends
+//! cost one fsync. Callbacks are answered in append order, which openraft requires.
 
 use std::fmt::Debug;
 use std::io;
@@ -40,14 +40,12 @@ use std::sync::Arc;
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
-use rocksdb::WriteBatch;
 
 use super::log_engine::{
-    group_key, read_err, write_err, GroupId, GroupState, LogEngine, COMMITTED, GROUP0, LAST_PURGED,
-    VOTE,
+    read_err, write_err, GroupId, GroupState, LogEngine, COMMITTED, GROUP0, LAST_PURGED, VOTE,
 };
 use super::meta::LAST_APPLIED;
-use super::{cf, codec, CF_META, CF_RAFT};
+use super::{cf, codec, CF_META};
 use crate::raft_types::{Entry, LogId, TypeConfig, Vote};
 
 type StResult<T> = io::Result<T>;
@@ -91,13 +89,50 @@ impl LogStore {
     /// and takes its groups from it: two engines on one database would each cache group 0).
     #[cfg(test)]
     pub fn new(db: Arc<rocksdb::DB>) -> Self {
-        LogEngine::new(db).group(GROUP0)
+        LogEngine::open(db)
+            .expect("open the log engine")
+            .group(GROUP0)
+    }
+
+    /// Writes `entries` as `append` writes them, without the callback only openraft can make
+    /// (tests write logs directly).
+    #[cfg(test)]
+    pub(crate) fn write_stored(&self, entries: &[Entry]) {
+        let encoded: Vec<(u64, Vec<u8>)> = entries
+            .iter()
+            .map(|e| (e.log_id.index, codec::encode(e)))
+            .collect();
+        self.engine
+            .write(self.group, encoded.iter().map(|(i, b)| (*i, b.as_slice())))
+            .expect("write the log");
+    }
+
+    /// The indexes the log holds on disk (a deferred purge's entries included).
+    #[cfg(test)]
+    pub(crate) fn stored_indexes(&self) -> Vec<u64> {
+        self.engine
+            .read(self.group, 0, u64::MAX, None)
+            .expect("read the log")
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The engine this store is a handle on.
+    #[cfg(test)]
+    pub(crate) fn engine(&self) -> &Arc<LogEngine> {
+        &self.engine
     }
 
     /// Makes every log fsync of this store's engine take `ms` longer (0: as the disk is): a
     /// disk stalled by its neighbours' writeback, for tests of what a slow follower costs.
     pub fn fsync_delay_ms(&self) -> Arc<AtomicU64> {
         self.engine.fsync_delay_ms()
+    }
+
+    /// Bytes of log files on disk, every group's (the engine's files are shared).
+    pub fn used_bytes(&self) -> u64 {
+        self.engine.used_bytes()
     }
 
     fn db(&self) -> &rocksdb::DB {
@@ -198,11 +233,7 @@ impl LogStore {
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(&self, name: &[u8]) -> StResult<Option<T>> {
-        let raw = self
-            .db()
-            .get_cf(cf(self.db(), CF_RAFT), group_key(name, self.group))
-            .map_err(read_err)?;
-        match raw {
+        match self.engine.record(self.group, name) {
             Some(v) => codec::decode(&v).map(Some).map_err(read_err),
             None => Ok(None),
         }
@@ -218,28 +249,13 @@ impl LogStore {
         }
     }
 
-    /// Stored entries from `start` on while `take(index, bytes, taken so far)` says so.
-    fn read_stored(
-        &self,
-        start: u64,
-        mut take: impl FnMut(u64, usize, &[Entry]) -> bool,
-    ) -> StResult<Vec<Entry>> {
-        let mut entries = Vec::new();
-        let mut failed = None;
-        self.engine.scan(self.group, start, |index, bytes| {
-            if !take(index, bytes.len(), &entries) {
-                return false;
-            }
-            match codec::decode(bytes) {
-                Ok(e) => entries.push(e),
-                Err(e) => failed = Some(read_err(e)),
-            }
-            failed.is_none()
-        })?;
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(entries),
-        }
+    /// Stored entries of `[start, end)`, up to `max_bytes` encoded (at least one).
+    fn read_stored(&self, start: u64, end: u64, max_bytes: Option<usize>) -> StResult<Vec<Entry>> {
+        self.engine
+            .read(self.group, start, end, max_bytes)?
+            .iter()
+            .map(|(_, bytes)| codec::decode(bytes).map_err(read_err))
+            .collect()
     }
 }
 
@@ -262,7 +278,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if let Some(entries) = self.state.cache.get(start, end, usize::MAX) {
             return Ok(entries);
         }
-        self.read_stored(start, |index, _, _| range.contains(&index))
+        self.read_stored(start, end, None)
     }
 
     /// The vote, as the log store saved it (the reader shares the database).
@@ -280,15 +296,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if let Some(entries) = self.state.cache.get(start, end, MAX_APPEND_BYTES) {
             return Ok(entries);
         }
-        let mut bytes = 0usize;
-        self.read_stored(start, |index, size, taken| {
-            if index >= end || (!taken.is_empty() && bytes + size > MAX_APPEND_BYTES) {
-                return false;
-            }
-            bytes += size;
-            true
-        })
+        self.read_stored(start, end, Some(MAX_APPEND_BYTES))
     }
+}
+
+/// `(index, bytes)` pairs as [`LogEngine::write`] takes them.
+fn pairs(encoded: &[(u64, Vec<u8>)]) -> impl Iterator<Item = (u64, &[u8])> {
+    encoded.iter().map(|(i, b)| (*i, b.as_slice()))
 }
 
 /// Most encoded entry bytes one AppendEntries carries (beyond its first entry).
@@ -314,14 +328,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> StResult<()> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(
-            cf(self.db(), CF_RAFT),
-            group_key(VOTE, self.group),
-            codec::encode(vote),
-        );
         self.engine
-            .write_synced(batch)
+            .put_record(self.group, VOTE, codec::encode(vote), true)
             .map_err(|e| io::Error::other(format!("writing the vote: {e}")))
     }
 
@@ -329,13 +337,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let index = committed.map_or(0, |c| c.index);
         self.state.committed.fetch_max(index, Ordering::Relaxed);
         // Not synced: losing it on a crash only delays apply until the leader says it again.
-        self.db()
-            .put_cf(
-                cf(self.db(), CF_RAFT),
-                group_key(COMMITTED, self.group),
-                codec::encode(&committed),
-            )
-            .map_err(write_err)
+        self.engine
+            .put_record(self.group, COMMITTED, codec::encode(&committed), false)
     }
 
     /// At most what this node can apply: a committed index past both its log and its state
@@ -374,10 +377,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 self.settle_before_append().await?;
             }
         }
-        let encoded: Vec<Vec<u8>> = entries.iter().map(codec::encode).collect();
-        let indexes = entries.iter().map(|e| e.log_id.index);
-        self.engine
-            .write(self.group, indexes.zip(encoded.iter().map(Vec::as_slice)))?;
+        let encoded: Vec<(u64, Vec<u8>)> = entries
+            .iter()
+            .map(|e| (e.log_id.index, codec::encode(e)))
+            .collect();
+        // Off the runtime's workers: a write waits behind a sync in progress (raft-engine's
+        // write group), and this node has two of them.
+        let encoded = if crate::sim::inline() {
+            self.engine.write(self.group, pairs(&encoded))?;
+            encoded
+        } else {
+            let (engine, group) = (self.engine.clone(), self.group);
+            tokio::task::spawn_blocking(move || {
+                engine.write(group, pairs(&encoded)).map(|()| encoded)
+            })
+            .await
+            .map_err(write_err)??
+        };
+        let encoded: Vec<Vec<u8>> = encoded.into_iter().map(|(_, b)| b).collect();
         // Readable now (from the cache too, before openraft can hear the append is durable);
         // durable when the syncer calls back.
         self.state

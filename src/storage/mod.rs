@@ -2,9 +2,9 @@
 //!
 //! | CF | key | value | owner |
 //! |---|---|---|---|
-//! | `raft_log` | group (u32 BE) ‖ log index (u64 BE) | bincode `Entry` | [`LogEngine`], per group [`LogStore`] |
-//! | `log` | the single-group layout's log index (u64 BE): empty once migrated | bincode `Entry` | migration (`log_engine.rs`) |
-//! | `raft` | `vote/`, `committed/`, `last_purged/` ‖ group (u32 BE); `installing_snapshot`, `admitted` | bincode | [`LogStore`]; [`Snapshots`]; admission |
+//! | `log`, `raft_log` | earlier builds' Raft logs: empty once moved into raft-engine | bincode `Entry` | migration (`log_migrate.rs`) |
+//! | `log_moved` | nothing: its presence keeps builds before raft-engine out | — | migration |
+//! | `raft` | `installing_snapshot`, `admitted` (earlier builds: the log's records) | bincode | [`Snapshots`]; admission |
 //! | `wheel` | `wheel::slot_key` (namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
 //! | `index` | `TimerKey::index_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
 //! | `fires` | the cursor a Fire entry left (slot) | (its log index, its `now_ms`) | [`StateMachine`] |
@@ -17,11 +17,15 @@
 //! The delivery data model (rows, slots, the fire cursor, leases, range purges) is described
 //! in docs/delivery.md; `row.rs` derives a timer's state from it.
 //!
+//! The Raft log is not here: every group's entries, votes and purge points live in the node's
+//! [`LogEngine`] (tikv's raft-engine, under `raft-log/` beside `db/`).
+//!
 //! Durability: log appends, votes, truncations and purges are fsynced before openraft hears they
 //! are done (appends through the [`LogEngine`]'s syncer, which groups the appends of every group
 //! into one fsync). State-machine writes are not synced: the log is the durable record and apply is
-//! replayed from `last_applied`. Because both share one write-ahead log, a synced log write also
-//! makes every earlier state-machine write durable.
+//! replayed from `last_applied`. The log is never purged past what is durable here: a purge
+//! syncs this database's WAL first (`LogEngine::purge`). Node-local records written outside an
+//! entry (the admitted term, the bucket width) are written synced.
 //!
 //! The state machine and the log store share the `Arc<DB>`; readers (the API, the leader's
 //! workers) go through [`Store`], which only reads, from one snapshot per question, and so sees
@@ -41,6 +45,7 @@ mod leader_reads;
 mod level;
 mod log_cache;
 pub mod log_engine;
+mod log_migrate;
 pub mod log_store;
 pub mod meta;
 mod misfire;
@@ -83,8 +88,12 @@ use crate::Result;
 /// The Raft log of the single-group layout (index keys of 8 bytes): empty once a directory
 /// is migrated, still opened because RocksDB opens a database only with all its families.
 pub const CF_LOG: &str = "log";
-/// Every group's Raft log, keyed by (group, index) (`log_engine.rs`).
+/// Every group's Raft log, keyed by (group, index), before raft-engine: empty once moved
+/// (`log_migrate.rs`).
 pub const CF_RAFT_LOG: &str = "raft_log";
+/// Empty. A build before raft-engine does not know it, so RocksDB refuses to open a directory
+/// whose log was moved out (that build would start with an empty log and no vote).
+pub const CF_LOG_MOVED: &str = "log_moved";
 pub const CF_RAFT: &str = "raft";
 pub const CF_WHEEL: &str = "wheel";
 pub const CF_INDEX: &str = "index";
@@ -115,7 +124,9 @@ pub(crate) const SM_CFS: [&str; 10] = [
 ];
 /// Every column family: the log store's, then the state machine's.
 fn all_cfs() -> impl Iterator<Item = &'static str> {
-    [CF_LOG, CF_RAFT_LOG, CF_RAFT].into_iter().chain(SM_CFS)
+    [CF_LOG, CF_RAFT_LOG, CF_RAFT, CF_LOG_MOVED]
+        .into_iter()
+        .chain(SM_CFS)
 }
 
 /// Opens (or creates) a node's database under `dir`; `gc` judges which index entries the
@@ -172,7 +183,7 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
     });
     let db = DB::open_cf_descriptors(&opts, dir.join("db"), cfs)?;
     check_format(&db, dir)?;
-    log_engine::migrate_to_groups(&db)?;
+    log_migrate::migrate_to_groups(&db)?;
     Ok(Arc::new(db))
 }
 
@@ -297,6 +308,13 @@ pub(crate) fn config_of(bytes: &[u8]) -> Result<crate::namespace::Config> {
         c.policy.misfire = codec::decode(&bytes[read..])?;
     }
     Ok(c)
+}
+
+/// Write options of a write that is durable when it returns.
+pub(crate) fn synced() -> rocksdb::WriteOptions {
+    let mut opts = rocksdb::WriteOptions::default();
+    opts.set_sync(true);
+    opts
 }
 
 /// Column-family handle; the families are created at open, so absence is a bug.

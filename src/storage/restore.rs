@@ -9,7 +9,7 @@
 //! - the rows are loaded as they are, except `last_applied`, which becomes log id
 //!   (term 0, node 0, index N) for the backup's index N, and the membership, which becomes the
 //!   new cluster's voters (the old cluster's nodes and addresses mean nothing to the new one);
-//! - the Raft log is empty and the vote is the default. On start openraft sees
+//! - the Raft log (`raft-log/`) is empty and the vote is the default. On start openraft sees
 //!   `last_applied` > the log's end and purges the log up to N, so the new cluster's first
 //!   leader (term ≥ 1) appends at N + 1: log ids keep increasing, and so do fire indexes, the
 //!   consumers' dedup tokens, which therefore never repeat an old cluster's;
@@ -148,6 +148,10 @@ pub fn restore(
 fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>) -> Result<()> {
     let gc = super::IndexGc::new();
     let db = open_db(dir, &gc)?;
+    // The new node's log: empty, with the default vote (above). Made before any state is
+    // written, so the directory has one (a state machine without its log is refused at start,
+    // `LogEngine::open`).
+    drop(super::LogEngine::open(db.clone())?);
     let snapshots = Snapshots::open(db.clone(), gc, dir.join("snapshot"))?;
     let rows = snapshots.load_rows(backup)?;
     let applied = log_id(0, 0, index);

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::RaftSnapshotBuilder;
-use rocksdb::{IteratorMode, WriteBatch, WriteOptions, DB};
+use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
@@ -192,7 +192,7 @@ impl Snapshots {
             None => new_id(meta.last_log_id.map_or(0, |l| l.index)),
         };
         self.db
-            .put_cf_opt(raft, INSTALLING, codec::encode(&id), &synced())?;
+            .put_cf_opt(raft, INSTALLING, codec::encode(&id), &super::synced())?;
         let file = data_file_name(&id);
         if own.is_none() {
             std::fs::rename(received, self.dir.join(&file))?;
@@ -230,7 +230,7 @@ impl Snapshots {
             }
         }
         batch.delete_cf(cf(db, CF_RAFT), INSTALLING);
-        db.write_opt(batch, &synced())?;
+        db.write_opt(batch, &super::synced())?;
         Ok(rows)
     }
 
@@ -250,7 +250,7 @@ impl Snapshots {
             }
             // The crash came before the snapshot was kept, so before the state machine was
             // touched: nothing to finish.
-            _ => self.db.delete_cf_opt(raft, INSTALLING, &synced())?,
+            _ => self.db.delete_cf_opt(raft, INSTALLING, &super::synced())?,
         }
         Ok(())
     }
@@ -304,12 +304,6 @@ fn new_id(index: u64) -> String {
 
 fn data_file_name(id: &str) -> String {
     format!("snap-{id}.data")
-}
-
-fn synced() -> WriteOptions {
-    let mut opts = WriteOptions::default();
-    opts.set_sync(true);
-    opts
 }
 
 /// Builds snapshots for openraft, on a blocking thread.

@@ -248,7 +248,13 @@ fn check_bucket_width(store: &Store) -> Result<()> {
             )));
         }
         (Some(_), _) | (None, 0) => {}
-        (None, w) => db.put_cf(cf(db, CF_META), meta::BUCKET_MS, codec::encode(&w))?,
+        // Synced: the log does not share this database's WAL (storage/mod.rs).
+        (None, w) => db.put_cf_opt(
+            cf(db, CF_META),
+            meta::BUCKET_MS,
+            codec::encode(&w),
+            &super::synced(),
+        )?,
     }
     Ok(())
 }

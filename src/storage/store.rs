@@ -285,10 +285,12 @@ impl Store {
             .compare_exchange(0, cluster_ms, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                self.db.put_cf(
+                // Synced: the log no longer shares this database's WAL (storage/mod.rs).
+                self.db.put_cf_opt(
                     super::cf(&self.db, super::CF_META),
                     super::meta::BUCKET_MS,
                     super::codec::encode(&cluster_ms),
+                    &super::synced(),
                 )?;
                 tracing::info!(
                     bucket_ms = cluster_ms,
@@ -499,18 +501,6 @@ impl Store {
             .into_iter()
             .map(|(ns, pending, _)| (ns, pending))
             .collect())
-    }
-
-    /// Bytes the Raft log takes on disk and in memtables (RocksDB's estimate).
-    pub fn log_bytes(&self) -> u64 {
-        let log = cf(&self.db, super::CF_RAFT_LOG);
-        [
-            "rocksdb.total-sst-files-size",
-            "rocksdb.size-all-mem-tables",
-        ]
-        .iter()
-        .filter_map(|p| self.db.property_int_value_cf(log, *p).ok().flatten())
-        .sum()
     }
 
     /// A digest of the whole state machine and the applied index it describes, read from one

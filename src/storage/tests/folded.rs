@@ -217,17 +217,13 @@ async fn a_log_of_legacy_forms_replays_to_the_folded_state() {
     let dir = TempDir::new().unwrap();
     let (olds, news): (Vec<_>, Vec<_>) = pairs().into_iter().unzip();
     {
-        let (_, sm) = open(&dir);
-        let db = sm.store.db();
-        for (i, cmd) in olds.iter().enumerate() {
-            let e = entry(i as u64 + 1, cmd.clone());
-            db.put_cf(
-                cf(db, CF_RAFT_LOG),
-                log_key(GROUP0, i as u64 + 1),
-                encode(&e),
-            )
-            .unwrap();
-        }
+        let (log, _) = open(&dir);
+        let entries: Vec<Entry> = olds
+            .iter()
+            .enumerate()
+            .map(|(i, cmd)| entry(i as u64 + 1, cmd.clone()))
+            .collect();
+        log.write_stored(&entries);
     }
     let (mut log, mut sm) = open(&dir);
     let n = olds.len() as u64;

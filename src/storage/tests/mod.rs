@@ -12,7 +12,6 @@ use tempfile::TempDir;
 use super::*;
 use crate::command::{Command, Rejection, Response};
 use crate::raft_types::{log_id, Entry, LogId, StorageError, TypeConfig, Vote};
-use crate::storage::log_engine::{index_of, log_key};
 use crate::storage::FireSignal;
 use crate::timer::{Timer, TimerKey, TimerSpec, TimerState, When};
 use crate::wheel::Wheel;
@@ -66,13 +65,13 @@ async fn log_reads_for_replication_are_bounded_in_bytes() {
         700_000, 700_000, 700_000, 700_000, 5_000_000, 10, 10, 10, 10, 10,
     ];
     // Written as `append` writes them (its flush callback cannot be made outside openraft).
-    let db = sm.store.db();
-    for (i, b) in sizes.iter().enumerate() {
-        let index = i as u64 + 1;
-        let e = entry(index, payload(*b));
-        db.put_cf(cf(db, CF_RAFT_LOG), log_key(GROUP0, index), encode(&e))
-            .unwrap();
-    }
+    drop(sm);
+    let entries: Vec<Entry> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| entry(i as u64 + 1, payload(*b)))
+        .collect();
+    log.write_stored(&entries);
     let indexes = |v: Vec<Entry>| v.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
     let cap = log_store::MAX_APPEND_BYTES;
     assert!(

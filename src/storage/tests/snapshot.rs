@@ -90,11 +90,7 @@ pub(super) fn nth(i: u64) -> Entry {
 /// made outside openraft), those up to `applied` applied.
 async fn log_and_state(dir: &TempDir, last: u64, applied: u64) {
     let (mut log, mut sm) = open(dir);
-    let db = sm.store.db().clone();
-    for i in 0..=last {
-        db.put_cf(cf(&db, CF_RAFT_LOG), log_key(GROUP0, i), encode(&nth(i)))
-            .unwrap();
-    }
+    log.write_stored(&(0..=last).map(nth).collect::<Vec<_>>());
     sm.apply_entries((0..=applied).map(nth)).await.unwrap();
     log.save_committed(Some(log_id(applied))).await.unwrap();
 }
@@ -139,16 +135,11 @@ async fn a_deferred_purge_happens_once_the_state_machine_reaches_it() {
     log_and_state(&dir, 8, 3).await;
     let (mut log, mut sm) = open(&dir);
     log.purge(log_id(6)).await.unwrap();
-    let db = sm.store.db().clone();
-    let first = || {
-        let mut it = db.iterator_cf(cf(&db, CF_RAFT_LOG), rocksdb::IteratorMode::Start);
-        it.next()
-            .map(|kv| index_of(GROUP0, &kv.unwrap().0).unwrap())
-    };
-    assert_eq!(first(), Some(0), "entries the state machine lacks stay");
+    let first = |log: &LogStore| log.stored_indexes().first().copied();
+    assert_eq!(first(&log), Some(0), "entries the state machine lacks stay");
     sm.apply_entries((4..=6).map(nth)).await.unwrap();
     log.purge(log_id(6)).await.unwrap();
-    assert_eq!(first(), Some(7));
+    assert_eq!(first(&log), Some(7));
     let st = log.get_log_state().await.unwrap();
     assert_eq!(st.last_purged_log_id, Some(log_id(6)));
 }
