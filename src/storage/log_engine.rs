@@ -14,11 +14,9 @@
 //! crash loses at most what the log re-applies), except that a purge first syncs the state
 //! database: a log is never purged past what the state machine holds on disk.
 //!
-//! Layout in raft-engine: group `g`'s entries in region `g` (an entry is a protobuf
-//! `BytesValue`: the index, 8 bytes LE, then the bincode `Entry`); its records (`vote`,
-//! `committed`, `last_purged`) as key-values of region `RECORDS | g`, so clearing a group's
-//! entries never touches its vote. Nothing here is in a state-machine family, so no snapshot
-//! or backup carries it from one node to another.
+//! Layout in raft-engine: `log_format.rs` (entries in one region per group, records in
+//! another, so clearing a group's entries never touches its vote). Nothing here is in a
+//! state-machine family, so no snapshot or backup carries it from one node to another.
 //!
 //! Invariants:
 //! - An append's callback runs only after a synced write that started after the append's
@@ -52,58 +50,12 @@ use raft_engine::{Command, Config, Engine, LogBatch, MessageExt, ReadableSize};
 use rocksdb::DB;
 
 use super::log_cache::LogCache;
+use super::log_format::{raw_entry, Raw, RECORDS, SYNC_REGION};
+pub use super::log_format::{GroupId, COMMITTED, GROUP0, LAST_PURGED, LOG_DIR, NODE_LOG_ID, VOTE};
 use crate::raft_types::LogId;
-
-/// A Raft group's id on a node. Group 0 is the single-group cluster's one group.
-pub type GroupId = u32;
-
-/// The group of a single-group cluster (all of them before issue 36).
-pub const GROUP0: GroupId = 0;
-
-/// The per-group records.
-pub const VOTE: &[u8] = b"vote";
-pub const COMMITTED: &[u8] = b"committed";
-pub const LAST_PURGED: &[u8] = b"last_purged";
-
-/// The region of group `g`'s records is `RECORDS | g`; its entries' region is `g`.
-pub(super) const RECORDS: u64 = 1 << 32;
-/// The region of the syncer's key (a synced write must carry something: raft-engine skips an
-/// empty batch, fsync and all).
-pub(super) const SYNC_REGION: u64 = u64::MAX;
-
-/// The directory of the log under a node's data directory.
-pub const LOG_DIR: &str = "raft-log";
-
-/// The key of the id the log and the state database share: a record of region
-/// [`SYNC_REGION`] in raft-engine, a key of the `raft` family in RocksDB.
-pub const NODE_LOG_ID: &[u8] = b"node_log_id";
 
 /// What the syncer calls once an append is durable (or the sync failed).
 pub type Flushed = Box<dyn FnOnce(io::Result<()>) + Send>;
-
-/// raft-engine's entries are protobuf messages: ours ride in a `BytesValue`, the index first.
-pub(super) struct Raw;
-
-impl MessageExt for Raw {
-    type Entry = BytesValue;
-    fn index(e: &BytesValue) -> u64 {
-        // Every entry is written by `raw_entry`, and raft-engine checksums what it reads: a
-        // short one cannot come back. If it did, index 0 fails raft-engine's own check of the
-        // index it asked for (a panic, so the process stops: see the invariants).
-        e.value
-            .get(..8)
-            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-}
-
-pub(super) fn raw_entry(index: u64, bytes: &[u8]) -> BytesValue {
-    let mut value = Vec::with_capacity(8 + bytes.len());
-    value.extend_from_slice(&index.to_le_bytes());
-    value.extend_from_slice(bytes);
-    let mut e = BytesValue::new();
-    e.value = value;
-    e
-}
 
 /// See the module documentation. Dropped with the last handle on it (every group's store): it
 /// closes the syncer's queue and joins its thread, then closes raft-engine.

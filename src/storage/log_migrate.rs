@@ -20,7 +20,7 @@ use std::sync::Arc;
 use raft_engine::{Command, Engine, LogBatch};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 
-use super::log_engine::{
+use super::log_format::{
     raw_entry, GroupId, Raw, COMMITTED, GROUP0, LAST_PURGED, RECORDS, SYNC_REGION, VOTE,
 };
 use super::{cf, CF_LOG, CF_RAFT, CF_RAFT_LOG};

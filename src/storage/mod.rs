@@ -45,6 +45,7 @@ mod leader_reads;
 mod level;
 mod log_cache;
 pub mod log_engine;
+mod log_format;
 mod log_migrate;
 pub mod log_store;
 pub mod meta;
