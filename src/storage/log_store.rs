@@ -381,19 +381,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .iter()
             .map(|e| (e.log_id.index, codec::encode(e)))
             .collect();
-        // Off the runtime's workers: a write waits behind a sync in progress (raft-engine's
-        // write group), and this node has two of them.
-        let encoded = if crate::sim::inline() {
-            self.engine.write(self.group, pairs(&encoded))?;
-            encoded
-        } else {
-            let (engine, group) = (self.engine.clone(), self.group);
-            tokio::task::spawn_blocking(move || {
-                engine.write(group, pairs(&encoded)).map(|()| encoded)
-            })
-            .await
-            .map_err(write_err)??
-        };
+        // On the calling worker, though it may wait behind a sync in progress (raft-engine's
+        // write group): handed to the blocking pool instead, Schedule x200 lost 11 % (4 runs
+        // side by side, 10,039 against 11,218/s; inline 11,178 against 11,510).
+        self.engine.write(self.group, pairs(&encoded))?;
         let encoded: Vec<Vec<u8>> = encoded.into_iter().map(|(_, b)| b).collect();
         // Readable now (from the cache too, before openraft can hear the append is durable);
         // durable when the syncer calls back.
