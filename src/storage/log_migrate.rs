@@ -130,9 +130,7 @@ pub(super) fn into_raft_engine(db: &DB, log: &Arc<Engine>) -> crate::Result<bool
     for (key, ..) in &records {
         old.delete_cf(raft, key);
     }
-    let mut opts = rocksdb::WriteOptions::default();
-    opts.set_sync(true);
-    db.write_opt(old, &opts)?;
+    db.write_opt(old, &super::synced())?;
     tracing::info!(
         log_entries = moved,
         records = records.len(),
@@ -180,9 +178,7 @@ pub(super) fn migrate_to_groups(db: &DB) -> crate::Result<()> {
         batch.put_cf(raft, group_key(name, GROUP0), v);
         batch.delete_cf(raft, name);
     }
-    let mut opts = rocksdb::WriteOptions::default();
-    opts.set_sync(true);
-    db.write_opt(batch, &opts)?;
+    db.write_opt(batch, &super::synced())?;
     tracing::info!(
         log_entries = moved,
         "moved the single-group Raft log into group 0 of the log engine"
