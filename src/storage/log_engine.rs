@@ -184,10 +184,16 @@ impl LogEngine {
         group: GroupId,
         entries: impl IntoIterator<Item = (u64, &'a [u8])>,
     ) -> io::Result<()> {
-        let raw: Vec<BytesValue> = entries
+        let raw = entries
             .into_iter()
             .map(|(index, bytes)| raw_entry(index, bytes))
             .collect();
+        self.write_raw(group, raw)
+    }
+
+    /// [`write`](Self::write) of entries already in raft-engine's form (`log_format::
+    /// entry_value`): the append path, which encodes each entry once, straight into it.
+    pub fn write_raw(&self, group: GroupId, raw: Vec<BytesValue>) -> io::Result<()> {
         let Some(first) = raw.first().map(Raw::index) else {
             return Ok(());
         };
@@ -286,6 +292,14 @@ impl LogEngine {
         Ok(())
     }
 
+    /// `[start, end)` clipped to what `region` holds; `None` when nothing of it is held.
+    fn held(&self, region: u64, start: u64, end: u64) -> Option<(u64, u64)> {
+        let oldest = self.log.first_index(region)?;
+        let last = self.log.last_index(region)?;
+        let (start, end) = (start.max(oldest), end.min(last.saturating_add(1)));
+        (start < end).then_some((start, end))
+    }
+
     /// `group`'s stored entries in `[start, end)` (clipped to what the log holds), as `(index,
     /// bytes)`, up to `max_bytes` (at least one entry whatever its size).
     pub fn read(
@@ -296,15 +310,9 @@ impl LogEngine {
         max_bytes: Option<usize>,
     ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let region = u64::from(group);
-        let (Some(oldest), Some(last)) =
-            (self.log.first_index(region), self.log.last_index(region))
-        else {
+        let Some((start, end)) = self.held(region, start, end) else {
             return Ok(Vec::new());
         };
-        let (start, end) = (start.max(oldest), end.min(last.saturating_add(1)));
-        if start >= end {
-            return Ok(Vec::new());
-        }
         let mut raw = Vec::new();
         if let Err(e) = self
             .log
@@ -314,13 +322,7 @@ impl LogEngine {
             // with the bounds it left.
             tracing::debug!(error = %e, group, "log read raced a purge; reading again");
             raw.clear();
-            let (Some(oldest), Some(last)) =
-                (self.log.first_index(region), self.log.last_index(region))
-            else {
-                return Ok(Vec::new());
-            };
-            let (start, end) = (start.max(oldest), end.min(last.saturating_add(1)));
-            if start < end {
+            if let Some((start, end)) = self.held(region, start, end) {
                 self.log
                     .fetch_entries_to::<Raw>(region, start, end, max_bytes, &mut raw)
                     .map_err(read_err)?;

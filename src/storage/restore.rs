@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 use openraft::{BasicNode, Membership};
 
 use crate::raft_types::{log_id, LogId, StoredMembership};
-use rocksdb::WriteOptions;
 use serde::Serialize;
 
 use super::meta::{Progress, BUCKET_MS, LAST_APPLIED, MEMBERSHIP, PROGRESS};
@@ -163,9 +162,7 @@ fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>)
     let mut batch = rocksdb::WriteBatch::default();
     batch.put_cf(meta, LAST_APPLIED, codec::encode(&Some(applied)));
     batch.put_cf(meta, MEMBERSHIP, codec::encode(&membership));
-    let mut synced = WriteOptions::default();
-    synced.set_sync(true);
-    db.write_opt(batch, &synced)?;
+    db.write_opt(batch, &super::synced())?;
     snapshots.build()?;
     tracing::info!(rows, index, "restored backup");
     drop(snapshots);
