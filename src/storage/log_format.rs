@@ -50,15 +50,6 @@ impl MessageExt for Raw {
     }
 }
 
-/// `value` encoded as an entry of log index `index`, in one buffer (the append path's form).
-pub(super) fn entry_value<T: serde::Serialize>(index: u64, value: &T) -> BytesValue {
-    let mut bytes = index.to_le_bytes().to_vec();
-    crate::codec::encode_into(value, &mut bytes);
-    let mut e = BytesValue::new();
-    e.value = bytes;
-    e
-}
-
 /// Bytes already encoded, as an entry of log index `index`.
 pub(super) fn raw_entry(index: u64, bytes: &[u8]) -> BytesValue {
     let mut value = Vec::with_capacity(8 + bytes.len());
