@@ -14,13 +14,14 @@
 //!
 //! Transport failures are told apart, because openraft treats them differently. A peer that
 //! cannot be reached (connection refused or reset, peer down) is `Unreachable`: openraft backs
-//! off for 500 ms ([`PeerClient::backoff`]) instead of hammering it. A peer that is reachable but did not answer in time
-//! (the deadline passed) is a `Network` error, retried at once: openraft gives every
-//! AppendEntries one heartbeat (100 ms), a follower busy appending a large batch under load
-//! overruns it, and backing off for 500 ms each time stalled commits altogether (found by
-//! `timerdb-bench`: writes timed out after 5 s at 20,000 fires/s and while loading 10,000,000
-//! timers). Channels connect lazily and reconnect by themselves, so a restarted peer is picked
-//! up without any bookkeeping here.
+//! off for 500 ms ([`PeerClient::backoff`]) instead of hammering it. A peer that is reachable
+//! but did not answer in time (the deadline passed) is a `Network` error, retried at once:
+//! backing off for 500 ms each time stalled commits altogether (found by `timerdb-bench`:
+//! writes timed out after 5 s at 20,000 fires/s and while loading 10,000,000 timers). An
+//! AppendEntries is given the quorum window plus its bytes' time over a slow link
+//! ([`append_ttl`]), not openraft's one heartbeat: a follower answers once the entries are
+//! durable, and an answer abandoned before it comes never counts. Channels connect lazily and
+//! reconnect by themselves, so a restarted peer is picked up without any bookkeeping here.
 
 // openraft's trait signatures fix these (large) error types; helpers return them as they are.
 #![allow(clippy::result_large_err)]
@@ -216,7 +217,12 @@ impl PeerClient {
         let client = (self.client.as_mut())
             .ok_or_else(|| tonic::Status::unavailable(format!("bad peer address {addr}")))?;
         let own = &self.levels.1;
-        let mut request = peer_request(RaftMessage { data: encode(req) }, &self.store, own);
+        let data = encode(req);
+        let ttl = match rpc {
+            Rpc::Append => append_ttl(ttl, data.len()),
+            _ => ttl,
+        };
+        let mut request = peer_request(RaftMessage { data }, &self.store, own);
         request.set_timeout(ttl);
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
@@ -380,6 +386,24 @@ where
         .map_err(|e| Transport::Network(NetworkError::new(&std::io::Error::other(e.to_string()))))
 }
 
+/// The slowest peer link a large AppendEntries is given time to cross, in bytes per second
+/// (80 Mbit/s): a 3.3 MB batch entry gets 0.33 s more, a payload at the peer message bound
+/// ([`MAX_PEER_MESSAGE_BYTES`]) 27 s.
+const SLOWEST_LINK_BYTES_PER_SEC: u64 = 10_000_000;
+
+/// How long an AppendEntries of `bytes` may take: the quorum window, plus the time its bytes
+/// take over the slowest link we serve. openraft asks for one heartbeat (`hard_ttl`, 100 ms),
+/// but a follower answers only once the entries are durable, and a call abandoned before its
+/// answer can never count: a follower whose fsync took longer, or a 3.3 MB batch entry on a
+/// 16 MB/s link, was sent the same entries again without end while the leader, hearing from
+/// no quorum for a second, refused every write (`slow_link::large_batches_cross_slow_peer_links`).
+/// A dead peer is not found by this timeout (its connection fails, or the leader's quorum
+/// check trips first), so waiting longer for a live one costs nothing.
+fn append_ttl(hard_ttl: Duration, bytes: usize) -> Duration {
+    let crossing = Duration::from_millis(bytes as u64 * 1000 / SLOWEST_LINK_BYTES_PER_SEC);
+    hard_ttl.max(super::QUORUM_LOST_AFTER) + crossing
+}
+
 /// Whether the call failed only because its deadline passed: tonic's client reports its own
 /// timeout as CANCELLED "Timeout expired"; a server that saw the deadline pass answers
 /// DEADLINE_EXCEEDED.
@@ -465,6 +489,19 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_append_has_the_quorum_window_and_its_bytes_time_on_a_slow_link() {
+        let heartbeat = Duration::from_millis(100);
+        assert_eq!(append_ttl(heartbeat, 0), crate::cluster::QUORUM_LOST_AFTER);
+        let batch = append_ttl(heartbeat, 3_300_000);
+        assert_eq!(
+            batch,
+            crate::cluster::QUORUM_LOST_AFTER + Duration::from_millis(330)
+        );
+        let long = Duration::from_secs(3);
+        assert_eq!(append_ttl(long, 10_000_000), long + Duration::from_secs(1));
+    }
 
     #[test]
     fn slow_peers_are_retried_and_unreachable_ones_backed_off_from() {

@@ -279,8 +279,8 @@ impl NodeConfig {
             heartbeat_interval: self.raft.heartbeat_ms,
             election_timeout_min: self.raft.election_timeout_min_ms,
             election_timeout_max: self.raft.election_timeout_max_ms,
-            // Entries per AppendEntries. openraft 0.9 gives every AppendEntries one heartbeat
-            // (100 ms) to be answered and re-sends the same range when it is not. Entries are
+            // Entries per AppendEntries. openraft re-sends the same range when one is not
+            // answered in time (`cluster::network::append_ttl`; 0.9 gave it 100 ms). Entries are
             // already batches (a Multi or ScheduleBatch entry holds up to ~10,000 timers, about
             // 1 MB), so a large count makes a payload a follower cannot append in time, again
             // and again: at 256 a follower that fell behind under load never caught up (every

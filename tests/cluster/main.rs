@@ -29,6 +29,7 @@ mod replicas;
 mod retries;
 mod secure_process;
 mod slow_disk;
+mod slow_link;
 mod tls;
 mod tls_members;
 mod unary_ack;
