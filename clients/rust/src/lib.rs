@@ -16,6 +16,10 @@
 //!   resubscribes by itself (through another node when one fails) and acks in batches
 //!   (`AckBatch`, retried: acks are idempotent), with a way to wait until every ack is applied.
 //!
+//! - [`hash_slot`]: where a sharded cluster places a timer (its hash slot, from the namespace,
+//!   the namespace's placement and the id), the rule the server and the Python client follow
+//!   too.
+//!
 //! Retrying what is retried is safe because timerdb makes it so: create-only Schedule and
 //! ScheduleBatch are idempotent on (namespace, id) for the same request (`created = false` on
 //! the retry), an unconditional Cancel answers a cancelled timer as cancelled, acks of an acked
@@ -24,6 +28,7 @@
 pub mod client;
 pub mod connect;
 pub mod consumer;
+pub mod hash_slot;
 pub mod idempotent;
 pub mod retry;
 
