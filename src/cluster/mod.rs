@@ -35,9 +35,10 @@ use crate::raft_types::TypeConfig;
 
 /// How long a leader may go without an answer from a quorum before it refuses writes and
 /// reads, and fails those in flight: long enough that a loaded follower's slow answers (100 ms
-/// heartbeats, AppendEntries timed out after one) do not trip it, short enough that an isolated
-/// leader answers UNAVAILABLE within about a second. A partitioned leader's followers elect a
-/// new one after 0.5–0.75 s of silence, so by then it is no longer the leader anyway.
+/// heartbeats; AppendEntries answered once durable, `network::append_ttl`) do not trip it,
+/// short enough that an isolated leader answers UNAVAILABLE within about a second. A
+/// partitioned leader's followers elect a new one after 0.5–0.75 s of silence, so by then it is
+/// no longer the leader anyway.
 pub const QUORUM_LOST_AFTER: std::time::Duration = std::time::Duration::from_millis(1000);
 
 /// Largest peer message accepted or sent: entries batch many timers with their payloads. The

@@ -33,8 +33,9 @@ const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// 2,000 acks fits in one entry.
 const MAX_BATCH: usize = 2048;
 /// Most timers in one entry, counting a ScheduleBatch as its timers and a Redrive as the timers
-/// it names: an entry must stay small enough for a follower to append within one heartbeat
-/// (see `config::NodeConfig::openraft`). A single larger ScheduleBatch still goes alone.
+/// it names: an entry must stay small enough for a follower to append quickly (see
+/// `config::NodeConfig::openraft`, `cluster::network::append_ttl`). A single larger
+/// ScheduleBatch still goes alone.
 const MAX_WEIGHT: usize = 10_000;
 /// Most bytes of payload and keys in one Multi entry, for the same reason (2,048 schedules of
 /// 64 KiB would make a 128 MiB entry). A single larger command still goes alone.

@@ -63,10 +63,11 @@ impl Default for Limits {
 /// the new leader's first commit. At 100 / 400–800 ms that was 1.2–1.75 s (the chaos harness
 /// measured p50 1.6 s); at 100 / 200–300 ms it is 0.5–0.75 s.
 ///
-/// The heartbeat cannot go lower: openraft 0.9 also uses it as the timeout of every
-/// AppendEntries, and at 50 ms a follower busy appending and fsyncing a large batch under load
-/// timed out, which sends replication into a 500 ms backoff (measured: acks failed after 5 s at
-/// 20,000 fires/s). A follower must hear nothing for 0.5 s (five heartbeats) before it stands.
+/// The heartbeat cannot go lower: openraft 0.9 also used it as the timeout of every
+/// AppendEntries (0.10 asks the same; `cluster::network::append_ttl` gives more), and at 50 ms
+/// a follower busy appending and fsyncing a large batch under load timed out, which sent
+/// replication into a 500 ms backoff (measured: acks failed after 5 s at 20,000 fires/s). A
+/// follower must hear nothing for 0.5 s (five heartbeats) before it stands.
 #[derive(Debug, Clone)]
 pub struct RaftTiming {
     pub heartbeat_ms: u64,

@@ -287,10 +287,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 
     /// What replication sends in one AppendEntries: the entries of `[start, end)` up to
-    /// [`MAX_APPEND_BYTES`] encoded (at least one, whatever its size). openraft 0.9 answers
-    /// every AppendEntries within one heartbeat or sends it again; a byte bound keeps a loaded
-    /// follower able to take each one in time however large the entries (a ScheduleBatch entry
-    /// can hold megabytes), where a count bound alone did not.
+    /// [`MAX_APPEND_BYTES`] encoded (at least one, whatever its size). openraft sends an
+    /// AppendEntries again when it is not answered in time (`cluster::network::append_ttl`);
+    /// a byte bound keeps a loaded follower able to take each one in time however large the
+    /// entries (a ScheduleBatch entry can hold megabytes), where a count bound alone did not.
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> StResult<Vec<Entry>> {
         let start = start.max(self.first_readable());
         if let Some(entries) = self.state.cache.get(start, end, MAX_APPEND_BYTES) {
