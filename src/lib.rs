@@ -50,6 +50,7 @@ pub mod sim;
 pub mod storage;
 pub mod timer;
 pub mod tls;
+pub mod keys;
 pub mod wheel;
 
 pub use error::{Error, Result};

@@ -552,7 +552,8 @@ pub fn jitter(key: &TimerKey, nominal_ms: i64, window_ms: u64) -> i64 {
         return 0;
     }
     let mut h = Sha256::new();
-    h.update(key.index_key());
+    // The name bytes, which format 5 hashed as its index key: every series keeps its jitter.
+    h.update(key.name_bytes());
     h.update(nominal_ms.to_be_bytes());
     let d = h.finalize();
     let x = u64::from_be_bytes(d[..8].try_into().expect("8 bytes"));

@@ -23,14 +23,27 @@ pub struct TimerKey {
 }
 
 impl TimerKey {
-    /// Its key in the `index` family (length-prefixed namespace, then the id).
+    /// Its key in the `index` and `series` families (`crate::keys::timer_key`: its group and
+    /// hash slot, then the name bytes).
     pub fn index_key(&self) -> Vec<u8> {
         self.as_ref().index_key()
     }
 
-    /// The key an `index` family key names; `None` if the bytes are not one.
+    /// The key an `index` or `series` family key names; `None` if the bytes are not one.
     pub fn from_index_key(bytes: &[u8]) -> Option<TimerKey> {
-        let (namespace, id) = crate::wheel::decode_timer_key(bytes)?;
+        let (namespace, id) = crate::keys::decode_timer_key(bytes)?;
+        Some(TimerKey { namespace, id })
+    }
+
+    /// Its name bytes (length-prefixed namespace, then the id): no group or hash slot, so
+    /// stable across layouts and moves. A series' jitter hashes them; `series_due` holds them.
+    pub fn name_bytes(&self) -> Vec<u8> {
+        crate::keys::timer_name(&self.namespace, &self.id)
+    }
+
+    /// The key [`TimerKey::name_bytes`] wrote; `None` if the bytes are not one.
+    pub fn from_name_bytes(bytes: &[u8]) -> Option<TimerKey> {
+        let (namespace, id) = crate::keys::decode_timer_name(bytes)?;
         Some(TimerKey { namespace, id })
     }
 
@@ -291,7 +304,8 @@ mod tests {
     fn a_timer_key_round_trips_through_its_index_key() {
         for key in [("a", "b"), ("", "x"), ("ns", ""), ("名前", "ид/1")] {
             let key = TimerKey::new(key.0, key.1);
-            assert_eq!(TimerKey::from_index_key(&key.index_key()), Some(key));
+            assert_eq!(TimerKey::from_index_key(&key.index_key()), Some(key.clone()));
+            assert_eq!(TimerKey::from_name_bytes(&key.name_bytes()), Some(key));
         }
     }
 }

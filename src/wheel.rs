@@ -5,19 +5,17 @@
 //! time slice of `width_ms`, stored as a big-endian u64 in an LSM key. RocksDB's order is then
 //! time order, the horizon is unbounded, and the next non-empty bucket is one seek.
 //!
-//! A **slot** is where one row of the wheel sits: `(bucket, seq)`, ordered by bucket, then seq.
-//! `seq` is `log index << 20 | position in the entry`, so two rows never share a slot and a row
-//! written by a later entry sorts after every row of its bucket written before it. The fire
-//! cursor is a slot too; [`Wheel::placement`] puts every new row after it, which is what makes
-//! "behind the cursor" mean "fired, by the entry that passed it" (see `storage`).
+//! A **slot** is where one row of the wheel sits: `(bucket, era, seq)`, ordered by bucket, then
+//! era, then seq. `seq` is `log index << 20 | position in the entry`, so two rows one group
+//! placed never share a slot and a row written by a later entry sorts after every row of its
+//! bucket written before it. The **era** counts its hash slot's adoptions by a new group
+//! (docs/sharding.md §3, §6): rows two owners placed never share a key, and the new owner's
+//! sort after the old owner's. Until moves come every era is 0. A hash slot's fire cursor is
+//! a slot too; [`Wheel::placement`] puts every new row after it, which is what makes "behind
+//! the cursor" mean "fired, by the entry that passed it" (see `storage`).
 //!
-//! Keys (all integers big-endian, so byte order is numeric order):
-//! - timer key (`index` family): `ns_len: u16 | namespace | id`. The length prefix means the
-//!   keys of one namespace are exactly those starting with `ns_len | namespace`.
-//! - row key (`wheel` family): `ns_len | namespace | slot`: one namespace's rows in slot order.
-//! - lease key: `ns_len | namespace | to: slot` (a lease is found by the first key at or after a
-//!   slot); deadline key: `deadline_ms: u64 | ns_len | namespace | to: slot`.
-//! - fire record key: the cursor slot a Fire entry left.
+//! Keys are laid out in `crate::keys`; a slot is written there as [`Slot::encode`] (18
+//! bytes, big-endian, so byte order is `Slot`'s order).
 
 use serde::{Deserialize, Serialize};
 
@@ -29,23 +27,76 @@ pub const POS_BITS: u32 = 20;
 /// Most rows one entry may place (every entry is bounded far below this).
 pub const MAX_ROWS_PER_ENTRY: u32 = 1 << POS_BITS;
 
-/// Where a row sits on the wheel: its bucket, then a sequence number unique to it.
+/// Where a row sits on the wheel: its bucket, its hash slot's era, then a sequence number
+/// unique to it. The field order is the order (`Ord` is derived) and the key bytes' order.
+///
+/// Stored values and log entries carry a slot through serde as `(bucket, era << 64 | seq)`,
+/// the second a u128: bincode's varint writes a u128 below 2^64 exactly as it writes that
+/// u64, so a slot of era 0 has the bytes format 5 gave `(bucket, seq)`, and those bytes read
+/// back as era 0. Values and entries written before eras need no rewrite.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
+#[serde(from = "SlotForm", into = "SlotForm")]
 pub struct Slot {
     pub bucket: u64,
+    pub era: u16,
     pub seq: u64,
 }
 
+/// The serde form of a [`Slot`] (see there).
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct SlotForm {
+    bucket: u64,
+    seq: u128,
+}
+
+impl From<Slot> for SlotForm {
+    fn from(s: Slot) -> SlotForm {
+        SlotForm {
+            bucket: s.bucket,
+            seq: (u128::from(s.era) << 64) | u128::from(s.seq),
+        }
+    }
+}
+
+impl From<SlotForm> for Slot {
+    fn from(f: SlotForm) -> Slot {
+        Slot {
+            bucket: f.bucket,
+            // Bits above the era's cannot come from `into`; a value carrying them is corrupt
+            // and reads as the era it names in its low 16 bits.
+            era: (f.seq >> 64) as u16,
+            seq: f.seq as u64,
+        }
+    }
+}
+
+/// Bytes of an encoded slot: bucket (8), era (2), seq (8).
+pub const SLOT_BYTES: usize = 18;
+
 impl Slot {
     /// Before every row: the cursors' starting point.
-    pub const ZERO: Slot = Slot { bucket: 0, seq: 0 };
+    pub const ZERO: Slot = Slot {
+        bucket: 0,
+        era: 0,
+        seq: 0,
+    };
+
+    /// The slot at `bucket` and `seq` in era 0.
+    pub const fn new(bucket: u64, seq: u64) -> Slot {
+        Slot {
+            bucket,
+            era: 0,
+            seq,
+        }
+    }
 
     /// The last slot of `bucket`: a cursor here has passed the whole bucket.
     pub fn end_of(bucket: u64) -> Slot {
         Slot {
             bucket,
+            era: u16::MAX,
             seq: u64::MAX,
         }
     }
@@ -56,18 +107,22 @@ impl Slot {
         (index << POS_BITS) | pos as u64
     }
 
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0; 16];
+    pub fn encode(&self) -> [u8; SLOT_BYTES] {
+        let mut out = [0; SLOT_BYTES];
         out[..8].copy_from_slice(&self.bucket.to_be_bytes());
-        out[8..].copy_from_slice(&self.seq.to_be_bytes());
+        out[8..10].copy_from_slice(&self.era.to_be_bytes());
+        out[10..].copy_from_slice(&self.seq.to_be_bytes());
         out
     }
 
+    /// Reads exactly [`SLOT_BYTES`] written by [`Slot::encode`].
     pub fn decode(bytes: &[u8]) -> Option<Slot> {
-        let (bucket, seq) = bytes.split_first_chunk::<8>()?;
+        let (bucket, rest) = bytes.split_first_chunk::<8>()?;
+        let (era, seq) = rest.split_first_chunk::<2>()?;
         let seq: [u8; 8] = seq.try_into().ok()?;
         Some(Slot {
             bucket: u64::from_be_bytes(*bucket),
+            era: u16::from_be_bytes(*era),
             seq: u64::from_be_bytes(seq),
         })
     }
@@ -77,11 +132,20 @@ impl std::fmt::Display for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.seq == u64::MAX {
             write!(f, "{}/end", self.bucket)
-        } else {
+        } else if self.era == 0 {
             write!(
                 f,
                 "{}/{}.{}",
                 self.bucket,
+                self.seq >> POS_BITS,
+                self.seq & (MAX_ROWS_PER_ENTRY as u64 - 1)
+            )
+        } else {
+            write!(
+                f,
+                "{}/e{}:{}.{}",
+                self.bucket,
+                self.era,
                 self.seq >> POS_BITS,
                 self.seq & (MAX_ROWS_PER_ENTRY as u64 - 1)
             )
@@ -142,7 +206,8 @@ impl Wheel {
         } else {
             cursor.bucket
         };
-        let slot = Slot { bucket, seq };
+        // Era 0: every row's until hash slots move (sharding.md §12 step 6).
+        let slot = Slot::new(bucket, seq);
         debug_assert!(slot > cursor, "placed {slot} behind the cursor {cursor}");
         slot
     }
@@ -154,84 +219,12 @@ impl Default for Wheel {
     }
 }
 
-/// Encodes the primary key (the `index` family) of the timer `id` in `namespace`
-/// (`TimerKey::index_key`).
-pub fn timer_key_of(namespace: &str, id: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + namespace.len() + id.len());
-    out.extend_from_slice(&(namespace.len() as u16).to_be_bytes());
-    out.extend_from_slice(namespace.as_bytes());
-    out.extend_from_slice(id.as_bytes());
-    out
-}
-
-/// Decodes a timer key into (namespace, id); `None` if the bytes are not one.
-pub fn decode_timer_key(bytes: &[u8]) -> Option<(String, String)> {
-    let (ns, rest) = split_namespace(bytes)?;
-    Some((ns, String::from_utf8(rest.to_vec()).ok()?))
-}
-
-/// The prefix shared by exactly the timer, row and lease keys of `namespace`.
-pub fn namespace_prefix(namespace: &str) -> Vec<u8> {
-    let ns = namespace.as_bytes();
-    debug_assert!(ns.len() <= u16::MAX as usize, "namespace of {}", ns.len());
-    let mut out = Vec::with_capacity(2 + ns.len() + 16);
-    out.extend_from_slice(&(ns.len() as u16).to_be_bytes());
-    out.extend_from_slice(ns);
-    out
-}
-
-fn split_namespace(bytes: &[u8]) -> Option<(String, &[u8])> {
-    let (len, rest) = bytes.split_first_chunk::<2>()?;
-    let len = u16::from_be_bytes(*len) as usize;
-    if rest.len() < len {
-        return None;
-    }
-    let (ns, rest) = rest.split_at(len);
-    Some((String::from_utf8(ns.to_vec()).ok()?, rest))
-}
-
-/// A row's key: the namespace, then the slot. Also a lease's key (the slot it ends at).
-pub fn slot_key(namespace: &str, slot: Slot) -> Vec<u8> {
-    let mut out = namespace_prefix(namespace);
-    out.extend_from_slice(&slot.encode());
-    out
-}
-
-/// The first key after `slot_key(namespace, slot)` and before any later slot's: with it as a
-/// lower bound a scan starts just after `slot`, with it as an upper bound it ends at `slot`.
-pub fn slot_key_after(namespace: &str, slot: Slot) -> Vec<u8> {
-    let mut out = slot_key(namespace, slot);
-    out.push(0);
-    out
-}
-
-/// Decodes a row or lease key into its namespace and slot.
-pub fn decode_slot_key(bytes: &[u8]) -> Option<(String, Slot)> {
-    let (ns, rest) = split_namespace(bytes)?;
-    (rest.len() == 16).then_some(())?;
-    Some((ns, Slot::decode(rest)?))
-}
-
-/// A lease deadline's key: the deadline, then the lease's key.
-pub fn deadline_key(deadline_ms: i64, namespace: &str, to: Slot) -> Vec<u8> {
-    let mut out = (deadline_ms.max(0) as u64).to_be_bytes().to_vec();
-    out.extend_from_slice(&slot_key(namespace, to));
-    out
-}
-
-/// Decodes a deadline key into (deadline, namespace, lease end).
-pub fn decode_deadline_key(bytes: &[u8]) -> Option<(i64, String, Slot)> {
-    let (deadline, rest) = bytes.split_first_chunk::<8>()?;
-    let (ns, to) = decode_slot_key(rest)?;
-    Some((u64::from_be_bytes(*deadline) as i64, ns, to))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn s(bucket: u64, seq: u64) -> Slot {
-        Slot { bucket, seq }
+        Slot::new(bucket, seq)
     }
 
     #[test]
@@ -319,59 +312,50 @@ mod tests {
     }
 
     #[test]
-    fn timer_keys_round_trip() {
-        for (ns, id) in [("a", "b"), ("", "x"), ("ns", ""), ("名前", "ид/1")] {
-            assert_eq!(
-                decode_timer_key(&timer_key_of(ns, id)),
-                Some((ns.to_string(), id.to_string()))
-            );
-        }
-        assert_eq!(decode_timer_key(&[0, 5, b'a']), None, "truncated key");
-    }
-
-    #[test]
-    fn slot_keys_round_trip_and_sort_by_slot() {
-        let slots = [s(2, 5), s(2, 9), s(256, 0), s(300, 1), Slot::end_of(300)];
+    fn encoded_slots_sort_as_slots_do() {
+        let e = |bucket, era, seq| Slot { bucket, era, seq };
+        let slots = [
+            s(2, 5),
+            s(2, 9),
+            e(2, 1, 0),
+            e(2, 1, 7),
+            s(256, 0),
+            e(256, 3, 0),
+            s(300, 1),
+            Slot::end_of(300),
+        ];
         for w in slots.windows(2) {
-            assert!(w[0] < w[1]);
-            assert!(
-                slot_key("ns", w[0]) < slot_key("ns", w[1]),
-                "{} {}",
-                w[0],
-                w[1]
-            );
-            // The "just after" key sits between a slot and the next.
-            assert!(slot_key("ns", w[0]) < slot_key_after("ns", w[0]));
-            assert!(slot_key_after("ns", w[0]) < slot_key("ns", w[1]));
+            assert!(w[0] < w[1], "{} {}", w[0], w[1]);
+            assert!(w[0].encode() < w[1].encode(), "{} {}", w[0], w[1]);
         }
         for slot in slots {
-            assert_eq!(
-                decode_slot_key(&slot_key("ns", slot)),
-                Some(("ns".into(), slot))
-            );
+            assert_eq!(Slot::decode(&slot.encode()), Some(slot));
         }
-        assert_eq!(decode_slot_key(&[0, 2, b'n', b's', 1]), None, "truncated");
-        let d = deadline_key(1234, "ns", s(5, 6));
-        assert_eq!(decode_deadline_key(&d), Some((1234, "ns".into(), s(5, 6))));
-        assert!(
-            deadline_key(5, "zz", s(9, 9)) < deadline_key(6, "aa", s(0, 0)),
-            "time first"
-        );
+        assert_eq!(Slot::decode(&[0; 16]), None, "a format-5 slot is not one");
+        assert_eq!(e(7, 2, Slot::seq(3, 2)).to_string(), "7/e2:3.2");
     }
 
+    /// Format 5 stored slots as (bucket u64, seq u64) in values and log entries: those bytes
+    /// must read as era 0, and an era-0 slot must write them (see `Slot`).
     #[test]
-    fn namespace_prefix_selects_exactly_its_namespace() {
-        let p = namespace_prefix("ab");
-        assert!(timer_key_of("ab", "x").starts_with(&p));
-        assert!(timer_key_of("ab", "").starts_with(&p));
-        assert!(slot_key("ab", s(1, 1)).starts_with(&p));
-        assert!(
-            !timer_key_of("abc", "x").starts_with(&p),
-            "longer namespace must not match"
-        );
-        assert!(
-            !timer_key_of("a", "bx").starts_with(&p),
-            "split point must matter"
-        );
+    fn an_era_zero_slot_has_format_5s_value_bytes() {
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Format5 {
+            bucket: u64,
+            seq: u64,
+        }
+        for (bucket, seq) in [(0, 0), (9, 2), (300, 251), (1 << 40, Slot::seq(77, 3)), (5, u64::MAX)] {
+            let old = crate::codec::encode(&Format5 { bucket, seq });
+            assert_eq!(crate::codec::encode(&Slot::new(bucket, seq)), old);
+            assert_eq!(crate::codec::decode::<Slot>(&old).unwrap(), Slot::new(bucket, seq));
+        }
+        let later = Slot {
+            bucket: 1,
+            era: 3,
+            seq: 4,
+        };
+        let bytes = crate::codec::encode(&later);
+        assert_eq!(crate::codec::decode::<Slot>(&bytes).unwrap(), later);
+        assert!(crate::codec::decode::<Format5>(&bytes).is_err(), "an old build refuses an era");
     }
 }

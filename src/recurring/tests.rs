@@ -162,3 +162,15 @@ fn following_respects_start_end_and_max_count() {
     s.fired = 1;
     assert_eq!(s.following(&rule, now), None);
 }
+
+/// A series' jitter hashes its name bytes, as format 5 hashed its index key: the storage
+/// layout moving under it (format 6 prefixed index keys with the group and hash slot) must not
+/// move any occurrence. The figure is SHA-256 of `00 02 "ns" "daily"` and the nominal time.
+#[test]
+fn jitter_is_the_same_under_every_storage_layout() {
+    let key = crate::timer::TimerKey::new("ns", "daily");
+    assert_eq!(
+        super::jitter(&key, 1_700_000_000_000, 3_600_000),
+        2_615_089
+    );
+}

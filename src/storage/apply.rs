@@ -32,7 +32,8 @@ use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::command::{Command, Cond, Response, Shift};
 use crate::namespace::{Config, Policy, PushTarget};
 use crate::timer::{KeyRef, Timer, TimerKey};
-use crate::wheel::{self, Slot, Wheel};
+use crate::keys::{self, HSlot, Home};
+use crate::wheel::{Slot, Wheel};
 use crate::{Error, Result};
 
 /// Applies commands for one log entry into `batch`.
@@ -74,8 +75,9 @@ pub(super) struct Applier<'a> {
     pub purged: Vec<(String, Slot)>,
     /// Events for the metrics, recorded once the entry is written.
     pub events: crate::metrics::Events,
-    /// The range this entry's Fire moved the cursor over, and its time.
-    pub(super) fired: Option<(Slot, Slot, i64)>,
+    /// The ranges this entry's Fire moved hash slots' cursors over (hash slot, old, new), in
+    /// hash-slot order, and its time.
+    pub(super) fired: Option<(Vec<(HSlot, Slot, Slot)>, i64)>,
     pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
     pub(super) pushes: HashMap<String, Option<PushTarget>>,
@@ -342,7 +344,7 @@ impl<'a> Applier<'a> {
         names.sort(); // the batch's order, so the same on every replica
         for ns in names {
             self.batch
-                .put_cf(cf, ns.as_bytes(), codec::encode(&self.nsmeta[ns]));
+                .put_cf(cf, keys::nsmeta_key(ns), codec::encode(&self.nsmeta[ns]));
         }
     }
 
@@ -367,9 +369,10 @@ impl<'a> Applier<'a> {
             };
             return Ok((config, true));
         }
-        let raw = self
-            .db
-            .get_cf(cf(self.db, CF_NAMESPACES), namespace.as_bytes())?;
+        let raw = self.db.get_cf(
+            cf(self.db, CF_NAMESPACES),
+            keys::namespace_key(keys::GROUP_ZERO, namespace),
+        )?;
         let (config, configured) = match raw {
             Some(v) => (super::config_of(&v)?, true),
             None => (
@@ -459,7 +462,7 @@ impl<'a> Applier<'a> {
         }
         let raw = self
             .db
-            .get_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot))?;
+            .get_cf(cf(self.db, CF_WHEEL), keys::slot_key(namespace, slot))?;
         raw.map(|v| Row::decode(&v)).transpose()
     }
 
@@ -488,7 +491,7 @@ impl<'a> Applier<'a> {
         }
         let raw = self
             .db
-            .get_cf(cf(self.db, CF_LEASES), wheel::slot_key(namespace, to))?;
+            .get_cf(cf(self.db, CF_LEASES), keys::slot_key(namespace, to))?;
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
@@ -499,8 +502,8 @@ impl<'a> Applier<'a> {
 }
 
 impl Lookup for Applier<'_> {
-    fn cursor(&self) -> Slot {
-        self.progress.cursor
+    fn cursor(&mut self, namespace: &str) -> Result<Slot> {
+        Ok(self.progress.cursors.of(Home::of(namespace).hslot))
     }
 
     fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {
@@ -520,11 +523,17 @@ impl Lookup for Applier<'_> {
         Reader::live(self.db).lease_covering(namespace, slot)
     }
 
-    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)> {
-        match self.fired {
-            Some((from, to, now_ms)) if from < slot && slot <= to => Ok((self.index, now_ms)),
-            _ => Reader::live(self.db).fire_record(slot),
+    fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
+        let home = Home::of(namespace);
+        if let Some((moved, now_ms)) = &self.fired {
+            let this = moved
+                .iter()
+                .any(|(h, from, to)| *h == home.hslot && *from < slot && slot <= *to);
+            if this {
+                return Ok((self.index, *now_ms));
+            }
         }
+        Reader::live(self.db).fire_record(home, slot)
     }
 
     fn retention_ms(&mut self, namespace: &str) -> Result<u64> {

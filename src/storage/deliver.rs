@@ -25,7 +25,7 @@ use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
 use crate::command::{Grant, Granted, LeaseRef, Rejection, Response};
 use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
-use crate::wheel;
+use crate::keys::{self, Home};
 use crate::Result;
 
 /// Most rows one grant's scan reads (finished rows it passes count too), so that a namespace
@@ -51,7 +51,7 @@ impl Applier<'_> {
         push: bool,
     ) -> Result<Option<Granted>> {
         let from = self.ns(namespace)?.delivered_to;
-        let cursor = self.progress.cursor;
+        let cursor = self.progress.cursors.of(Home::of(namespace).hslot);
         if from >= cursor {
             return Ok(None);
         }
@@ -97,7 +97,7 @@ impl Applier<'_> {
         };
         self.put_lease(namespace, to, lease);
         if count > 0 {
-            let key = wheel::deadline_key(deadline_ms, namespace, to);
+            let key = keys::deadline_key(deadline_ms, namespace, to);
             self.batch.put_cf(cf(self.db, CF_DEADLINES), key, []);
             let at = deadline_ms.max(0) as u64;
             self.deadlines_written = Some(self.deadlines_written.map_or(at, |w| w.min(at)));
@@ -193,7 +193,7 @@ impl Applier<'_> {
         iter.status()?;
         drop(iter);
         drop(reader);
-        let deadline = wheel::deadline_key(lease.deadline_ms, &l.namespace, l.to);
+        let deadline = keys::deadline_key(lease.deadline_ms, &l.namespace, l.to);
         self.batch.delete_cf(cf(self.db, CF_DEADLINES), deadline);
         lease.settled = Some(Settled {
             at_ms: now_ms,

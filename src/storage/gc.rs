@@ -111,7 +111,9 @@ impl IndexGc {
         for item in db.iterator_cf(cf(db, CF_NSMETA), IteratorMode::Start) {
             let (k, v) = item?;
             let meta: NsMeta = codec::decode(&v)?;
-            self.advance(&String::from_utf8_lossy(&k), meta.purged_to);
+            let ns = crate::keys::decode_nsmeta_key(&k)
+                .ok_or_else(|| crate::Error::Storage("corrupt namespace name".into()))?;
+            self.advance(&ns, meta.purged_to);
         }
         Ok(())
     }
@@ -137,7 +139,7 @@ mod tests {
     use super::*;
 
     fn s(bucket: u64) -> Slot {
-        Slot { bucket, seq: 1 }
+        Slot::new(bucket, 1)
     }
 
     #[test]

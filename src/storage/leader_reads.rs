@@ -4,16 +4,17 @@
 //! purger may purge or pass. Each question is answered from one RocksDB snapshot, like every
 //! read of [`Store`]; a worker decides what to propose from the answer, and apply checks again.
 
-use rocksdb::{Direction, IteratorMode};
+use rocksdb::{Direction, IteratorMode, ReadOptions};
 
 use super::meta::NsMeta;
 use super::read::{slot_of_key, Reader};
 use super::row::{derive, header, Lease, Row};
 use super::store::{Snap, Store};
-use super::{cf, decode, CF_DEADLINES, CF_LEASES, CF_NSMETA};
+use super::{cf, decode, prefix_end, CF_DEADLINES, CF_LEASES, CF_NSMETA};
 use crate::command::Granted;
 use crate::timer::Timer;
-use crate::wheel::{self, Slot};
+use crate::keys::{self, Home};
+use crate::wheel::{Slot};
 use crate::{Error, Result};
 
 impl Store {
@@ -46,15 +47,19 @@ impl Store {
     /// counted whole (a delivery of one acked alone is still counted until its deadline).
     /// The open leases are the `deadlines` family, in deadline order.
     pub fn in_flight_before(&self, namespace: &str, before_ms: i64, now_ms: i64) -> Result<u64> {
-        let start = ((now_ms.max(0) as u64) + 1).to_be_bytes();
-        let iter = self.db.iterator_cf(
+        let group = keys::GROUP_ZERO;
+        let start = keys::deadline_bound(group, (now_ms.max(0) as u64) + 1);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(prefix_end(&keys::group_prefix(group)));
+        let iter = self.db.iterator_cf_opt(
             cf(&self.db, CF_DEADLINES),
+            opts,
             IteratorMode::From(&start, Direction::Forward),
         );
         let mut n = 0u64;
         for item in iter {
             let (k, _) = item?;
-            let Some((_, ns, to)) = wheel::decode_deadline_key(&k) else {
+            let Some((_, ns, to)) = keys::decode_deadline_key(&k) else {
                 continue;
             };
             if ns != namespace {
@@ -62,7 +67,7 @@ impl Store {
             }
             let raw = self
                 .db
-                .get_cf(cf(&self.db, CF_LEASES), wheel::slot_key(&ns, to))?;
+                .get_cf(cf(&self.db, CF_LEASES), keys::slot_key(&ns, to))?;
             let Some(raw) = raw else { continue };
             let lease: Lease = decode(&raw)?;
             if lease.settled.is_none() && lease.delivered_at_ms < before_ms {
@@ -76,10 +81,11 @@ impl Store {
     pub fn has_ready(&self, namespace: &str) -> Result<bool> {
         let mut snap = Snap::new(&self.db)?;
         let from = snap.ns(namespace)?.delivered_to;
-        if from >= snap.cursor {
+        let cursor = snap.cursor_of(Home::of(namespace))?;
+        if from >= cursor {
             return Ok(false);
         }
-        let mut iter = snap.reader.rows_between(namespace, from, snap.cursor);
+        let mut iter = snap.reader.rows_between(namespace, from, cursor);
         while let Some(v) = iter.value() {
             if header(v)?.0.deliverable() {
                 return Ok(true);
@@ -96,8 +102,9 @@ impl Store {
     pub fn check_deadline_floor(&self) -> std::result::Result<(), String> {
         let floor = self.deadline_floor.get();
         let reader = Reader::live(&self.db);
-        let iter = reader.iter(CF_DEADLINES, Vec::new(), None);
-        let first = iter.key().and_then(wheel::decode_deadline_key);
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let iter = reader.iter(CF_DEADLINES, group.to_vec(), Some(prefix_end(&group)));
+        let first = iter.key().and_then(keys::decode_deadline_key);
         match first {
             Some((at, ns, _)) if (at.max(0) as u64) < floor => Err(format!(
                 "the deadline floor {floor} is above a live deadline {at} (namespace {ns})"
@@ -118,12 +125,14 @@ impl Store {
             (head, self.deadline_floor.get())
         };
         let reader = Reader::live(&self.db);
-        let floor = floor.to_be_bytes().to_vec();
-        let iter = reader.iter(CF_DEADLINES, floor, None);
+        let group = keys::GROUP_ZERO;
+        let floor = keys::deadline_bound(group, floor);
+        let upper = prefix_end(&keys::group_prefix(group));
+        let iter = reader.iter(CF_DEADLINES, floor, Some(upper));
         iter.status()?;
         let deadline = match iter.key() {
             Some(k) => Some(
-                wheel::decode_deadline_key(k)
+                keys::decode_deadline_key(k)
                     .ok_or_else(|| Error::Storage("corrupt deadline key".into()))?
                     .0,
             ),
@@ -143,14 +152,7 @@ impl Store {
         max_rows: u64,
     ) -> Result<Vec<(String, Slot, u64)>> {
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(cf(&self.db, CF_NSMETA), IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            let ns = String::from_utf8(k.to_vec())
-                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
-            let m: NsMeta = decode(&v)?;
+        for (ns, m) in self.namespace_metas()? {
             if m.purged_to >= m.delivered_to {
                 continue;
             }
@@ -176,10 +178,12 @@ impl Store {
     /// entry passes such rows for the namespaces whose rows it fires; the purger asks for the
     /// rest (a grant of room 0), or they would never be purged. Read from one snapshot.
     pub fn passable(&self) -> Result<Vec<String>> {
-        let snap = Snap::new(&self.db)?;
-        let cursor = snap.cursor;
+        let mut snap = Snap::new(&self.db)?;
         let mut out = Vec::new();
-        let mut names = snap.reader.iter(CF_NSMETA, Vec::new(), None);
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let mut names = snap
+            .reader
+            .iter(CF_NSMETA, group.to_vec(), Some(prefix_end(&group)));
         let mut metas = Vec::new();
         while let (Some(k), Some(v)) = (names.key(), names.value()) {
             metas.push((k.to_vec(), decode::<NsMeta>(v)?));
@@ -188,11 +192,12 @@ impl Store {
         names.status()?;
         drop(names);
         for (k, m) in metas {
+            let ns = keys::decode_nsmeta_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
+            let cursor = snap.cursor_of(Home::of(&ns))?;
             if m.delivered_to >= cursor {
                 continue;
             }
-            let ns = String::from_utf8(k)
-                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
             let iter = snap.reader.rows_between(&ns, m.delivered_to, cursor);
             if let Some(v) = iter.value() {
                 if !super::row::header(v)?.0.deliverable() {

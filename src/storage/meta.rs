@@ -9,34 +9,43 @@ use crate::raft_types::{LogId, StoredMembership};
 use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use super::{cf, codec, CF_META, CF_NSMETA};
+use crate::keys::HSlot;
 use crate::wheel::Slot;
-use crate::Result;
+use crate::{Error, Result};
+
+// Keys (`crate::keys`): a group's records are `G name`, group 0's written out here while it
+// is the only group (sharding.md §12 step 4 makes them functions of the group); node-wide
+// records are `0xFFFF name`.
 
 /// Key of the last applied log id.
-pub const LAST_APPLIED: &[u8] = b"last_applied";
+pub const LAST_APPLIED: &[u8] = b"\0\0last_applied";
 /// Key of the last applied membership.
-pub const MEMBERSHIP: &[u8] = b"membership";
+pub const MEMBERSHIP: &[u8] = b"\0\0membership";
 /// Key of the replicated clock and counters ([`Progress`]).
-pub const PROGRESS: &[u8] = b"progress";
+pub const PROGRESS: &[u8] = b"\0\0progress";
 
-/// Key of the storage format the database was created with (`storage::FORMAT`).
-pub const FORMAT: &[u8] = b"format";
+/// Key of the storage format the database was created with (`storage::FORMAT`): node-wide.
+pub const FORMAT: &[u8] = b"\xff\xffformat";
 
 /// Key of the access state (`crate::auth::AccessState`: keys, auth on/off).
-pub const ACCESS: &[u8] = b"access";
+pub const ACCESS: &[u8] = b"\0\0access";
 
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
-pub const BUCKET_MS: &[u8] = b"bucket_ms";
+/// Node-wide (every group's wheel has the cluster's width).
+pub const BUCKET_MS: &[u8] = b"\xff\xffbucket_ms";
 
 /// Key of the committed feature level (`level.rs`); absent: 0.
-pub const LEVEL: &[u8] = b"level";
+pub const LEVEL: &[u8] = b"\0\0level";
 
-/// The replicated clock and counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The replicated clock and counters, and the fire cursors.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
-    /// The fire cursor: every `Pending` row at or behind it has fired. Only moves forward.
-    pub cursor: Slot,
+    /// Each hash slot's fire cursor, stored apart (`G cursor H`, see [`Cursors`]).
+    #[serde(skip)]
+    pub cursors: Cursors,
     /// The replicated clock: the latest Fire entry's `now_ms`; only moves forward.
     pub cursor_ms: i64,
     /// PENDING timers.
@@ -45,14 +54,63 @@ pub struct Progress {
     pub stored: u64,
 }
 
-/// One namespace's cursors and counts (`nsmeta` family, keyed by the namespace's name).
+/// Each hash slot's fire cursor: every `Pending` row of the hash slot at or behind it has
+/// fired, by the entry whose fire record (`fires`, `G H end`) is the first at or after it.
+/// Only moves forward; a hash slot no Fire passed rows of is at [`Slot::ZERO`]. Kept in
+/// `meta` under `G cursor H`, one record per hash slot, written by the Fire entry that moves
+/// it (`fire.rs`): per hash slot, so that it travels with the hash slot's rows (sharding.md
+/// §3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cursors(BTreeMap<HSlot, Slot>);
+
+impl Cursors {
+    /// The cursor of hash slot `h`.
+    pub fn of(&self, h: HSlot) -> Slot {
+        self.0.get(&h).copied().unwrap_or(Slot::ZERO)
+    }
+
+    /// Moves `h`'s cursor to `to` (in memory: the caller writes the record).
+    pub fn set(&mut self, h: HSlot, to: Slot) {
+        self.0.insert(h, to);
+    }
+
+    /// The latest cursor of all.
+    pub fn latest(&self) -> Slot {
+        self.0.values().max().copied().unwrap_or(Slot::ZERO)
+    }
+
+    /// Every hash slot that has a cursor, with it.
+    pub fn iter(&self) -> impl Iterator<Item = (HSlot, Slot)> + '_ {
+        self.0.iter().map(|(h, s)| (*h, *s))
+    }
+
+    /// Reads group `group`'s cursors.
+    pub fn load(db: &DB, group: crate::keys::Group) -> Result<Cursors> {
+        let prefix = crate::keys::meta_key(group, crate::keys::CURSOR);
+        let mut out = BTreeMap::new();
+        for item in db.prefix_iterator_cf(cf(db, CF_META), &prefix) {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let h = crate::keys::decode_cursor_key(group, &k)
+                .ok_or_else(|| Error::Storage("corrupt cursor key".into()))?;
+            let slot = Slot::decode(&v).ok_or_else(|| Error::Storage("corrupt cursor".into()))?;
+            out.insert(h, slot);
+        }
+        Ok(Cursors(out))
+    }
+}
+
+/// One namespace's cursors and counts (`nsmeta` family, `crate::keys::nsmeta_key`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NsMeta {
     /// PENDING timers of the namespace.
     pub pending: u64,
     /// Timers of the namespace stored, in any state.
     pub stored: u64,
-    /// The delivery cursor: every row up to it is in a lease. At or behind the fire cursor.
+    /// The delivery cursor: every row up to it is in a lease. At or behind its hash slot's fire
+    /// cursor.
     pub delivered_to: Slot,
     /// Everything up to it was purged. At or behind `delivered_to`.
     pub purged_to: Slot,
@@ -60,7 +118,7 @@ pub struct NsMeta {
 
 impl NsMeta {
     pub fn load(db: &DB, namespace: &str) -> Result<NsMeta> {
-        match db.get_cf(cf(db, CF_NSMETA), namespace.as_bytes())? {
+        match db.get_cf(cf(db, CF_NSMETA), crate::keys::nsmeta_key(namespace))? {
             Some(v) => codec::decode(&v),
             None => Ok(NsMeta::default()),
         }
@@ -96,6 +154,7 @@ impl SmMeta {
         if let Some(v) = db.get_cf(cf, PROGRESS)? {
             meta.progress = codec::decode(&v)?;
         }
+        meta.progress.cursors = Cursors::load(db, crate::keys::GROUP_ZERO)?;
         Ok(meta)
     }
 

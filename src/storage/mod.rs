@@ -5,14 +5,20 @@
 //! | `log`, `raft_log` | earlier builds' Raft logs: empty once moved into raft-engine | bincode `Entry` | migration (`log_migrate.rs`) |
 //! | `log_moved` | nothing: its presence keeps builds before raft-engine out | — | migration |
 //! | `raft` | `installing_snapshot`, `admitted` (earlier builds: the log's records) | bincode | [`Snapshots`]; admission |
-//! | `wheel` | `wheel::slot_key` (namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
-//! | `index` | `TimerKey::index_key` (namespace, id) | the slot of the timer's row | [`StateMachine`] |
-//! | `fires` | the cursor a Fire entry left (slot) | (its log index, its `now_ms`) | [`StateMachine`] |
-//! | `leases` | `wheel::slot_key` (namespace, end slot) | bincode lease (`row.rs`) | [`StateMachine`] |
-//! | `deadlines` | `wheel::deadline_key` | empty: open leases by deadline | [`StateMachine`] |
-//! | `meta` | typed keys in [`meta`] | bincode | [`StateMachine`] |
-//! | `nsmeta` | namespace name | bincode [`meta::NsMeta`]: its cursors and counts | [`StateMachine`] |
-//! | `namespaces` | namespace name | bincode [`Policy`](crate::namespace::Policy) | [`StateMachine`] |
+//! | `g_wheel` | `keys::slot_key` (group, hash slot, namespace, slot) | a row: one timer as placed (`row.rs`) | [`StateMachine`] |
+//! | `g_index` | `TimerKey::index_key` (group, hash slot, namespace, id) | the slot of the timer's row | [`StateMachine`] |
+//! | `g_fires` | group, hash slot, the cursor a Fire entry left it at | (its log index, its `now_ms`) | [`StateMachine`] |
+//! | `g_leases` | `keys::slot_key` (group, hash slot, namespace, end slot) | bincode lease (`row.rs`) | [`StateMachine`] |
+//! | `g_deadlines` | `keys::deadline_key` (group, deadline, …) | empty: open leases by deadline | [`StateMachine`] |
+//! | `g_meta` | typed keys in [`meta`] (group, name; node-wide `0xFFFF` name) | bincode | [`StateMachine`] |
+//! | `g_nsmeta` | group, hash slot, namespace name | bincode [`meta::NsMeta`]: its cursors and counts | [`StateMachine`] |
+//! | `g_namespaces` | group, namespace name | bincode [`Policy`](crate::namespace::Policy) | [`StateMachine`] |
+//! | `g_series`, `g_series_due` | see `recurring.rs` | | [`StateMachine`] |
+//! | `wheel`, `index`, … `series_due` | format 5's: empty, but `meta` holding `format` = 6 | | `migrate.rs` |
+//!
+//! Keys are laid out in [`crate::keys`] (storage format 6): every state key starts with its
+//! group, then its hash slot, so a group's state is one prefix of each family and a hash slot
+//! of a group one range (docs/sharding.md §3).
 //!
 //! The delivery data model (rows, slots, the fire cursor, leases, range purges) is described
 //! in docs/delivery.md; `row.rs` derives a timer's state from it.
@@ -47,6 +53,7 @@ mod log_cache;
 pub mod log_engine;
 mod log_format;
 mod log_migrate;
+pub(crate) mod migrate;
 pub mod log_store;
 pub mod meta;
 mod misfire;
@@ -96,19 +103,22 @@ pub const CF_RAFT_LOG: &str = "raft_log";
 /// whose log was moved out (that build would start with an empty log and no vote).
 pub const CF_LOG_MOVED: &str = "log_moved";
 pub const CF_RAFT: &str = "raft";
-pub const CF_WHEEL: &str = "wheel";
-pub const CF_INDEX: &str = "index";
-pub const CF_FIRES: &str = "fires";
-pub const CF_LEASES: &str = "leases";
-pub const CF_DEADLINES: &str = "deadlines";
-pub const CF_META: &str = "meta";
-pub const CF_NSMETA: &str = "nsmeta";
-pub const CF_NAMESPACES: &str = "namespaces";
-/// Recurring timers: (namespace, id) -> `recurring::RecurringTimer`.
-pub const CF_RECURRING: &str = "series"; // on-disk names do not change
-/// A series' materialised occurrence, by its slot -> the series' (namespace, id): what a Fire
-/// entry reads to learn which rows it passed are occurrences (see `storage/recurring.rs`).
-pub const CF_RECURRING_DUE: &str = "series_due";
+// The state machine's families of format 6 (`crate::keys`); format 5's, without the `g_`,
+// are `migrate.rs`'s.
+pub const CF_WHEEL: &str = "g_wheel";
+pub const CF_INDEX: &str = "g_index";
+pub const CF_FIRES: &str = "g_fires";
+pub const CF_LEASES: &str = "g_leases";
+pub const CF_DEADLINES: &str = "g_deadlines";
+pub const CF_META: &str = "g_meta";
+pub const CF_NSMETA: &str = "g_nsmeta";
+pub const CF_NAMESPACES: &str = "g_namespaces";
+/// Recurring timers: (group, hash slot, namespace, id) -> `recurring::RecurringTimer`.
+pub const CF_RECURRING: &str = "g_series";
+/// A series' materialised occurrence, by its group, hash slot and slot -> the series' name
+/// bytes: what a Fire entry reads to learn which rows it passed are occurrences (see
+/// `storage/recurring.rs`).
+pub const CF_RECURRING_DUE: &str = "g_series_due";
 /// The column families that make up the state machine (snapshots and digests cover these, in
 /// this order; a snapshot file names a family by its place here, so new ones go last).
 pub(crate) const SM_CFS: [&str; 10] = [
@@ -123,11 +133,12 @@ pub(crate) const SM_CFS: [&str; 10] = [
     CF_RECURRING,
     CF_RECURRING_DUE,
 ];
-/// Every column family: the log store's, then the state machine's.
+/// Every column family: the log store's, the state machine's, then format 5's (`migrate.rs`).
 fn all_cfs() -> impl Iterator<Item = &'static str> {
     [CF_LOG, CF_RAFT_LOG, CF_RAFT, CF_LOG_MOVED]
         .into_iter()
         .chain(SM_CFS)
+        .chain(migrate::V5_CFS)
 }
 
 /// Opens (or creates) a node's database under `dir`; `gc` judges which index entries the
@@ -195,41 +206,55 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 ///
 /// 4: push delivery (namespace push targets, attempt logs, `Pushed` with a retry-after).
 /// 5: recurring timers (the `series` and `series_due` families, the `ScheduleRecurring` and
-/// `PauseRecurring` commands). Format 4 is a subset of it: a format-4 directory or backup is read
-/// in place and becomes format 5 (an older build then refuses it).
+/// `PauseRecurring` commands). Format 4 is a subset of it.
+/// 6: groups and hash slots (`crate::keys`, docs/sharding.md §3): every state key starts with
+/// its group and hash slot, a slot carries its era, one fire cursor per hash slot, in new
+/// families (`g_*`). A format-4 or 5 directory is rewritten into it when it opens
+/// (`migrate.rs`; an older build then refuses it); a format-4 or 5 snapshot or backup when it
+/// is installed or restored.
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
-pub const FORMAT: u32 = 5;
-/// Formats this build opens: its own, and those it upgrades in place.
-pub const READS_FORMATS: [u32; 2] = [4, 5];
+pub const FORMAT: u32 = 6;
+/// Formats this build opens: its own, and those it upgrades.
+pub const READS_FORMATS: [u32; 3] = [4, 5, 6];
 
-/// Records [`FORMAT`] in a new database (or one of a format it upgrades in place); refuses one
-/// written in another format.
+/// Records [`FORMAT`] in a new database, or rewrites one of a format it upgrades
+/// (`migrate.rs`); refuses one written in another format.
 fn check_format(db: &DB, dir: &Path) -> Result<()> {
-    let meta = cf(db, CF_META);
-    if let Some(v) = db.get_cf(meta, meta::FORMAT)? {
+    if let Some(v) = db.get_cf(cf(db, CF_META), meta::FORMAT)? {
         let found: u32 = codec::decode(&v)?;
         if found == FORMAT {
             return Ok(());
         }
-        if READS_FORMATS.contains(&found) {
-            tracing::info!(found, to = FORMAT, "upgrading the storage format in place");
-            db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
-            return Ok(());
+        return Err(format_error(dir, &format!("storage format {found}")));
+    }
+    // Format 5 and before kept the format in the old `meta` family.
+    let old_meta = cf(db, migrate::V5_META);
+    if let Some(v) = db.get_cf(old_meta, migrate::V5_FORMAT)? {
+        let found: u32 = codec::decode(&v)?;
+        if found < FORMAT && READS_FORMATS.contains(&found) {
+            tracing::info!(found, to = FORMAT, "upgrading the storage format");
+            return migrate::upgrade(db);
         }
         return Err(format_error(dir, &format!("storage format {found}")));
     }
-    let written = [CF_LOG, CF_RAFT_LOG, CF_RAFT, CF_META].iter().any(|name| {
-        db.iterator_cf(cf(db, name), rocksdb::IteratorMode::Start)
-            .next()
-            .is_some()
-    });
+    let written = [CF_LOG, CF_RAFT_LOG, CF_RAFT, migrate::V5_META, CF_META]
+        .iter()
+        .any(|name| {
+            db.iterator_cf(cf(db, name), rocksdb::IteratorMode::Start)
+                .next()
+                .is_some()
+        });
     if written {
         return Err(format_error(
             dir,
             "a storage format older than format versions",
         ));
     }
-    db.put_cf(meta, meta::FORMAT, codec::encode(&FORMAT))?;
+    // Also in the old `meta`, so that a build before format 6 names what it refuses.
+    let mut batch = rocksdb::WriteBatch::default();
+    batch.put_cf(cf(db, CF_META), meta::FORMAT, codec::encode(&FORMAT));
+    batch.put_cf(old_meta, migrate::V5_FORMAT, codec::encode(&FORMAT));
+    db.write_opt(batch, &synced())?;
     Ok(())
 }
 

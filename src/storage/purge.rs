@@ -17,7 +17,10 @@ use super::apply::Applier;
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_NSMETA, CF_WHEEL};
 use crate::command::Response;
-use crate::wheel::{self, Slot};
+use std::collections::BTreeMap;
+
+use crate::keys::{self, HSlot, Home};
+use crate::wheel::Slot;
 use crate::{Error, Result};
 
 impl Applier<'_> {
@@ -47,8 +50,8 @@ impl Applier<'_> {
         drop(iter);
         drop(reader);
         let (lo, hi) = (
-            wheel::slot_key_after(namespace, from),
-            wheel::slot_key_after(namespace, through),
+            keys::slot_key_after(namespace, from),
+            keys::slot_key_after(namespace, through),
         );
         self.batch.delete_range_cf(cf(self.db, CF_WHEEL), &lo, &hi);
         self.batch.delete_range_cf(cf(self.db, CF_LEASES), &lo, &hi);
@@ -70,8 +73,8 @@ impl Applier<'_> {
     ) -> Result<bool> {
         let retention = self.policy(namespace)?.retention_ms as i64;
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(wheel::slot_key_after(namespace, through));
-        let start = wheel::slot_key_after(namespace, from);
+        opts.set_iterate_upper_bound(keys::slot_key_after(namespace, through));
+        let start = keys::slot_key_after(namespace, from);
         let iter = self.db.iterator_cf_opt(
             cf(self.db, CF_LEASES),
             opts,
@@ -80,7 +83,7 @@ impl Applier<'_> {
         let mut next_from = from;
         for item in iter {
             let (k, v) = item?;
-            let (_, to) = wheel::decode_slot_key(&k)
+            let (_, to) = keys::decode_slot_key(&k)
                 .ok_or_else(|| Error::Storage("corrupt lease key".into()))?;
             let lease: Lease = codec::decode(&v)?;
             let old_enough = lease
@@ -94,32 +97,45 @@ impl Applier<'_> {
         Ok(next_from == through)
     }
 
-    /// Deletes the fire records before every namespace's first stored row: a record is read
-    /// only for a fired `Pending` row at or before its end, and none can be before all of them.
+    /// Deletes, in each hash slot, the fire records before the first stored row of its
+    /// namespaces: a record is read only for a fired `Pending` row of its hash slot at or
+    /// before its end, and none can be before all of them. Every namespace is read from
+    /// `nsmeta` (replicated), in key order, so hash slot by hash slot.
     fn forget_fires(&mut self) -> Result<()> {
-        let mut first: Option<Slot> = None;
-        let names: Vec<String> = self
-            .db
-            .iterator_cf(cf(self.db, CF_NSMETA), IteratorMode::Start)
-            .map(|item| {
-                let (k, _) = item?;
-                String::from_utf8(k.to_vec())
-                    .map_err(|_| Error::Storage("corrupt namespace name".into()))
-            })
-            .collect::<Result<_>>()?;
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let mut names = Vec::new();
+        for item in self.db.prefix_iterator_cf(cf(self.db, CF_NSMETA), group) {
+            let (k, _) = item?;
+            if !k.starts_with(&group) {
+                break;
+            }
+            let ns = keys::decode_nsmeta_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
+            names.push(ns);
+        }
+        let mut first: BTreeMap<HSlot, Option<Slot>> = BTreeMap::new();
         for ns in names {
             let floor = self.ns(&ns)?.purged_to;
-            if let Some(slot) = self.reader().first_after(&ns, floor)? {
-                first = Some(first.map_or(slot, |f: Slot| f.min(slot)));
+            let head = self.reader().first_after(&ns, floor)?;
+            let f = first.entry(Home::of(&ns).hslot).or_insert(None);
+            if let Some(slot) = head {
+                *f = Some(f.map_or(slot, |f: Slot| f.min(slot)));
             }
         }
-        // Nothing stored at all: every record may go but the newest, whose end is the cursor.
-        let keep_from = first.unwrap_or(self.progress.cursor);
-        self.batch.delete_range_cf(
-            cf(self.db, CF_FIRES),
-            Slot::ZERO.encode(),
-            keep_from.encode(),
-        );
+        for (hslot, first) in first {
+            let home = Home {
+                group: keys::GROUP_ZERO,
+                hslot,
+            };
+            // Nothing stored in it: every record may go but the newest, whose end is its
+            // cursor.
+            let keep_from = first.unwrap_or(self.progress.cursors.of(hslot));
+            self.batch.delete_range_cf(
+                cf(self.db, CF_FIRES),
+                keys::hslot_slot_key(home, Slot::ZERO),
+                keys::hslot_slot_key(home, keep_from),
+            );
+        }
         Ok(())
     }
 }
@@ -136,8 +152,8 @@ pub fn purgeable_through(
     max_rows: u64,
 ) -> Result<Option<(Slot, u64)>> {
     let mut opts = ReadOptions::default();
-    opts.set_iterate_upper_bound(prefix_end(&wheel::namespace_prefix(namespace)));
-    let start = wheel::slot_key_after(namespace, from);
+    opts.set_iterate_upper_bound(prefix_end(&keys::namespace_prefix(namespace)));
+    let start = keys::slot_key_after(namespace, from);
     let iter = db.iterator_cf_opt(
         cf(db, CF_LEASES),
         opts,
@@ -147,7 +163,7 @@ pub fn purgeable_through(
     for item in iter {
         let (k, v) = item?;
         let (_, to) =
-            wheel::decode_slot_key(&k).ok_or_else(|| Error::Storage("corrupt lease key".into()))?;
+            keys::decode_slot_key(&k).ok_or_else(|| Error::Storage("corrupt lease key".into()))?;
         let lease: Lease = codec::decode(&v)?;
         let old_enough = lease
             .settled

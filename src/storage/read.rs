@@ -6,7 +6,8 @@ use rocksdb::{DBRawIterator, ReadOptions, Snapshot, DB};
 
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_WHEEL};
-use crate::wheel::{self, Slot};
+use crate::keys::{self, Home};
+use crate::wheel::{Slot};
 use crate::{Error, Result};
 
 pub struct Reader<'a> {
@@ -56,17 +57,17 @@ impl<'a> Reader<'a> {
     pub fn rows_between(&self, namespace: &str, after: Slot, upto: Slot) -> DBRawIterator<'_> {
         self.iter(
             CF_WHEEL,
-            wheel::slot_key_after(namespace, after),
-            Some(wheel::slot_key_after(namespace, upto)),
+            keys::slot_key_after(namespace, after),
+            Some(keys::slot_key_after(namespace, upto)),
         )
     }
 
     /// The slot of `namespace`'s first row after `after`.
     pub fn first_after(&self, namespace: &str, after: Slot) -> Result<Option<Slot>> {
-        let upper = prefix_end(&wheel::namespace_prefix(namespace));
+        let upper = prefix_end(&keys::namespace_prefix(namespace));
         let iter = self.iter(
             CF_WHEEL,
-            wheel::slot_key_after(namespace, after),
+            keys::slot_key_after(namespace, after),
             Some(upper),
         );
         iter.status()?;
@@ -75,8 +76,8 @@ impl<'a> Reader<'a> {
 
     /// The lease of `namespace` whose range holds `slot`: its end and the lease.
     pub fn lease_covering(&self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>> {
-        let upper = prefix_end(&wheel::namespace_prefix(namespace));
-        let iter = self.iter(CF_LEASES, wheel::slot_key(namespace, slot), Some(upper));
+        let upper = prefix_end(&keys::namespace_prefix(namespace));
+        let iter = self.iter(CF_LEASES, keys::slot_key(namespace, slot), Some(upper));
         iter.status()?;
         let (Some(k), Some(v)) = (iter.key(), iter.value()) else {
             return Ok(None);
@@ -86,9 +87,11 @@ impl<'a> Reader<'a> {
         Ok((lease.from < slot).then_some((to, lease)))
     }
 
-    /// The (fire index, fired_at) of the Fire entry whose move of the cursor passed `slot`.
-    pub fn fire_record(&self, slot: Slot) -> Result<(u64, i64)> {
-        let iter = self.iter(CF_FIRES, slot.encode().to_vec(), None);
+    /// The (fire index, fired_at) of the Fire entry whose move of hash slot `home`'s cursor
+    /// passed `slot`: its first record at or after `slot` (never another hash slot's).
+    pub fn fire_record(&self, home: Home, slot: Slot) -> Result<(u64, i64)> {
+        let upper = prefix_end(&home.prefix());
+        let iter = self.iter(CF_FIRES, keys::hslot_slot_key(home, slot), Some(upper));
         iter.status()?;
         match iter.value() {
             Some(v) => codec::decode(v),
@@ -100,7 +103,7 @@ impl<'a> Reader<'a> {
 /// The slot at the end of a row or lease key.
 pub fn slot_of_key(key: &[u8]) -> Result<Slot> {
     key.len()
-        .checked_sub(16)
+        .checked_sub(crate::wheel::SLOT_BYTES)
         .and_then(|at| Slot::decode(&key[at..]))
         .ok_or_else(|| Error::Storage("corrupt row key".into()))
 }

@@ -25,7 +25,8 @@ use crate::recurring::{
     self, Decision, Next, RecurringSpec, RecurringTimer, RecurringView, Status,
 };
 use crate::timer::{KeyRef, Specs, TimerKey, TimerSpec, TimerState, When};
-use crate::wheel::{self, Slot};
+use crate::keys::{self, Home};
+use crate::wheel::{Slot};
 use crate::{Error, Result};
 
 /// Upcoming occurrence times an answer of apply carries (Get may ask for more).
@@ -53,7 +54,7 @@ impl Applier<'_> {
         namespaces.dedup();
         let reader = Reader::live(self.db);
         for ns in namespaces {
-            let prefix = wheel::namespace_prefix(ns);
+            let prefix = keys::namespace_prefix(ns);
             let staged = self.recurring_staged.keys().any(|k| k.starts_with(&prefix));
             let stored = {
                 let iter = reader.iter(CF_RECURRING, prefix.clone(), Some(prefix_end(&prefix)));
@@ -169,8 +170,8 @@ impl Applier<'_> {
             self.events.scheduled();
             self.batch.put_cf(
                 cf(self.db, CF_RECURRING_DUE),
-                slot.encode(),
-                s.spec.key.index_key(),
+                keys::hslot_slot_key(Home::of(&ns), slot),
+                s.spec.key.name_bytes(),
             );
             s.next = Some(Next {
                 nominal_ms,
@@ -190,8 +191,11 @@ impl Applier<'_> {
         let Some(next) = s.next.take() else {
             return Ok(());
         };
-        self.batch
-            .delete_cf(cf(self.db, CF_RECURRING_DUE), next.slot.encode());
+        let home = Home::of(&s.spec.key.namespace);
+        self.batch.delete_cf(
+            cf(self.db, CF_RECURRING_DUE),
+            keys::hslot_slot_key(home, next.slot),
+        );
         let key = s.occurrence_key(next.nominal_ms);
         if let Some((slot, row)) = self.find(&key)? {
             if self.view(&key.namespace, slot, &row)?.state == TimerState::Pending {
@@ -372,31 +376,41 @@ impl Applier<'_> {
     /// The series occurrences this entry's cursor passed (see the module essay). Returns how
     /// many of the rows the cursor counted as fired did not fire after all.
     pub(super) fn fire_recurring(&mut self, now_ms: i64) -> Result<u32> {
-        let Some((old, new, _)) = self.fired else {
+        let Some((moved, _)) = &self.fired else {
             return Ok(0);
         };
-        let mut lower = old.encode().to_vec();
-        lower.push(0);
-        let mut upper = new.encode().to_vec();
-        upper.push(0);
-        let reader = Reader::live(self.db);
-        let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
+        // Each hash slot's range its cursor moved over; then all of them in slot order (slots
+        // are unique within a group), as one range was read before hash slots.
         let mut due = Vec::new();
-        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
-            let slot =
-                Slot::decode(k).ok_or_else(|| Error::Storage("corrupt series_due".into()))?;
-            let key = TimerKey::from_index_key(v)
-                .ok_or_else(|| Error::Storage("corrupt series_due value".into()))?;
-            due.push((slot, key));
-            iter.next();
+        let reader = Reader::live(self.db);
+        for (hslot, old, new) in moved {
+            let home = Home {
+                group: keys::GROUP_ZERO,
+                hslot: *hslot,
+            };
+            let mut lower = keys::hslot_slot_key(home, *old);
+            lower.push(0);
+            let mut upper = keys::hslot_slot_key(home, *new);
+            upper.push(0);
+            let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
+            while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+                let (_, slot) = keys::decode_hslot_slot_key(k)
+                    .ok_or_else(|| Error::Storage("corrupt series_due".into()))?;
+                let key = TimerKey::from_name_bytes(v)
+                    .ok_or_else(|| Error::Storage("corrupt series_due value".into()))?;
+                due.push((slot, home, key));
+                iter.next();
+            }
+            iter.status()?;
         }
-        iter.status()?;
-        drop(iter);
         drop(reader);
+        due.sort_by_key(|(slot, _, _)| *slot);
         let mut unfired = 0;
-        for (slot, key) in due {
-            self.batch
-                .delete_cf(cf(self.db, CF_RECURRING_DUE), slot.encode());
+        for (slot, home, key) in due {
+            self.batch.delete_cf(
+                cf(self.db, CF_RECURRING_DUE),
+                keys::hslot_slot_key(home, slot),
+            );
             unfired += self.occurrence_due(now_ms, slot, &key)?;
         }
         Ok(unfired)
@@ -447,7 +461,11 @@ impl Applier<'_> {
                 let at = self.move_row(&ns, slot, row, until_ms)?;
                 self.count_pending(&ns, 1)?;
                 self.batch
-                    .put_cf(cf(self.db, CF_RECURRING_DUE), at.encode(), key.index_key());
+                    .put_cf(
+                        cf(self.db, CF_RECURRING_DUE),
+                        keys::hslot_slot_key(Home::of(&ns), at),
+                        key.name_bytes(),
+                    );
                 s.next = Some(Next { slot: at, ..due });
                 self.rewrote_fired.push(ns);
                 self.put_recurring(&s);
@@ -518,7 +536,7 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<RecurringView>, Option<String>)> {
-        let prefix = wheel::namespace_prefix(namespace);
+        let prefix = keys::namespace_prefix(namespace);
         let start = match after {
             Some(id) => {
                 let mut k = TimerKey::new(namespace, id).index_key();

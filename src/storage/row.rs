@@ -184,12 +184,13 @@ pub struct Settled {
 /// the fire record covering a slot and the namespace's retention. Implemented over the
 /// database (the read side) and over an entry being applied (which sees its own writes).
 pub trait Lookup {
-    fn cursor(&self) -> Slot;
+    /// The fire cursor of `namespace`'s hash slot.
+    fn cursor(&mut self, namespace: &str) -> Result<Slot>;
     fn delivered_to(&mut self, namespace: &str) -> Result<Slot>;
     /// The lease of `namespace` whose range holds `slot`: its end and the lease.
     fn lease_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>>;
-    /// The (fire index, fired_at) of the Fire entry that passed `slot`.
-    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)>;
+    /// The (fire index, fired_at) of the Fire entry that passed `namespace`'s row at `slot`.
+    fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)>;
     fn retention_ms(&mut self, namespace: &str) -> Result<u64>;
 }
 
@@ -229,17 +230,17 @@ pub fn derive(namespace: &str, slot: Slot, row: &Row, lk: &mut impl Lookup) -> R
             let retention = lk.retention_ms(namespace)?;
             t.wake_at_ms = t.finished_at_ms.saturating_add(retention as i64);
         }
-        Kind::Pending if slot > lk.cursor() => {
+        Kind::Pending if slot > lk.cursor(namespace)? => {
             t.state = TimerState::Pending;
             t.wake_at_ms = row.fire_at_ms;
         }
-        Kind::Retry if slot > lk.cursor() => {
+        Kind::Retry if slot > lk.cursor(namespace)? => {
             t.phase = Phase::Backoff;
             t.wake_at_ms = b.wake_at_ms;
         }
         Kind::Pending | Kind::Retry => {
             if row.kind == Kind::Pending {
-                (t.fire_index, t.fired_at_ms) = lk.fire_at(slot)?;
+                (t.fire_index, t.fired_at_ms) = lk.fire_at(namespace, slot)?;
                 t.revision += 1; // PENDING -> FIRED
             }
             if slot > lk.delivered_to(namespace)? {
@@ -546,8 +547,8 @@ mod tests {
         let r = row(Kind::Retry);
         struct NoLookup;
         impl Lookup for NoLookup {
-            fn cursor(&self) -> Slot {
-                Slot::ZERO
+            fn cursor(&mut self, _: &str) -> Result<Slot> {
+                Ok(Slot::ZERO)
             }
             fn delivered_to(&mut self, _: &str) -> Result<Slot> {
                 unreachable!()
@@ -555,7 +556,7 @@ mod tests {
             fn lease_at(&mut self, _: &str, _: Slot) -> Result<Option<(Slot, Lease)>> {
                 unreachable!()
             }
-            fn fire_at(&mut self, _: Slot) -> Result<(u64, i64)> {
+            fn fire_at(&mut self, _: &str, _: Slot) -> Result<(u64, i64)> {
                 unreachable!()
             }
             fn retention_ms(&mut self, _: &str) -> Result<u64> {
@@ -563,7 +564,7 @@ mod tests {
             }
         }
         // After the cursor: backing off, due at its redelivery time.
-        let t = derive("ns", Slot { bucket: 5, seq: 1 }, &r, &mut NoLookup).unwrap();
+        let t = derive("ns", Slot::new(5, 1), &r, &mut NoLookup).unwrap();
         assert_eq!(
             (t.state, t.phase, t.wake_at_ms),
             (TimerState::Fired, Phase::Backoff, 13)

@@ -11,7 +11,7 @@ use super::apply::Applier;
 use super::{cf, CF_WHEEL};
 use crate::command::{BatchAnswer, Command, Rejection, Response, Scheduled};
 use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerSpec};
-use crate::wheel;
+use crate::keys;
 use crate::Result;
 
 impl Applier<'_> {
@@ -41,13 +41,13 @@ impl Applier<'_> {
             row.body.ext.misfire = misfire;
             self.place(ns, row, spec.when.resolve(now_ms))?;
         } else {
-            let slot = self.next_slot(spec.when.resolve(now_ms))?;
+            let slot = self.next_slot(ns, spec.when.resolve(now_ms))?;
             self.batch.put_cf(
                 cf(self.db, CF_WHEEL),
-                wheel::slot_key(ns, slot),
+                keys::slot_key(ns, slot),
                 super::row::encode_pending(spec, now_ms),
             );
-            self.set_index(wheel::timer_key_of(ns, spec.key.id), Some(slot));
+            self.set_index(keys::timer_key(ns, spec.key.id), Some(slot));
             self.placed_at(ns, slot);
         }
         Ok(())

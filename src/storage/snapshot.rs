@@ -209,18 +209,27 @@ impl Snapshots {
     /// in the last batch. Batches before it are not synced: until the mark is cleared a crash
     /// means installing again, so only the last one needs to be durable (and, sharing one WAL,
     /// its sync makes the earlier ones durable too).
+    ///
+    /// A file of an earlier format (an older leader's snapshot, an older backup) is loaded
+    /// into the format-5 families as it was written, then rewritten into this format's
+    /// (`migrate.rs`), whose last batch clears the mark.
     pub(super) fn load_rows(&self, path: &Path) -> Result<u64> {
         let db = &self.db;
         let mut reader = RowReader::open(path)?;
+        let families: &[&str] = match reader.format() < super::FORMAT {
+            true => &super::migrate::V5_CFS,
+            false => &SM_CFS,
+        };
         let mut batch = WriteBatch::default();
-        for name in SM_CFS {
-            // No state-machine key is empty or starts with 0xff (length prefixes, bucket times,
-            // ASCII meta names), so this range covers the whole family.
-            batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 16].as_slice());
+        for name in SM_CFS.iter().chain(&super::migrate::V5_CFS) {
+            // No state-machine key is empty, and none starts with 32 0xff bytes (group, hash
+            // slot or length prefixes, bucket times, ASCII meta names), so this range covers
+            // the whole family.
+            batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 32].as_slice());
         }
         let mut rows = 0u64;
         while let Some((i, k, v)) = reader.next_row()? {
-            let name = SM_CFS.get(i as usize).ok_or_else(|| {
+            let name = families.get(i as usize).ok_or_else(|| {
                 Error::Storage(format!("snapshot names unknown column family {i}"))
             })?;
             batch.put_cf(cf(db, name), k, v);
@@ -229,7 +238,13 @@ impl Snapshots {
                 db.write(std::mem::take(&mut batch))?;
             }
         }
-        batch.delete_cf(cf(db, CF_RAFT), INSTALLING);
+        let raft = cf(db, CF_RAFT);
+        if reader.format() < super::FORMAT {
+            db.write(batch)?;
+            super::migrate::rewrite(db, |last| last.delete_cf(raft, INSTALLING))?;
+            return Ok(rows);
+        }
+        batch.delete_cf(raft, INSTALLING);
         db.write_opt(batch, &super::synced())?;
         Ok(rows)
     }

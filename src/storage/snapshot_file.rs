@@ -8,8 +8,9 @@
 //! Format (all integers little-endian):
 //!
 //! ```text
-//! "TDBSNAP3"                                   magic and version (3: the row/lease model)
-//! { cf: u8, key_len: u32, key, value_len: u32, value }*   cf = index in SM_CFS
+//! "TDBSNAP6"                                   magic and storage format (`storage::FORMAT`)
+//! { cf: u8, key_len: u32, key, value_len: u32, value }*   cf = index in SM_CFS (before
+//!                                              format 6, in `migrate::V5_CFS`)
 //! 0xff, rows: u64, crc: u32                    trailer: the number of rows above, and the
 //!                                              CRC-32 of every byte before `crc`
 //! ```
@@ -275,6 +276,8 @@ pub struct RowReader {
     done: bool,
     /// Bytes of the file not read yet: a length is checked against it before allocating.
     left: u64,
+    /// The storage format its magic names: before 6 its rows are format 5's (`migrate.rs`).
+    format: u32,
 }
 
 /// Longest key or value a snapshot row may hold (the largest real one, the access state with
@@ -295,14 +298,15 @@ impl RowReader {
             rows: 0,
             done: false,
             left,
+            format: 0,
         };
         let mut magic = [0u8; 8];
         r.take(&mut magic)
             .map_err(|e| corrupt(path, &e.to_string()))?;
         let readable = super::READS_FORMATS
             .iter()
-            .any(|f| self::magic(*f) == magic);
-        if !readable {
+            .find(|f| self::magic(**f) == magic);
+        let Some(format) = readable else {
             return Err(corrupt(
                 path,
                 &format!(
@@ -311,8 +315,14 @@ impl RowReader {
                     String::from_utf8_lossy(&magic)
                 ),
             ));
-        }
+        };
+        r.format = *format;
         Ok(r)
+    }
+
+    /// The storage format of the file's rows (its magic's).
+    pub fn format(&self) -> u32 {
+        self.format
     }
 
     /// Reads exactly `buf.len()` bytes, checksumming them.

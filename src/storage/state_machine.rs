@@ -30,6 +30,7 @@ use super::{cf, codec, Store, CF_META};
 use crate::command::Response;
 use crate::raft_types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::storage::{FireSignal, Snapshot};
+use crate::keys::Home;
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -73,7 +74,7 @@ impl StateMachine {
     pub fn stale_caches(&self) {
         self.store.deadline_floor.reset();
         let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
-        heads.all_early(self.meta.cursor);
+        heads.all_early(&self.meta.cursors);
     }
 
     /// From now on a plain Schedule is applied through `schedule_with` with nothing set, as
@@ -93,7 +94,7 @@ impl StateMachine {
     pub fn reload(&mut self) -> Result<()> {
         self.meta = SmMeta::load(self.store.db())?;
         self.store.gc.load(self.store.db())?;
-        self.store.reload_heads(self.meta.cursor)?;
+        self.store.reload_heads(&self.meta.cursors)?;
         self.store.reload_access()?;
         self.store.reload_level()?;
         self.store.namespaces_changed();
@@ -119,7 +120,7 @@ impl StateMachine {
         }
         let db = self.store.db().clone();
         let mut batch = WriteBatch::default();
-        let mut progress = self.meta.progress;
+        let mut progress = self.meta.progress.clone();
         let mut membership_changed = false;
         let mut after = AfterWrite::default();
         let response = match entry.payload {
@@ -194,10 +195,11 @@ impl StateMachine {
             // rows placed after it are noted.
             let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
             for ns in &after.visited {
-                heads.set(ns, Reader::live(&db).first_after(ns, progress.cursor)?);
+                let cursor = self.meta.cursors.of(Home::of(ns).hslot);
+                heads.set(ns, Reader::live(&db).first_after(ns, cursor)?);
             }
             for (ns, slot) in &after.placed {
-                if *slot > progress.cursor {
+                if *slot > self.meta.cursors.of(Home::of(ns).hslot) {
                     heads.note(ns, *slot);
                 }
             }

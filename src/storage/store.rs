@@ -23,7 +23,8 @@ use super::{
 };
 use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Timer, TimerKey, TimerState};
-use crate::wheel::{self, Slot, Wheel};
+use crate::keys::{self, HSlot, Home};
+use crate::wheel::{Slot, Wheel};
 use crate::{Error, Result};
 
 /// What List filters on.
@@ -117,7 +118,7 @@ pub struct Store {
 /// The state machine seen through one snapshot, for deriving timers.
 pub(super) struct Snap<'a> {
     pub(super) reader: Reader<'a>,
-    pub(super) cursor: Slot,
+    cursors: HashMap<HSlot, Slot>,
     nsmeta: HashMap<String, NsMeta>,
     retention: HashMap<String, u64>,
 }
@@ -125,23 +126,32 @@ pub(super) struct Snap<'a> {
 impl<'a> Snap<'a> {
     pub(super) fn new(db: &'a DB) -> Result<Snap<'a>> {
         let reader = Reader::snapshot(db);
-        let progress: meta::Progress = match reader.get(CF_META, meta::PROGRESS)? {
-            Some(v) => decode(&v)?,
-            None => Default::default(),
-        };
         Ok(Snap {
             reader,
-            cursor: progress.cursor,
+            cursors: HashMap::new(),
             nsmeta: HashMap::new(),
             retention: HashMap::new(),
         })
+    }
+
+    /// The fire cursor of hash slot `home`.
+    pub(super) fn cursor_of(&mut self, home: Home) -> Result<Slot> {
+        if let Some(c) = self.cursors.get(&home.hslot) {
+            return Ok(*c);
+        }
+        let c = match self.reader.get(CF_META, &keys::cursor_key(home))? {
+            Some(v) => Slot::decode(&v).ok_or_else(|| Error::Storage("corrupt cursor".into()))?,
+            None => Slot::ZERO,
+        };
+        self.cursors.insert(home.hslot, c);
+        Ok(c)
     }
 
     pub(super) fn ns(&mut self, namespace: &str) -> Result<NsMeta> {
         if let Some(m) = self.nsmeta.get(namespace) {
             return Ok(*m);
         }
-        let m = match self.reader.get(CF_NSMETA, namespace.as_bytes())? {
+        let m = match self.reader.get(CF_NSMETA, &keys::nsmeta_key(namespace))? {
             Some(v) => decode(&v)?,
             None => NsMeta::default(),
         };
@@ -152,7 +162,7 @@ impl<'a> Snap<'a> {
     fn row(&self, namespace: &str, slot: Slot) -> Result<Option<Row>> {
         let raw = self
             .reader
-            .get(CF_WHEEL, &wheel::slot_key(namespace, slot))?;
+            .get(CF_WHEEL, &keys::slot_key(namespace, slot))?;
         raw.map(|v| Row::decode(&v)).transpose()
     }
 
@@ -173,8 +183,8 @@ impl<'a> Snap<'a> {
 }
 
 impl Lookup for Snap<'_> {
-    fn cursor(&self) -> Slot {
-        self.cursor
+    fn cursor(&mut self, namespace: &str) -> Result<Slot> {
+        self.cursor_of(Home::of(namespace))
     }
     fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {
         Ok(self.ns(namespace)?.delivered_to)
@@ -182,14 +192,15 @@ impl Lookup for Snap<'_> {
     fn lease_at(&mut self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>> {
         self.reader.lease_covering(namespace, slot)
     }
-    fn fire_at(&mut self, slot: Slot) -> Result<(u64, i64)> {
-        self.reader.fire_record(slot)
+    fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
+        self.reader.fire_record(Home::of(namespace), slot)
     }
     fn retention_ms(&mut self, namespace: &str) -> Result<u64> {
         if let Some(r) = self.retention.get(namespace) {
             return Ok(*r);
         }
-        let policy: Policy = match self.reader.get(CF_NAMESPACES, namespace.as_bytes())? {
+        let key = keys::namespace_key(keys::GROUP_ZERO, namespace);
+        let policy: Policy = match self.reader.get(CF_NAMESPACES, &key)? {
             Some(v) => super::config_of(&v)?.policy,
             None => Policy::default(),
         };
@@ -311,19 +322,19 @@ impl Store {
     /// For the simulator and the fuzzer only: apply must write the same with them.
     pub fn stale_heads(&self) -> Result<()> {
         self.deadline_floor.reset();
-        let cursor = meta::SmMeta::load(&self.db)?.cursor;
+        let cursors = meta::SmMeta::load(&self.db)?.progress.cursors;
         self.heads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .all_early(cursor);
+            .all_early(&cursors);
         Ok(())
     }
 
     /// Reads every namespace's head again and forgets the deadline floor (the state machine
     /// opened or installed a snapshot).
-    pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
+    pub(super) fn reload_heads(&self, cursors: &meta::Cursors) -> Result<()> {
         self.deadline_floor.reset();
-        let heads = Heads::load(&self.db, cursor)?;
+        let heads = Heads::load(&self.db, cursors)?;
         *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = heads;
         Ok(())
     }
@@ -336,7 +347,7 @@ impl Store {
     /// One page of `q.namespace`'s timers matching its filter, in id order.
     pub fn list(&self, q: &ListQuery) -> Result<Page> {
         let (namespace, filter, limit) = (q.namespace.as_str(), &q.filter, q.limit);
-        let prefix = wheel::namespace_prefix(namespace);
+        let prefix = keys::namespace_prefix(namespace);
         let start = match q.after.as_deref() {
             // The smallest key strictly after `after`: append a zero byte.
             Some(id) => {
@@ -386,7 +397,7 @@ impl Store {
     /// Counts `namespace`'s timers by state, reading at most `budget` of them (in id order);
     /// also says whether it stopped there. One snapshot, so the counts are of one moment.
     pub fn count_states(&self, namespace: &str, budget: usize) -> Result<StateCounts> {
-        let prefix = wheel::namespace_prefix(namespace);
+        let prefix = keys::namespace_prefix(namespace);
         let mut snap = Snap::new(&self.db)?;
         let mut keys = Vec::new();
         let mut iter = snap
@@ -424,9 +435,10 @@ impl Store {
 
     /// A namespace's policy: its own if configured, the default otherwise.
     pub fn namespace(&self, name: &str) -> Result<Namespace> {
-        let raw = self
-            .db
-            .get_cf(cf(&self.db, CF_NAMESPACES), name.as_bytes())?;
+        let raw = self.db.get_cf(
+            cf(&self.db, CF_NAMESPACES),
+            keys::namespace_key(keys::GROUP_ZERO, name),
+        )?;
         Ok(match raw {
             Some(v) => {
                 let c: Config = super::config_of(&v)?;
@@ -448,16 +460,23 @@ impl Store {
 
     /// Up to `limit` configured namespaces in name order, after `after`.
     pub fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
-        let start = after.map_or_else(Vec::new, |a| [a.as_bytes(), &[0]].concat());
-        let iter = self.db.iterator_cf(
+        let group = keys::GROUP_ZERO;
+        let start = match after {
+            Some(a) => [keys::namespace_key(group, a).as_slice(), &[0]].concat(),
+            None => keys::group_prefix(group).to_vec(),
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(prefix_end(&keys::group_prefix(group)));
+        let iter = self.db.iterator_cf_opt(
             cf(&self.db, CF_NAMESPACES),
+            opts,
             IteratorMode::From(&start, Direction::Forward),
         );
         let mut out = Vec::new();
         for item in iter.take(limit) {
             let (k, v) = item?;
-            let name = String::from_utf8(k.to_vec())
-                .map_err(|_| Error::Storage("corrupt namespace name".into()))?;
+            let name = keys::decode_namespace_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
             let c: Config = super::config_of(&v)?;
             out.push(Namespace {
                 name,
@@ -479,17 +498,29 @@ impl Store {
         &self.fire_stats
     }
 
-    /// Each namespace's (PENDING, stored) counts (every namespace that ever had a timer).
+    /// Each namespace's (PENDING, stored) counts (every namespace that ever had a timer), in
+    /// name order.
     pub fn counts_by_namespace(&self) -> Result<Vec<(String, u64, u64)>> {
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(cf(&self.db, CF_NSMETA), IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            let ns = String::from_utf8_lossy(&k).into_owned();
-            let m: NsMeta = decode(&v)?;
+        for (ns, m) in self.namespace_metas()? {
             out.push((ns, m.pending, m.stored));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Every namespace's meta (`nsmeta`), in key order (by hash slot, then name).
+    pub(super) fn namespace_metas(&self) -> Result<Vec<(String, NsMeta)>> {
+        let mut out = Vec::new();
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        for item in self.db.prefix_iterator_cf(cf(&self.db, CF_NSMETA), group) {
+            let (k, v) = item?;
+            if !k.starts_with(&group) {
+                break;
+            }
+            let ns = keys::decode_nsmeta_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
+            out.push((ns, decode(&v)?));
         }
         Ok(out)
     }
@@ -563,7 +594,7 @@ pub(super) fn floors_of<'a>(
         if let Some(f) = cache.get(ns) {
             return Ok(*f);
         }
-        let floor = match snap.get_cf(cf(db, CF_NSMETA), ns.as_bytes())? {
+        let floor = match snap.get_cf(cf(db, CF_NSMETA), keys::nsmeta_key(ns))? {
             Some(v) => decode::<NsMeta>(&v)?.purged_to,
             None => Slot::ZERO,
         };

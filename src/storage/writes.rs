@@ -6,14 +6,15 @@
 use super::apply::Applier;
 use super::row::{Lease, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_WHEEL};
-use crate::wheel::{self, Slot, MAX_ROWS_PER_ENTRY};
+use crate::keys::{self, Home};
+use crate::wheel::{Slot, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
 impl Applier<'_> {
     pub(super) fn put_row(&mut self, namespace: &str, slot: Slot, row: Row) {
         self.batch.put_cf(
             cf(self.db, CF_WHEEL),
-            wheel::slot_key(namespace, slot),
+            keys::slot_key(namespace, slot),
             row.encode(),
         );
         if self.stage {
@@ -23,7 +24,7 @@ impl Applier<'_> {
 
     pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
         self.batch
-            .delete_cf(cf(self.db, CF_WHEEL), wheel::slot_key(namespace, slot));
+            .delete_cf(cf(self.db, CF_WHEEL), keys::slot_key(namespace, slot));
         self.rows.insert(slot, None);
     }
 
@@ -41,7 +42,7 @@ impl Applier<'_> {
     pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
         self.batch.put_cf(
             cf(self.db, CF_LEASES),
-            wheel::slot_key(namespace, to),
+            keys::slot_key(namespace, to),
             codec::encode(&lease),
         );
         self.leases.insert((namespace.to_string(), to), lease);
@@ -49,16 +50,17 @@ impl Applier<'_> {
 
     /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
     pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
-        let slot = self.next_slot(due_ms)?;
-        let key = wheel::timer_key_of(namespace, &row.body.id);
+        let slot = self.next_slot(namespace, due_ms)?;
+        let key = keys::timer_key(namespace, &row.body.id);
         self.put_row(namespace, slot, row);
         self.set_index(key, Some(slot));
         self.placed_at(namespace, slot);
         Ok(slot)
     }
 
-    /// The slot for the entry's next row, due at `due_ms`.
-    pub(super) fn next_slot(&mut self, due_ms: i64) -> Result<Slot> {
+    /// The slot for the entry's next row of `namespace`, due at `due_ms`: after its hash
+    /// slot's cursor.
+    pub(super) fn next_slot(&mut self, namespace: &str, due_ms: i64) -> Result<Slot> {
         if self.next_pos >= MAX_ROWS_PER_ENTRY {
             return Err(Error::Internal(format!(
                 "entry {} places more than {MAX_ROWS_PER_ENTRY} rows",
@@ -67,7 +69,8 @@ impl Applier<'_> {
         }
         let seq = Slot::seq(self.index, self.next_pos);
         self.next_pos += 1;
-        Ok(self.wheel.placement(due_ms, self.progress.cursor, seq))
+        let cursor = self.progress.cursors.of(Home::of(namespace).hslot);
+        Ok(self.wheel.placement(due_ms, cursor, seq))
     }
 
     /// Records a row placed at `slot`, for the heads and the fire driver's wake-up.

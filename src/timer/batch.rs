@@ -65,7 +65,7 @@ pub struct SpecRef<'a> {
 impl KeyRef<'_> {
     /// Its key in the `index` family, as [`TimerKey::index_key`].
     pub fn index_key(&self) -> Vec<u8> {
-        crate::wheel::timer_key_of(self.namespace, self.id)
+        crate::keys::timer_key(self.namespace, self.id)
     }
 
     pub fn to_owned(self) -> TimerKey {

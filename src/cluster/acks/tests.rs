@@ -24,7 +24,7 @@ fn tag(to: u64, count: u32) -> LeaseTag {
     LeaseTag {
         lease: LeaseRef {
             namespace: "ns".into(),
-            to: Slot { bucket: to, seq: 0 },
+            to: Slot::new(to, 0),
         },
         count,
         deadline_ms: 10_000,

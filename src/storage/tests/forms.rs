@@ -140,13 +140,13 @@ fn forms() -> Vec<Command> {
     cmds.push(Command::Purge {
         now_ms: T0,
         namespace: "ns".into(),
-        through: crate::wheel::Slot { bucket: 9, seq: 2 },
+        through: crate::wheel::Slot::new(9, 2),
     });
     cmds.push(Command::Acks {
         now_ms: T0,
         leases: vec![LeaseRef {
             namespace: "ns".into(),
-            to: crate::wheel::Slot { bucket: 3, seq: 1 },
+            to: crate::wheel::Slot::new(3, 1),
         }],
         acks: vec![(TimerKey::new("ns", "a"), 2)],
     });

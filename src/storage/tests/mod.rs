@@ -478,6 +478,8 @@ fn a_data_dir_of_another_storage_format_is_refused() {
     let dir = TempDir::new().unwrap();
     let db = open_db(dir.path(), &gc).unwrap();
     db.delete_cf(cf(&db, CF_META), meta::FORMAT).unwrap();
+    let old_meta = cf(&db, super::migrate::V5_META);
+    db.delete_cf(old_meta, super::migrate::V5_FORMAT).unwrap();
     db.put_cf(cf(&db, CF_RAFT), b"vote", b"x").unwrap();
     drop(db);
     let Err(err) = open_db(dir.path(), &gc) else {
