@@ -38,6 +38,7 @@ pub mod codec;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod keys;
 pub mod listen;
 pub mod metrics;
 pub mod namespace;
@@ -50,7 +51,6 @@ pub mod sim;
 pub mod storage;
 pub mod timer;
 pub mod tls;
-pub mod keys;
 pub mod wheel;
 
 pub use error::{Error, Result};

@@ -304,7 +304,10 @@ mod tests {
     fn a_timer_key_round_trips_through_its_index_key() {
         for key in [("a", "b"), ("", "x"), ("ns", ""), ("名前", "ид/1")] {
             let key = TimerKey::new(key.0, key.1);
-            assert_eq!(TimerKey::from_index_key(&key.index_key()), Some(key.clone()));
+            assert_eq!(
+                TimerKey::from_index_key(&key.index_key()),
+                Some(key.clone())
+            );
             assert_eq!(TimerKey::from_name_bytes(&key.name_bytes()), Some(key));
         }
     }

@@ -344,10 +344,19 @@ mod tests {
             bucket: u64,
             seq: u64,
         }
-        for (bucket, seq) in [(0, 0), (9, 2), (300, 251), (1 << 40, Slot::seq(77, 3)), (5, u64::MAX)] {
+        for (bucket, seq) in [
+            (0, 0),
+            (9, 2),
+            (300, 251),
+            (1 << 40, Slot::seq(77, 3)),
+            (5, u64::MAX),
+        ] {
             let old = crate::codec::encode(&Format5 { bucket, seq });
             assert_eq!(crate::codec::encode(&Slot::new(bucket, seq)), old);
-            assert_eq!(crate::codec::decode::<Slot>(&old).unwrap(), Slot::new(bucket, seq));
+            assert_eq!(
+                crate::codec::decode::<Slot>(&old).unwrap(),
+                Slot::new(bucket, seq)
+            );
         }
         let later = Slot {
             bucket: 1,
@@ -356,6 +365,9 @@ mod tests {
         };
         let bytes = crate::codec::encode(&later);
         assert_eq!(crate::codec::decode::<Slot>(&bytes).unwrap(), later);
-        assert!(crate::codec::decode::<Format5>(&bytes).is_err(), "an old build refuses an era");
+        assert!(
+            crate::codec::decode::<Format5>(&bytes).is_err(),
+            "an old build refuses an era"
+        );
     }
 }

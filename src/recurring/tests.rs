@@ -169,8 +169,5 @@ fn following_respects_start_end_and_max_count() {
 #[test]
 fn jitter_is_the_same_under_every_storage_layout() {
     let key = crate::timer::TimerKey::new("ns", "daily");
-    assert_eq!(
-        super::jitter(&key, 1_700_000_000_000, 3_600_000),
-        2_615_089
-    );
+    assert_eq!(super::jitter(&key, 1_700_000_000_000, 3_600_000), 2_615_089);
 }

@@ -30,9 +30,9 @@ use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::command::{Command, Cond, Response, Shift};
+use crate::keys::{self, HSlot, Home};
 use crate::namespace::{Config, Policy, PushTarget};
 use crate::timer::{KeyRef, Timer, TimerKey};
-use crate::keys::{self, HSlot, Home};
 use crate::wheel::{Slot, Wheel};
 use crate::{Error, Result};
 

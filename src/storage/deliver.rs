@@ -24,8 +24,8 @@ use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
 use crate::command::{Grant, Granted, LeaseRef, Rejection, Response};
-use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
 use crate::keys::{self, Home};
+use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
 use crate::Result;
 
 /// Most rows one grant's scan reads (finished rows it passes count too), so that a namespace

@@ -24,8 +24,8 @@ use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, own_misfire, Kind, Row, Settled};
 use super::{cf, codec, CF_DEADLINES, CF_FIRES, CF_META};
 use crate::command::{Grant, Response};
-use crate::timer::{log_attempt, AttemptRecord, Channel, Outcome, Timer};
 use crate::keys::{self, HSlot, Home};
+use crate::timer::{log_attempt, AttemptRecord, Channel, Outcome, Timer};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 

@@ -12,9 +12,9 @@ use super::row::{derive, header, Lease, Row};
 use super::store::{Snap, Store};
 use super::{cf, decode, prefix_end, CF_DEADLINES, CF_LEASES, CF_NSMETA};
 use crate::command::Granted;
-use crate::timer::Timer;
 use crate::keys::{self, Home};
-use crate::wheel::{Slot};
+use crate::timer::Timer;
+use crate::wheel::Slot;
 use crate::{Error, Result};
 
 impl Store {

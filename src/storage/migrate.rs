@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::meta::{self, Progress};
 use super::{cf, codec, CF_META};
-use crate::keys::{self, Home, HSlot, GROUP_ZERO};
+use crate::keys::{self, HSlot, Home, GROUP_ZERO};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -251,7 +251,10 @@ impl Writer<'_> {
         // The record found for the last row read, and the namespace it was read for: the
         // next row of the same namespace, if not after it, has the same one.
         let mut last: Option<(String, Slot)> = None;
-        for item in self.db.iterator_cf(cf(self.db, V5_WHEEL), IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(cf(self.db, V5_WHEEL), IteratorMode::Start)
+        {
             let (k, v) = item?;
             let (ns, slot) = v5_slot_key(&k).ok_or_else(|| corrupt(V5_WHEEL, &k))?;
             self.put(super::CF_WHEEL, &keys::slot_key(&ns, slot), &v)?;
@@ -273,11 +276,7 @@ impl Writer<'_> {
                     };
                     let home = Home::of(&ns);
                     if copied.insert((home.hslot, end)) {
-                        self.put(
-                            super::CF_FIRES,
-                            &keys::hslot_slot_key(home, end),
-                            &record,
-                        )?;
+                        self.put(super::CF_FIRES, &keys::hslot_slot_key(home, end), &record)?;
                     }
                     end
                 }
@@ -291,7 +290,10 @@ impl Writer<'_> {
     /// `meta`: group 0's records, every hash slot's cursor, the node-wide records.
     fn meta(&mut self, progress: Option<ProgressV5>) -> Result<()> {
         let mut had_progress = false;
-        for item in self.db.iterator_cf(cf(self.db, V5_META), IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(cf(self.db, V5_META), IteratorMode::Start)
+        {
             let (k, v) = item?;
             let key = match v5_meta_key(&k) {
                 // Written at the end, as 6.

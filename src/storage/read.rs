@@ -7,7 +7,7 @@ use rocksdb::{DBRawIterator, ReadOptions, Snapshot, DB};
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_WHEEL};
 use crate::keys::{self, Home};
-use crate::wheel::{Slot};
+use crate::wheel::Slot;
 use crate::{Error, Result};
 
 pub struct Reader<'a> {

@@ -21,12 +21,12 @@ use super::row::{self, Kind};
 use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_RECURRING, CF_RECURRING_DUE};
 use crate::command::{Cond, Rejection, Response};
+use crate::keys::{self, Home};
 use crate::recurring::{
     self, Decision, Next, RecurringSpec, RecurringTimer, RecurringView, Status,
 };
 use crate::timer::{KeyRef, Specs, TimerKey, TimerSpec, TimerState, When};
-use crate::keys::{self, Home};
-use crate::wheel::{Slot};
+use crate::wheel::Slot;
 use crate::{Error, Result};
 
 /// Upcoming occurrence times an answer of apply carries (Get may ask for more).
@@ -460,12 +460,11 @@ impl Applier<'_> {
                 self.events.unfired(now_ms - row.fire_at_ms);
                 let at = self.move_row(&ns, slot, row, until_ms)?;
                 self.count_pending(&ns, 1)?;
-                self.batch
-                    .put_cf(
-                        cf(self.db, CF_RECURRING_DUE),
-                        keys::hslot_slot_key(Home::of(&ns), at),
-                        key.name_bytes(),
-                    );
+                self.batch.put_cf(
+                    cf(self.db, CF_RECURRING_DUE),
+                    keys::hslot_slot_key(Home::of(&ns), at),
+                    key.name_bytes(),
+                );
                 s.next = Some(Next { slot: at, ..due });
                 self.rewrote_fired.push(ns);
                 self.put_recurring(&s);

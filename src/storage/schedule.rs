@@ -10,8 +10,8 @@ use rustc_hash::FxHashMap as HashMap;
 use super::apply::Applier;
 use super::{cf, CF_WHEEL};
 use crate::command::{BatchAnswer, Command, Rejection, Response, Scheduled};
-use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerSpec};
 use crate::keys;
+use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerSpec};
 use crate::Result;
 
 impl Applier<'_> {

@@ -29,8 +29,6 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = &magic(super::FORMAT);
-
 /// `TDBSNAP` and the storage format's digit: a file of another format is refused by its first
 /// bytes.
 const fn magic(format: u32) -> [u8; 8] {
@@ -224,6 +222,12 @@ pub struct RowWriter {
 
 impl RowWriter {
     pub fn create(path: &Path) -> Result<RowWriter> {
+        Self::create_as(path, super::FORMAT)
+    }
+
+    /// A file under the magic of storage format `format`: this build writes only its own
+    /// (`create`); tests write older ones, to read them.
+    pub(super) fn create_as(path: &Path, format: u32) -> Result<RowWriter> {
         let out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
         let mut w = RowWriter {
             out,
@@ -231,7 +235,7 @@ impl RowWriter {
             rows: 0,
             bytes: 0,
         };
-        w.put(MAGIC)?;
+        w.put(&magic(format))?;
         Ok(w)
     }
 
@@ -436,7 +440,7 @@ mod tests {
         // A length claiming 4 GiB (more than the file, more than a row holds): refused
         // before anything that size is allocated.
         let mut huge = full.clone();
-        let at = MAGIC.len() + 1; // the first row's key length
+        let at = magic(crate::storage::FORMAT).len() + 1; // the first row's key length
         huge[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(&path, &huge).unwrap();
         let e = RowReader::open(&path)

@@ -28,9 +28,9 @@ use super::snapshot::{SnapshotBuilder, Snapshots};
 use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
 use crate::command::Response;
+use crate::keys::Home;
 use crate::raft_types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::storage::{FireSignal, Snapshot};
-use crate::keys::Home;
 use crate::wheel::Slot;
 use crate::{Error, Result};
 

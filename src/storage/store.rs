@@ -21,9 +21,9 @@ use super::{
     cf, codec, decode, prefix_end, Fnv64, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA, CF_WHEEL,
     SM_CFS,
 };
+use crate::keys::{self, HSlot, Home};
 use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Timer, TimerKey, TimerState};
-use crate::keys::{self, HSlot, Home};
 use crate::wheel::{Slot, Wheel};
 use crate::{Error, Result};
 

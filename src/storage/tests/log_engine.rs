@@ -311,8 +311,12 @@ async fn a_snapshot_install_leaves_the_log_and_the_vote_alone() {
     let (mut src, want) = with_workload(&src_dir).await;
     // The storage format a build before the log engine recorded (the one this build keeps).
     let db = src.store.db().clone();
-    db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&crate::storage::FORMAT))
-        .unwrap();
+    db.put_cf(
+        cf(&db, CF_META),
+        meta::FORMAT,
+        encode(&crate::storage::FORMAT),
+    )
+    .unwrap();
     let snap = build_snapshot(&mut src).await;
 
     let dir = TempDir::new().unwrap();

@@ -348,44 +348,30 @@ async fn end_and_max_count_end_the_recurring_timer() {
     assert_eq!(s.store.meta().unwrap().pending, 0);
 }
 
-/// A format-4 data directory (before recurring timers: no series families, format key 4) opens
-/// in place: its timers read as before, it records format 5, and takes series.
+/// A format-4 data directory (before recurring timers: no series families, format key 4)
+/// opens: its timers read as before, it is rewritten into this format, and takes series.
+/// `fixtures/format4` is what a format-5 build (main at 50aaefb) made of one: 20 schedules and
+/// a Fire, then its format key set to 4 and the series families dropped, as a format-4 build
+/// left it; `expected.txt` is what that build read of it before.
 #[tokio::test]
 async fn a_format_4_directory_is_upgraded_in_place() {
-    let dir = TempDir::new().unwrap();
-    let before = {
-        let (_, mut sm) = open(&dir);
-        let entries: Vec<_> = (1..=20)
-            .map(|i| entry(i, schedule(&format!("old{i}"), T0 + i as i64)))
-            .chain([entry(21, fire(T0 + 10, 100))])
-            .collect();
-        sm.apply_entries(entries).await.unwrap();
-        (
-            sm.store.digest().unwrap(),
-            sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),
-        )
-    };
-    // Make it what a format-4 build left.
-    {
-        let gc = IndexGc::new();
-        let db = open_db(dir.path(), &gc).unwrap();
-        db.put_cf(cf(&db, CF_META), meta::FORMAT, encode(&4u32))
-            .unwrap();
-        let Ok(mut db) = Arc::try_unwrap(db) else {
-            panic!("one handle")
-        };
-        db.drop_cf(CF_RECURRING).unwrap();
-        db.drop_cf(CF_RECURRING_DUE).unwrap();
-    }
+    let dir = super::format6::fixture_at("format4");
     let (_, mut sm) = open(&dir);
     let db = sm.store.db();
     let format: u32 =
         codec::decode(&db.get_cf(cf(db, CF_META), meta::FORMAT).unwrap().unwrap()).unwrap();
     assert_eq!(format, FORMAT);
-    assert_eq!(sm.store.digest().unwrap(), before.0, "the same state");
+    super::format6::same_text(
+        &super::observe(&sm.store, T0 + 11),
+        include_str!("fixtures/format4/expected.txt"),
+    );
     assert_eq!(
-        sm.store.get(&TimerKey::new("ns", "old5")).unwrap(),
-        before.1
+        sm.store
+            .get(&TimerKey::new("ns", "old5"))
+            .unwrap()
+            .unwrap()
+            .state,
+        crate::timer::TimerState::Fired
     );
     let r = sm
         .apply_entries([entry(22, create("new", every(SEC)))])
