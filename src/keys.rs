@@ -18,7 +18,7 @@
 //! | `series_due` | `G H slot` |
 //! | `nsmeta` | `G H ns` |
 //! | `namespaces` | `G ns` |
-//! | `meta` | `G name`; each hash slot's fire cursor `G "cursor" H`; node-wide `0xFFFF name` |
+//! | `meta` | `G name`; node-wide `0xFFFF name` |
 //!
 //! A slot is written `bucket era seq` (u64, u16, u64: 18 bytes, `wheel::Slot::encode`), so
 //! key order is `Slot`'s order. Until groups come (sharding.md §12 step 4) one group, 0, owns
@@ -235,22 +235,6 @@ pub fn meta_key(group: Group, name: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The name of each hash slot's fire cursor in `meta` (`G "cursor" H`).
-pub const CURSOR: &[u8] = b"cursor";
-
-/// Hash slot `home`'s fire-cursor key in `meta`.
-pub fn cursor_key(home: Home) -> Vec<u8> {
-    let mut out = meta_key(home.group, CURSOR);
-    out.extend_from_slice(&home.hslot.to_be_bytes());
-    out
-}
-
-/// Decodes the hash slot of a cursor key of `group`.
-pub fn decode_cursor_key(group: Group, bytes: &[u8]) -> Option<HSlot> {
-    let rest = bytes.strip_prefix(meta_key(group, CURSOR).as_slice())?;
-    Some(u16::from_be_bytes(rest.try_into().ok()?))
-}
-
 /// A node-wide record `name` in `meta`: `0xFFFF name`.
 pub fn node_key(name: &[u8]) -> Vec<u8> {
     meta_key(NODE_WIDE, name)
@@ -293,8 +277,6 @@ mod tests {
             decode_namespace_key(&namespace_key(0, "ns")),
             Some("ns".into())
         );
-        assert_eq!(decode_cursor_key(0, &cursor_key(home)), Some(home.hslot));
-        assert_eq!(decode_cursor_key(1, &cursor_key(home)), None);
     }
 
     #[test]

@@ -75,8 +75,8 @@ pub(super) struct Applier<'a> {
     pub purged: Vec<(String, Slot)>,
     /// Events for the metrics, recorded once the entry is written.
     pub events: crate::metrics::Events,
-    /// The ranges this entry's Fire moved hash slots' cursors over (hash slot, old, new), in
-    /// hash-slot order, and its time.
+    /// The hash slots whose rows this entry's Fire passed, each with the range the cursor
+    /// moved over (hash slot, old, new), in hash-slot order; and the entry's time.
     pub(super) fired: Option<(Vec<(HSlot, Slot, Slot)>, i64)>,
     pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
@@ -502,8 +502,8 @@ impl<'a> Applier<'a> {
 }
 
 impl Lookup for Applier<'_> {
-    fn cursor(&mut self, namespace: &str) -> Result<Slot> {
-        Ok(self.progress.cursors.of(Home::of(namespace).hslot))
+    fn cursor(&mut self, _namespace: &str) -> Result<Slot> {
+        Ok(self.progress.cursor)
     }
 
     fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {

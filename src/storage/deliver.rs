@@ -24,7 +24,7 @@ use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
 use crate::command::{Grant, Granted, LeaseRef, Rejection, Response};
-use crate::keys::{self, Home};
+use crate::keys;
 use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
 use crate::Result;
 
@@ -51,7 +51,7 @@ impl Applier<'_> {
         push: bool,
     ) -> Result<Option<Granted>> {
         let from = self.ns(namespace)?.delivered_to;
-        let cursor = self.progress.cursors.of(Home::of(namespace).hslot);
+        let cursor = self.progress.cursor;
         if from >= cursor {
             return Ok(None);
         }

@@ -1,28 +1,27 @@
-//! Applying a Fire entry: the fire cursors pass every row due, expired leases give their
+//! Applying a Fire entry: the fire cursor passes every row due, expired leases give their
 //! unacked timers back, and subscribers with room get leases, all in one entry.
 //!
-//! Firing writes no timer. Each hash slot has its own fire cursor (`meta::Cursors`). The Fire
-//! moves over the due rows of every namespace whose head (first row after its hash slot's
-//! cursor) it reaches, in slot order across namespaces and hash slots (a merge of one iterator
-//! per namespace), at most `max` rows per entry; a `Pending` row it passes has fired, with this
-//! entry's index as its fire index, recorded once per hash slot it moved, in `fires` at the
-//! hash slot's new cursor. Apply reads each passed row's header (kind and fire time) to count
+//! Firing writes no timer. The cursor moves over the due rows of every namespace whose head
+//! (first row after the cursor) it reaches, in slot order across namespaces and hash slots (a
+//! merge of one iterator per namespace), at most `max` rows per entry; a `Pending` row it
+//! passes has fired, with this entry's index as its fire index, recorded once per hash slot
+//! whose rows it passed, in `fires` at the new cursor. Apply reads each passed row's header (kind and fire time) to count
 //! PENDING per namespace and the lateness metric; that is all it reads.
 //!
 //! Order inside the entry, which keeps scans and writes apart: the cursor moves first; expired
-//! leases then move their unacked rows *after the new cursors* (retry or dead); grants last
-//! read rows between a namespace's delivery cursor and its hash slot's fire cursor, which
-//! nothing in this entry wrote.
+//! leases then move their unacked rows *after the new cursor* (retry or dead); grants last
+//! read rows between a namespace's delivery cursor and the fire cursor, which nothing in this
+//! entry wrote.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use rocksdb::{DBRawIterator, ReadOptions};
 
 use super::apply::Applier;
 use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, own_misfire, Kind, Row, Settled};
-use super::{cf, codec, CF_DEADLINES, CF_FIRES, CF_META};
+use super::{cf, codec, CF_DEADLINES, CF_FIRES};
 use crate::command::{Grant, Response};
 use crate::keys::{self, HSlot, Home};
 use crate::timer::{log_attempt, AttemptRecord, Channel, Outcome, Timer};
@@ -68,65 +67,54 @@ impl Applier<'_> {
         })
     }
 
-    /// Moves the hash slots' cursors over the rows due at `now_ms`, at most `max` rows in all;
-    /// returns how many timers fired and whether due rows remain.
-    ///
-    /// The rows are merged in slot order over the namespaces whose head the cache names due,
-    /// each read from its hash slot's cursor. Which cursors move, and where to, depends only
-    /// on the rows passed, never on what the cache named (DESIGN 8; a head may be early): a
-    /// hash slot whose rows were passed gets its cursor at `end` if all of its rows up to
-    /// `end` were passed, else at the last one passed, and a fire record there; every other
-    /// hash slot keeps its cursor and gets no write.
+    /// Moves the cursor over the rows due at `now_ms`, at most `max`; returns how many timers
+    /// fired and whether due rows remain. Each hash slot whose rows it passed gets a fire
+    /// record at the new cursor (`G H new`): what `derive` reads for a row of it behind the
+    /// cursor, the first record of its hash slot at or after the row.
     fn advance_cursor(&mut self, now_ms: i64, max: usize) -> Result<(u32, bool)> {
+        let old = self.progress.cursor;
         let Some(bucket) = self.wheel.last_due_bucket(now_ms) else {
             return Ok((0, false));
         };
         let end = Slot::end_of(bucket);
-        // A namespace whose hash slot's cursor is at or past `end` has nothing to pass (a
-        // leader whose clock ran ahead moved it). A head of it at or before that cursor is
-        // early: it is read again after this entry (`visited`), or the fire driver sees it due
-        // and proposes empty Fire entries until its clock passes the cursor.
-        let reach = self.progress.cursors.latest().max(end);
-        let named = self
+        if end <= old {
+            // Nothing to pass (the cursor is at or past this time: a leader whose clock ran
+            // ahead moved it). A head at or before the cursor is early (a head is the first row
+            // after it): read those again after this entry, or the fire driver sees them due
+            // and proposes empty Fire entries until its clock passes the cursor.
+            self.visited = self
+                .heads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .due(old);
+            return Ok((0, false));
+        }
+        let namespaces = self
             .heads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .due(reach);
-        let (mut namespaces, mut behind) = (Vec::new(), Vec::new());
-        for ns in named {
-            let home = Home::of(&ns);
-            let from = self.progress.cursors.of(home.hslot);
-            match from < end {
-                true => namespaces.push((ns, home.hslot, from)),
-                false => behind.push(ns),
-            }
-        }
+            .due(end);
         let reader = self.reader();
         let mut iters: Vec<DBRawIterator> = namespaces
             .iter()
-            .map(|(ns, _, from)| reader.rows_between(ns, *from, end))
+            .map(|ns| reader.rows_between(ns, old, end))
             .collect();
         let mut heap = BinaryHeap::new();
-        // Whether each iterator ran out before `end`.
-        let mut out = vec![false; iters.len()];
         for (i, it) in iters.iter().enumerate() {
-            match it.key() {
-                Some(k) => heap.push(Reverse((slot_of_key(k)?, i))),
-                None => out[i] = true,
+            if let Some(k) = it.key() {
+                heap.push(Reverse((slot_of_key(k)?, i)));
             }
         }
         // Each namespace's misfire policy (a row may carry its own: its kind byte says so).
         let mut misfires = Vec::with_capacity(namespaces.len());
-        for (ns, _, _) in &namespaces {
+        for ns in &namespaces {
             misfires.push(self.policy(ns)?.misfire);
         }
         let (mut scanned, mut fired) = (0, 0u32);
         let mut pending_by_ns: BTreeMap<usize, i64> = BTreeMap::new();
-        // Per hash slot whose rows were passed, the last one passed.
-        let mut last: BTreeMap<HSlot, Slot> = BTreeMap::new();
         // The namespaces whose rows the cursor passed (indexes into `namespaces`).
         let mut passed = vec![false; namespaces.len()];
-        let mut more = false;
+        let (mut last, mut more) = (old, false);
         while let Some(Reverse((slot, i))) = heap.pop() {
             if scanned == max {
                 more = true;
@@ -158,11 +146,10 @@ impl Applier<'_> {
             }
             scanned += 1;
             passed[i] = true;
-            last.insert(namespaces[i].1, slot);
+            last = slot;
             it.next();
-            match it.key() {
-                Some(k) => heap.push(Reverse((slot_of_key(k)?, i))),
-                None => out[i] = true,
+            if let Some(k) = it.key() {
+                heap.push(Reverse((slot_of_key(k)?, i)));
             }
         }
         for it in &iters {
@@ -170,23 +157,23 @@ impl Applier<'_> {
         }
         drop(iters);
         drop(reader);
+        let new = if more { last } else { end };
         for (i, delta) in pending_by_ns {
-            self.count_pending(&namespaces[i].0, delta)?;
+            self.count_pending(&namespaces[i], delta)?;
         }
-        let mut moved = Vec::with_capacity(last.len());
-        for (hslot, last) in last {
-            let ran_out = (namespaces.iter().zip(&out))
-                .filter(|((_, h, _), _)| *h == hslot)
-                .all(|(_, out)| *out);
-            let new = if ran_out { end } else { last };
-            let old = self.progress.cursors.of(hslot);
+        self.progress.cursor = new;
+        // One record per hash slot it passed rows of (which rows it passed is replicated
+        // state; which namespaces the cache named is not), in hash-slot order.
+        let hslots: BTreeSet<HSlot> = (namespaces.iter().zip(&passed))
+            .filter(|(_, p)| **p)
+            .map(|(ns, _)| Home::of(ns).hslot)
+            .collect();
+        let mut moved = Vec::with_capacity(hslots.len());
+        for hslot in hslots {
             let home = Home {
                 group: keys::GROUP_ZERO,
                 hslot,
             };
-            self.progress.cursors.set(hslot, new);
-            self.batch
-                .put_cf(cf(self.db, CF_META), keys::cursor_key(home), new.encode());
             self.batch.put_cf(
                 cf(self.db, CF_FIRES),
                 keys::hslot_slot_key(home, new),
@@ -198,12 +185,10 @@ impl Applier<'_> {
         // By name: the order of `namespaces` is the cache's (earliest head first).
         self.passed = (namespaces.iter().zip(&passed))
             .filter(|(_, p)| **p)
-            .map(|((ns, _, _), _)| ns.clone())
+            .map(|(ns, _)| ns.clone())
             .collect();
         self.passed.sort();
-        // Indexes into it stay those of `namespaces` (`late`).
-        self.visited = namespaces.into_iter().map(|(ns, _, _)| ns).collect();
-        self.visited.append(&mut behind);
+        self.visited = namespaces;
         Ok((fired, more))
     }
 

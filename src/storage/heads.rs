@@ -1,9 +1,9 @@
-//! Each namespace's first row after its hash slot's fire cursor, kept in memory: which
-//! namespaces a Fire entry must look at, and when the fire driver must wake.
+//! Each namespace's first row after the fire cursor, kept in memory: which namespaces a Fire
+//! entry must look at, and when the fire driver must wake.
 //!
 //! Keyed by namespace: a pinned namespace lives in one hash slot (`crate::keys::Home::of`),
-//! so a head is a (hash slot, namespace)'s, and the Fire entry merges them in slot order, not
-//! hash slot by hash slot, so that `max` rows per entry never starve a high-numbered one.
+//! and the Fire entry merges the namespaces' rows in slot order, whatever their hash slots,
+//! so that `max` rows per entry never starve a high-numbered one.
 //!
 //! A cache of the state, not state: rebuilt from the database when the state machine opens and
 //! after a snapshot is installed, and never written to it. What it may be is *early*: a head
@@ -16,10 +16,9 @@ use std::collections::{BTreeSet, HashMap};
 
 use rocksdb::DB;
 
-use super::meta::Cursors;
 use super::read::Reader;
 use super::{cf, CF_NSMETA};
-use crate::keys::{self, Home};
+use crate::keys;
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -63,23 +62,22 @@ impl Heads {
         self.order.first().map(|(slot, _)| *slot)
     }
 
-    /// Makes every head as early as the contract allows (just after its hash slot's cursor):
-    /// the state of a cache whose rows all moved away unseen. Apply must write the same with
+    /// Makes every head as early as the contract allows (just after the cursor): the state of
+    /// a cache whose rows all moved away unseen. Apply must write the same with
     /// it as with exact heads; the apply fuzzer puts a replica in this state to check that.
-    pub fn all_early(&mut self, cursors: &Cursors) {
+    pub fn all_early(&mut self, cursor: Slot) {
         let names: Vec<String> = self.by_ns.keys().cloned().collect();
+        let early = Slot {
+            seq: cursor.seq.saturating_add(1),
+            ..cursor
+        };
         for ns in names {
-            let cursor = cursors.of(Home::of(&ns).hslot);
-            let early = Slot {
-                seq: cursor.seq.saturating_add(1),
-                ..cursor
-            };
             self.set(&ns, Some(early));
         }
     }
 
-    /// Reads every namespace's head after its hash slot's cursor from the database.
-    pub fn load(db: &DB, cursors: &Cursors) -> Result<Heads> {
+    /// Reads every namespace's head after `cursor` from the database.
+    pub fn load(db: &DB, cursor: Slot) -> Result<Heads> {
         let mut heads = Heads::default();
         let group = keys::group_prefix(keys::GROUP_ZERO);
         for item in db.prefix_iterator_cf(cf(db, CF_NSMETA), group) {
@@ -89,7 +87,6 @@ impl Heads {
             }
             let ns = keys::decode_nsmeta_key(&name)
                 .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
-            let cursor = cursors.of(Home::of(&ns).hslot);
             heads.set(&ns, Reader::live(db).first_after(&ns, cursor)?);
         }
         Ok(heads)

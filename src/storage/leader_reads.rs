@@ -12,7 +12,7 @@ use super::row::{derive, header, Lease, Row};
 use super::store::{Snap, Store};
 use super::{cf, decode, prefix_end, CF_DEADLINES, CF_LEASES, CF_NSMETA};
 use crate::command::Granted;
-use crate::keys::{self, Home};
+use crate::keys;
 use crate::timer::Timer;
 use crate::wheel::Slot;
 use crate::{Error, Result};
@@ -81,7 +81,7 @@ impl Store {
     pub fn has_ready(&self, namespace: &str) -> Result<bool> {
         let mut snap = Snap::new(&self.db)?;
         let from = snap.ns(namespace)?.delivered_to;
-        let cursor = snap.cursor_of(Home::of(namespace))?;
+        let cursor = snap.cursor;
         if from >= cursor {
             return Ok(false);
         }
@@ -178,7 +178,7 @@ impl Store {
     /// entry passes such rows for the namespaces whose rows it fires; the purger asks for the
     /// rest (a grant of room 0), or they would never be purged. Read from one snapshot.
     pub fn passable(&self) -> Result<Vec<String>> {
-        let mut snap = Snap::new(&self.db)?;
+        let snap = Snap::new(&self.db)?;
         let mut out = Vec::new();
         let group = keys::group_prefix(keys::GROUP_ZERO);
         let mut names = snap
@@ -194,7 +194,7 @@ impl Store {
         for (k, m) in metas {
             let ns = keys::decode_nsmeta_key(&k)
                 .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
-            let cursor = snap.cursor_of(Home::of(&ns))?;
+            let cursor = snap.cursor;
             if m.delivered_to >= cursor {
                 continue;
             }

@@ -9,12 +9,9 @@ use crate::raft_types::{LogId, StoredMembership};
 use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
-use std::collections::BTreeMap;
-
 use super::{cf, codec, CF_META, CF_NSMETA};
-use crate::keys::HSlot;
 use crate::wheel::Slot;
-use crate::{Error, Result};
+use crate::Result;
 
 // Keys (`crate::keys`): a group's records are `G name`, group 0's written out here while it
 // is the only group (sharding.md §12 step 4 makes them functions of the group); node-wide
@@ -40,66 +37,21 @@ pub const BUCKET_MS: &[u8] = b"\xff\xffbucket_ms";
 /// Key of the committed feature level (`level.rs`); absent: 0.
 pub const LEVEL: &[u8] = b"\0\0level";
 
-/// The replicated clock and counters, and the fire cursors.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The replicated clock and counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
-    /// Each hash slot's fire cursor, stored apart (`G cursor H`, see [`Cursors`]).
-    #[serde(skip)]
-    pub cursors: Cursors,
+    /// The group's fire cursor: every `Pending` row of every hash slot at or behind it has
+    /// fired, by the entry whose fire record (`fires`, `G H end`, one per hash slot it passed
+    /// rows of) is its hash slot's first at or after the row. Only moves forward. One per
+    /// group, as format 5 had one in all: per hash slot (docs/sharding.md §3) only once a
+    /// committed level cuts over at one index on every replica (step 6 of §12, with moves).
+    pub cursor: Slot,
     /// The replicated clock: the latest Fire entry's `now_ms`; only moves forward.
     pub cursor_ms: i64,
     /// PENDING timers.
     pub pending: u64,
     /// Timers stored, in any state (purges remove them).
     pub stored: u64,
-}
-
-/// Each hash slot's fire cursor: every `Pending` row of the hash slot at or behind it has
-/// fired, by the entry whose fire record (`fires`, `G H end`) is the first at or after it.
-/// Only moves forward; a hash slot no Fire passed rows of is at [`Slot::ZERO`]. Kept in
-/// `meta` under `G cursor H`, one record per hash slot, written by the Fire entry that moves
-/// it (`fire.rs`): per hash slot, so that it travels with the hash slot's rows (sharding.md
-/// §3).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Cursors(BTreeMap<HSlot, Slot>);
-
-impl Cursors {
-    /// The cursor of hash slot `h`.
-    pub fn of(&self, h: HSlot) -> Slot {
-        self.0.get(&h).copied().unwrap_or(Slot::ZERO)
-    }
-
-    /// Moves `h`'s cursor to `to` (in memory: the caller writes the record).
-    pub fn set(&mut self, h: HSlot, to: Slot) {
-        self.0.insert(h, to);
-    }
-
-    /// The latest cursor of all.
-    pub fn latest(&self) -> Slot {
-        self.0.values().max().copied().unwrap_or(Slot::ZERO)
-    }
-
-    /// Every hash slot that has a cursor, with it.
-    pub fn iter(&self) -> impl Iterator<Item = (HSlot, Slot)> + '_ {
-        self.0.iter().map(|(h, s)| (*h, *s))
-    }
-
-    /// Reads group `group`'s cursors.
-    pub fn load(db: &DB, group: crate::keys::Group) -> Result<Cursors> {
-        let prefix = crate::keys::meta_key(group, crate::keys::CURSOR);
-        let mut out = BTreeMap::new();
-        for item in db.prefix_iterator_cf(cf(db, CF_META), &prefix) {
-            let (k, v) = item?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            let h = crate::keys::decode_cursor_key(group, &k)
-                .ok_or_else(|| Error::Storage("corrupt cursor key".into()))?;
-            let slot = Slot::decode(&v).ok_or_else(|| Error::Storage("corrupt cursor".into()))?;
-            out.insert(h, slot);
-        }
-        Ok(Cursors(out))
-    }
 }
 
 /// One namespace's cursors and counts (`nsmeta` family, `crate::keys::nsmeta_key`).
@@ -109,8 +61,7 @@ pub struct NsMeta {
     pub pending: u64,
     /// Timers of the namespace stored, in any state.
     pub stored: u64,
-    /// The delivery cursor: every row up to it is in a lease. At or behind its hash slot's fire
-    /// cursor.
+    /// The delivery cursor: every row up to it is in a lease. At or behind the fire cursor.
     pub delivered_to: Slot,
     /// Everything up to it was purged. At or behind `delivered_to`.
     pub purged_to: Slot,
@@ -154,7 +105,6 @@ impl SmMeta {
         if let Some(v) = db.get_cf(cf, PROGRESS)? {
             meta.progress = codec::decode(&v)?;
         }
-        meta.progress.cursors = Cursors::load(db, crate::keys::GROUP_ZERO)?;
         Ok(meta)
     }
 

@@ -14,9 +14,9 @@
 //! - values are copied as they are: a slot in a value (a lease's `from`, a namespace's
 //!   cursors, a series' next slot) is bincode whose era-0 bytes are format 5's (`wheel::Slot`),
 //!   and an index entry's 16-byte slot becomes 18 bytes;
-//! - the one fire cursor becomes every hash slot's (all 1,024 of group 0: a hash slot whose
-//!   cursor lagged a namespace's delivery cursor would let a new row be placed behind it,
-//!   where no grant would ever find it), and `progress` loses it;
+//! - the fire cursor stays one, group 0's (in `progress`, whose bytes do not change: per hash
+//!   slot only at a committed cut-over, docs/sharding.md §12 step 6), so a replica rewritten at
+//!   any index goes on exactly as format 5 would have (each replica rewrites at its own);
 //! - a fire record (`end` → its index and time) is copied to every hash slot with a row at or
 //!   behind the cursor that it fired (the first record at or after the row): what `derive`
 //!   reads for that row; a hash slot with none needs no record;
@@ -30,7 +30,6 @@
 use std::collections::BTreeSet;
 
 use rocksdb::{DBRawIterator, IteratorMode, WriteBatch, DB};
-use serde::{Deserialize, Serialize};
 
 use super::meta::{self, Progress};
 use super::{cf, codec, CF_META};
@@ -73,15 +72,6 @@ const BATCH_BYTES: usize = 4 << 20;
 /// A key above every key of every family, old or new.
 const TOP: [u8; 32] = [0xff; 32];
 
-/// Format 5's progress record: the one fire cursor, then what format 6 keeps.
-#[derive(Deserialize, Serialize)]
-struct ProgressV5 {
-    cursor: Slot,
-    cursor_ms: i64,
-    pending: u64,
-    stored: u64,
-}
-
 /// Rewrites the format-5 state of a data directory (`storage::check_format` found format 4
 /// or 5 in the old `meta`) into format 6, in place.
 pub(super) fn upgrade(db: &DB) -> Result<()> {
@@ -104,11 +94,14 @@ pub(super) fn rewrite(db: &DB, last: impl FnOnce(&mut WriteBatch)) -> Result<u64
         batch: WriteBatch::default(),
         rows: 0,
     };
-    let progress: Option<ProgressV5> = db
+    let mut progress: Option<Progress> = db
         .get_cf(cf(db, V5_META), b"progress")?
         .map(|v| codec::decode(&v))
         .transpose()?;
-    let cursor = progress.as_ref().map_or(Slot::ZERO, |p| v5_end(p.cursor));
+    if let Some(p) = &mut progress {
+        p.cursor = v5_end(p.cursor);
+    }
+    let cursor = progress.as_ref().map_or(Slot::ZERO, |p| p.cursor);
     w.wheel(cursor)?;
     w.copy(V5_INDEX, super::CF_INDEX, |k, v| {
         let (ns, id) = keys::decode_timer_name(k)?;
@@ -169,17 +162,6 @@ pub fn v5_meta_key(name: &[u8]) -> Option<&'static [u8]> {
         b"bucket_ms" => meta::BUCKET_MS,
         b"format" => meta::FORMAT,
         _ => return None,
-    })
-}
-
-/// Format 5's progress record, read as format 6's (its cursor dropped).
-pub fn v5_progress(bytes: &[u8]) -> Result<Progress> {
-    let p: ProgressV5 = codec::decode(bytes)?;
-    Ok(Progress {
-        cursors: Default::default(),
-        cursor_ms: p.cursor_ms,
-        pending: p.pending,
-        stored: p.stored,
     })
 }
 
@@ -287,8 +269,9 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// `meta`: group 0's records, every hash slot's cursor, the node-wide records.
-    fn meta(&mut self, progress: Option<ProgressV5>) -> Result<()> {
+    /// `meta`: group 0's records (the progress with its cursor as format 6 writes an end of
+    /// bucket), the node-wide records.
+    fn meta(&mut self, progress: Option<Progress>) -> Result<()> {
         let mut had_progress = false;
         for item in self
             .db
@@ -309,22 +292,7 @@ impl Writer<'_> {
             self.rows += 1;
         }
         if let Some(p) = progress.filter(|_| had_progress) {
-            let kept = Progress {
-                cursors: Default::default(),
-                cursor_ms: p.cursor_ms,
-                pending: p.pending,
-                stored: p.stored,
-            };
-            self.put(CF_META, meta::PROGRESS, &codec::encode(&kept))?;
-            if p.cursor > Slot::ZERO {
-                for hslot in 0..timerdb_client::hash_slot::HASH_SLOTS {
-                    let home = Home {
-                        group: GROUP_ZERO,
-                        hslot,
-                    };
-                    self.put(CF_META, &keys::cursor_key(home), &v5_end(p.cursor).encode())?;
-                }
-            }
+            self.put(CF_META, meta::PROGRESS, &codec::encode(&p))?;
         }
         Ok(())
     }

@@ -17,9 +17,7 @@ use super::apply::Applier;
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_NSMETA, CF_WHEEL};
 use crate::command::Response;
-use std::collections::BTreeMap;
-
-use crate::keys::{self, HSlot, Home};
+use crate::keys::{self, Home};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -58,7 +56,7 @@ impl Applier<'_> {
         self.count_stored(namespace, -(count as i64))?;
         self.ns(namespace)?.purged_to = through;
         self.purged.push((namespace.to_string(), through));
-        self.forget_fires()?;
+        self.forget_fires(namespace)?;
         Ok(Response::Purged(count))
     }
 
@@ -97,45 +95,42 @@ impl Applier<'_> {
         Ok(next_from == through)
     }
 
-    /// Deletes, in each hash slot, the fire records before the first stored row of its
-    /// namespaces: a record is read only for a fired `Pending` row of its hash slot at or
-    /// before its end, and none can be before all of them. Every namespace is read from
-    /// `nsmeta` (replicated), in key order, so hash slot by hash slot.
-    fn forget_fires(&mut self) -> Result<()> {
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+    /// Deletes the fire records of `namespace`'s hash slot before the first stored row of its
+    /// namespaces: a record is read only for a fired `Pending` row of its hash slot at or before
+    /// its end, and none can be before all of them. Only this hash slot's can change with a
+    /// purge of `namespace`; its namespaces are read from `nsmeta` (replicated), as this entry
+    /// left them.
+    fn forget_fires(&mut self, namespace: &str) -> Result<()> {
+        let home = Home::of(namespace);
+        let prefix = home.prefix();
         let mut names = Vec::new();
-        for item in self.db.prefix_iterator_cf(cf(self.db, CF_NSMETA), group) {
+        for item in self.db.prefix_iterator_cf(cf(self.db, CF_NSMETA), prefix) {
             let (k, _) = item?;
-            if !k.starts_with(&group) {
+            if !k.starts_with(&prefix) {
                 break;
             }
             let ns = keys::decode_nsmeta_key(&k)
                 .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
             names.push(ns);
         }
-        let mut first: BTreeMap<HSlot, Option<Slot>> = BTreeMap::new();
+        if !names.iter().any(|n| n == namespace) {
+            names.push(namespace.to_string()); // not in the database's `nsmeta` (yet)
+        }
+        let mut first: Option<Slot> = None;
         for ns in names {
             let floor = self.ns(&ns)?.purged_to;
-            let head = self.reader().first_after(&ns, floor)?;
-            let f = first.entry(Home::of(&ns).hslot).or_insert(None);
-            if let Some(slot) = head {
-                *f = Some(f.map_or(slot, |f: Slot| f.min(slot)));
+            if let Some(slot) = self.reader().first_after(&ns, floor)? {
+                first = Some(first.map_or(slot, |f: Slot| f.min(slot)));
             }
         }
-        for (hslot, first) in first {
-            let home = Home {
-                group: keys::GROUP_ZERO,
-                hslot,
-            };
-            // Nothing stored in it: every record may go but the newest, whose end is its
-            // cursor.
-            let keep_from = first.unwrap_or(self.progress.cursors.of(hslot));
-            self.batch.delete_range_cf(
-                cf(self.db, CF_FIRES),
-                keys::hslot_slot_key(home, Slot::ZERO),
-                keys::hslot_slot_key(home, keep_from),
-            );
-        }
+        // Nothing stored in it: every record may go but the newest, whose end is at most the
+        // cursor.
+        let keep_from = first.unwrap_or(self.progress.cursor);
+        self.batch.delete_range_cf(
+            cf(self.db, CF_FIRES),
+            keys::hslot_slot_key(home, Slot::ZERO),
+            keys::hslot_slot_key(home, keep_from),
+        );
         Ok(())
     }
 }

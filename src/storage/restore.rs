@@ -85,10 +85,6 @@ pub fn inspect(path: &Path) -> Result<BackupSummary> {
                 let id: Option<LogId> = codec::decode(&value)?;
                 (s.index, s.term) = id.map_or((0, 0), |l| (l.index, l.leader_id.term));
             }
-            Some(PROGRESS) if old => {
-                let p = super::migrate::v5_progress(&value)?;
-                (s.pending, s.timers, s.cursor_ms) = (p.pending, p.stored, p.cursor_ms);
-            }
             Some(PROGRESS) => {
                 let p: Progress = codec::decode(&value)?;
                 (s.pending, s.timers, s.cursor_ms) = (p.pending, p.stored, p.cursor_ms);

@@ -41,7 +41,7 @@ impl Applier<'_> {
             row.body.ext.misfire = misfire;
             self.place(ns, row, spec.when.resolve(now_ms))?;
         } else {
-            let slot = self.next_slot(ns, spec.when.resolve(now_ms))?;
+            let slot = self.next_slot(spec.when.resolve(now_ms))?;
             self.batch.put_cf(
                 cf(self.db, CF_WHEEL),
                 keys::slot_key(ns, slot),

@@ -28,7 +28,6 @@ use super::snapshot::{SnapshotBuilder, Snapshots};
 use super::snapshot_file::SnapshotFile;
 use super::{cf, codec, Store, CF_META};
 use crate::command::Response;
-use crate::keys::Home;
 use crate::raft_types::{Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::storage::{FireSignal, Snapshot};
 use crate::wheel::Slot;
@@ -74,7 +73,7 @@ impl StateMachine {
     pub fn stale_caches(&self) {
         self.store.deadline_floor.reset();
         let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
-        heads.all_early(&self.meta.cursors);
+        heads.all_early(self.meta.cursor);
     }
 
     /// From now on a plain Schedule is applied through `schedule_with` with nothing set, as
@@ -94,7 +93,7 @@ impl StateMachine {
     pub fn reload(&mut self) -> Result<()> {
         self.meta = SmMeta::load(self.store.db())?;
         self.store.gc.load(self.store.db())?;
-        self.store.reload_heads(&self.meta.cursors)?;
+        self.store.reload_heads(self.meta.cursor)?;
         self.store.reload_access()?;
         self.store.reload_level()?;
         self.store.namespaces_changed();
@@ -120,7 +119,7 @@ impl StateMachine {
         }
         let db = self.store.db().clone();
         let mut batch = WriteBatch::default();
-        let mut progress = self.meta.progress.clone();
+        let mut progress = self.meta.progress;
         let mut membership_changed = false;
         let mut after = AfterWrite::default();
         let response = match entry.payload {
@@ -195,11 +194,10 @@ impl StateMachine {
             // rows placed after it are noted.
             let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
             for ns in &after.visited {
-                let cursor = self.meta.cursors.of(Home::of(ns).hslot);
-                heads.set(ns, Reader::live(&db).first_after(ns, cursor)?);
+                heads.set(ns, Reader::live(&db).first_after(ns, progress.cursor)?);
             }
             for (ns, slot) in &after.placed {
-                if *slot > self.meta.cursors.of(Home::of(ns).hslot) {
+                if *slot > progress.cursor {
                     heads.note(ns, *slot);
                 }
             }

@@ -21,7 +21,7 @@ use super::{
     cf, codec, decode, prefix_end, Fnv64, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA, CF_WHEEL,
     SM_CFS,
 };
-use crate::keys::{self, HSlot, Home};
+use crate::keys::{self, Home};
 use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Timer, TimerKey, TimerState};
 use crate::wheel::{Slot, Wheel};
@@ -118,7 +118,7 @@ pub struct Store {
 /// The state machine seen through one snapshot, for deriving timers.
 pub(super) struct Snap<'a> {
     pub(super) reader: Reader<'a>,
-    cursors: HashMap<HSlot, Slot>,
+    pub(super) cursor: Slot,
     nsmeta: HashMap<String, NsMeta>,
     retention: HashMap<String, u64>,
 }
@@ -126,25 +126,16 @@ pub(super) struct Snap<'a> {
 impl<'a> Snap<'a> {
     pub(super) fn new(db: &'a DB) -> Result<Snap<'a>> {
         let reader = Reader::snapshot(db);
+        let progress: meta::Progress = match reader.get(CF_META, meta::PROGRESS)? {
+            Some(v) => decode(&v)?,
+            None => Default::default(),
+        };
         Ok(Snap {
             reader,
-            cursors: HashMap::new(),
+            cursor: progress.cursor,
             nsmeta: HashMap::new(),
             retention: HashMap::new(),
         })
-    }
-
-    /// The fire cursor of hash slot `home`.
-    pub(super) fn cursor_of(&mut self, home: Home) -> Result<Slot> {
-        if let Some(c) = self.cursors.get(&home.hslot) {
-            return Ok(*c);
-        }
-        let c = match self.reader.get(CF_META, &keys::cursor_key(home))? {
-            Some(v) => Slot::decode(&v).ok_or_else(|| Error::Storage("corrupt cursor".into()))?,
-            None => Slot::ZERO,
-        };
-        self.cursors.insert(home.hslot, c);
-        Ok(c)
     }
 
     pub(super) fn ns(&mut self, namespace: &str) -> Result<NsMeta> {
@@ -183,8 +174,8 @@ impl<'a> Snap<'a> {
 }
 
 impl Lookup for Snap<'_> {
-    fn cursor(&mut self, namespace: &str) -> Result<Slot> {
-        self.cursor_of(Home::of(namespace))
+    fn cursor(&mut self, _namespace: &str) -> Result<Slot> {
+        Ok(self.cursor)
     }
     fn delivered_to(&mut self, namespace: &str) -> Result<Slot> {
         Ok(self.ns(namespace)?.delivered_to)
@@ -322,19 +313,19 @@ impl Store {
     /// For the simulator and the fuzzer only: apply must write the same with them.
     pub fn stale_heads(&self) -> Result<()> {
         self.deadline_floor.reset();
-        let cursors = meta::SmMeta::load(&self.db)?.progress.cursors;
+        let cursor = meta::SmMeta::load(&self.db)?.cursor;
         self.heads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .all_early(&cursors);
+            .all_early(cursor);
         Ok(())
     }
 
     /// Reads every namespace's head again and forgets the deadline floor (the state machine
     /// opened or installed a snapshot).
-    pub(super) fn reload_heads(&self, cursors: &meta::Cursors) -> Result<()> {
+    pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
         self.deadline_floor.reset();
-        let heads = Heads::load(&self.db, cursors)?;
+        let heads = Heads::load(&self.db, cursor)?;
         *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = heads;
         Ok(())
     }

@@ -6,7 +6,7 @@
 use super::apply::Applier;
 use super::row::{Lease, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_WHEEL};
-use crate::keys::{self, Home};
+use crate::keys;
 use crate::wheel::{Slot, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
@@ -50,7 +50,7 @@ impl Applier<'_> {
 
     /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
     pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
-        let slot = self.next_slot(namespace, due_ms)?;
+        let slot = self.next_slot(due_ms)?;
         let key = keys::timer_key(namespace, &row.body.id);
         self.put_row(namespace, slot, row);
         self.set_index(key, Some(slot));
@@ -58,9 +58,8 @@ impl Applier<'_> {
         Ok(slot)
     }
 
-    /// The slot for the entry's next row of `namespace`, due at `due_ms`: after its hash
-    /// slot's cursor.
-    pub(super) fn next_slot(&mut self, namespace: &str, due_ms: i64) -> Result<Slot> {
+    /// The slot for the entry's next row, due at `due_ms`.
+    pub(super) fn next_slot(&mut self, due_ms: i64) -> Result<Slot> {
         if self.next_pos >= MAX_ROWS_PER_ENTRY {
             return Err(Error::Internal(format!(
                 "entry {} places more than {MAX_ROWS_PER_ENTRY} rows",
@@ -69,8 +68,7 @@ impl Applier<'_> {
         }
         let seq = Slot::seq(self.index, self.next_pos);
         self.next_pos += 1;
-        let cursor = self.progress.cursors.of(Home::of(namespace).hslot);
-        Ok(self.wheel.placement(due_ms, cursor, seq))
+        Ok(self.wheel.placement(due_ms, self.progress.cursor, seq))
     }
 
     /// Records a row placed at `slot`, for the heads and the fire driver's wake-up.

@@ -180,9 +180,12 @@ async fn a_rewrite_cut_short_is_done_again_from_the_start() {
         .unwrap();
         db.put_cf(cf(&db, CF_META), keys::meta_key(0, b"junk"), b"x")
             .unwrap();
-        let cursor = keys::cursor_key(Home::of("ns"));
-        db.put_cf(cf(&db, CF_META), cursor, Slot::new(9, 9).encode())
-            .unwrap();
+        db.put_cf(
+            cf(&db, CF_FIRES),
+            keys::hslot_slot_key(Home::of("ns"), Slot::new(9, 9)),
+            b"x",
+        )
+        .unwrap();
         assert!(db.get_cf(cf(&db, CF_META), meta::FORMAT).unwrap().is_none());
     }
     let (_, sm) = open(&dir);
@@ -254,10 +257,10 @@ async fn a_format_5_snapshot_installs_and_a_format_5_backup_restores() {
 }
 
 /// Two pinned namespaces in two hash slots, more rows due than one Fire entry takes: the
-/// entries take them in slot order across the hash slots (neither starves), each hash slot's
-/// cursor moves over its own rows only, and each fired row reads the entry that fired it.
+/// entries take them in slot order across the hash slots (neither starves), and each fired
+/// row reads the entry that fired it from its own hash slot's fire records.
 #[tokio::test]
-async fn each_hash_slot_has_its_cursor_and_neither_starves() {
+async fn fires_take_hash_slots_in_slot_order_and_neither_starves() {
     let (a, b) = ("alpha", "beta");
     assert_ne!(Home::of(a).hslot, Home::of(b).hslot, "two hash slots");
     let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
@@ -287,17 +290,11 @@ async fn each_hash_slot_has_its_cursor_and_neither_starves() {
     }
     assert_eq!(state(&sm, a, "a2").0, Pending);
     assert_eq!(state(&sm, b, "b2").0, Pending);
-    let cursors = sm.store.meta().unwrap().progress.cursors;
-    let (ca, cb) = (cursors.of(Home::of(a).hslot), cursors.of(Home::of(b).hslot));
+    let cursor = sm.store.meta().unwrap().cursor;
     assert_eq!(
-        ca.bucket,
-        (T0 + 12) as u64,
-        "a's cursor at its last row fired"
-    );
-    assert_eq!(
-        cb.bucket,
+        cursor.bucket,
         (T0 + 13) as u64,
-        "b's cursor at its last row fired"
+        "the cursor at the last row fired"
     );
     let r = fire_four(&mut sm, 14, T0 + 100).await;
     assert_eq!(r[0], fired(4, true));
@@ -308,21 +305,82 @@ async fn each_hash_slot_has_its_cursor_and_neither_starves() {
         assert_eq!(state(&sm, a, &format!("a{i}")), (Fired, want as u64));
         assert_eq!(state(&sm, b, &format!("b{i}")), (Fired, want as u64));
     }
-    // Both cursors took the due time whole once their rows ran out.
-    let cursors = sm.store.meta().unwrap().progress.cursors;
+    // The cursor took the due time whole once the rows ran out.
+    let cursor = sm.store.meta().unwrap().cursor;
+    assert_eq!(cursor, Slot::end_of((T0 + 100) as u64));
+    // One fire record per entry and hash slot whose rows it passed: 3 entries, 2 hash slots.
+    let db = sm.store.db();
+    let records: Vec<_> = db
+        .iterator_cf(cf(db, CF_FIRES), IteratorMode::Start)
+        .map(|item| keys::decode_hslot_slot_key(&item.unwrap().0).unwrap())
+        .collect();
+    assert_eq!(records.len(), 6, "{records:?}");
     for ns in [a, b] {
-        assert_eq!(
-            cursors.of(Home::of(ns).hslot),
-            Slot::end_of((T0 + 100) as u64)
-        );
+        let of_ns = records.iter().filter(|(h, _)| *h == Home::of(ns)).count();
+        assert_eq!(of_ns, 3, "{ns}");
     }
-    // A hash slot with no row due gets no cursor.
-    assert_eq!(cursors.of(Home::of("gamma").hslot), Slot::ZERO);
-    assert_eq!(cursors.iter().count(), 2);
 }
 
 async fn fire_four(sm: &mut StateMachine, index: u64, now: i64) -> Vec<Response> {
     sm.apply_entries([entry(index, fire(now, 4))])
         .await
         .unwrap()
+}
+
+/// Entries applied after the fixture's (format6.rs): a Fire that passes one namespace's rows
+/// only, a timer of another namespace scheduled in the past, a Fire from a leader whose clock
+/// is behind, and a cancel of that timer.
+pub(super) fn extra_commands() -> Vec<Command> {
+    let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
+        now_ms: T0 + 199_000,
+        spec: TimerSpec {
+            key: TimerKey::new(ns, id),
+            when: When::At(at),
+            payload: b"p".to_vec(),
+            content_type: String::new(),
+        },
+        with: Default::default(),
+    };
+    vec![
+        in_ns("alpha", "x", T0 + 200_000),
+        fire(T0 + 200_000, 1000),
+        in_ns("beta", "y", T0 + 150_000),
+        fire(T0 + 199_000, 1000),
+        Command::LegacyCancel {
+            now_ms: T0 + 200_001,
+            key: TimerKey::new("beta", "y"),
+        },
+        in_ns("beta", "z", T0 + 150_000),
+        fire(T0 + 200_010, 1000),
+    ]
+}
+
+/// Review of step 3 (HIGH): replicas rewrite their state when they restart, each at its own
+/// applied index, so the rewritten state must behave exactly as format 5 did from there on:
+/// a Fire passing one namespace's rows, a timer of another scheduled in the past, a Fire
+/// from a leader whose clock is behind, a cancel. `after_extras.txt` is what the format-5
+/// build answered and read having applied all of it; this build, rewritten at the fixture's
+/// index and applying the rest, and a replica of this format from the start must match it.
+#[tokio::test]
+async fn a_rewritten_replica_goes_on_as_format_5_would() {
+    let want = include_str!("fixtures/format5/after_extras.txt");
+    let at = T0 + 200_020;
+    let first = fixture_commands().len() as u64 + 1;
+    let extras: Vec<_> = (extra_commands().into_iter().enumerate())
+        .map(|(i, c)| entry(first + i as u64, c))
+        .collect();
+    assert_ne!(Home::of("alpha").hslot, Home::of("beta").hslot);
+    let dir = fixture();
+    let (_, mut migrated) = open(&dir);
+    let r = migrated.apply_entries(extras).await.unwrap();
+    let mut text = observe(&migrated.store, at);
+    text.push_str(&format!("answers {:?}\n", &r[r.len() - 7..]));
+    same_text(&text, want);
+    let mut cmds = fixture_commands();
+    cmds.extend(extra_commands());
+    let (_d, replica) = fresh(cmds).await;
+    same_text(
+        &observe(&replica.store, at),
+        &want[..want.find("answers ").unwrap()],
+    );
 }
