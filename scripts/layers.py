@@ -28,6 +28,7 @@ FLOORS = [
     ["sim"],
     ["clock"],
     ["wheel"],
+    ["keys"],
     ["namespace", "auth"],
     ["timer"],
     ["recurring"],

@@ -52,8 +52,14 @@ pub const TZDB_HEADER: &str = "x-timerdb-tzdb";
 /// openraft's TransferLeader only to a target that serves it (`membership.rs`).
 pub const PEER_RPCS_HEADER: &str = "x-timerdb-peer-rpcs";
 
-/// This build's peer RPCs: 1 added PreVote and TransferLeader (issue 34).
-pub const PEER_RPCS: u32 = 1;
+/// This build's peer RPCs: 1 added PreVote and TransferLeader (issue 34); 2: InstallSnapshot
+/// carries files of storage format 6 (issue 36: `storage::migrate`).
+pub const PEER_RPCS: u32 = 2;
+/// The first [`PEER_RPCS`] serving PreVote and TransferLeader.
+pub const TRANSFER_LEADER_RPCS: u32 = 1;
+/// The first [`PEER_RPCS`] that reads a snapshot of this build's storage format: a leader never
+/// sends one to a member below it (that build would refuse the file, and fail its install).
+pub const SNAPSHOT_FORMAT_RPCS: u32 = 2;
 
 /// How long what a peer advertised counts towards raising the committed level (several
 /// heartbeats): a member not heard from since (down, perhaps being replaced by another build)

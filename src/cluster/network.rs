@@ -269,6 +269,17 @@ impl PeerClient {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         use std::io::SeekFrom;
         use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        // A build before storage format 6 cannot read this build's snapshots (a rolling
+        // upgrade): it stays behind until it is upgraded, rather than fail the install.
+        let rpcs = self.levels.0.peer_rpcs(self.target);
+        if rpcs < super::level::SNAPSHOT_FORMAT_RPCS {
+            return Err(StreamingError::from(Unreachable::from_string(format!(
+                "node {} runs a build that cannot read a snapshot of storage format {} \
+                 (it advertises peer RPCs {rpcs}): upgrade it to catch up",
+                self.target,
+                crate::storage::FORMAT
+            ))));
+        }
         let read_err = |e: std::io::Error| {
             StreamingError::from(Unreachable::from_string(format!(
                 "reading the snapshot: {e}"

@@ -249,7 +249,8 @@ impl Node {
             }
         };
         let closed = self.hold.close();
-        let result = if self.levels.peer_rpcs(target) >= crate::cluster::level::PEER_RPCS {
+        let rpcs = self.levels.peer_rpcs(target);
+        let result = if rpcs >= crate::cluster::level::TRANSFER_LEADER_RPCS {
             self.hand_over(target).await
         } else {
             // Queuing stays off while this runs (the guard), not for the rest of the term:

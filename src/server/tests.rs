@@ -72,7 +72,12 @@ async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries(
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead_addr = dead.local_addr().unwrap().to_string();
     drop(dead);
-    let levels = (Arc::default(), node.node.config().clone());
+    // A peer of this build (one of an older build is not sent the snapshot at all: below).
+    let heard = Arc::new(crate::cluster::Levels::default());
+    let mut md = tonic::metadata::MetadataMap::new();
+    crate::cluster::level::advertise_node(&mut md, node.node.config());
+    heard.heard(2, &md);
+    let levels = (heard, node.node.config().clone());
     let mut client = PeerClient::new(2, &dead_addr, node.store.clone(), levels);
     let vote = node.raft.metrics().borrow_watched().vote;
     let started = tokio::time::Instant::now();
@@ -91,5 +96,45 @@ async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries(
         took >= paced,
         "{SNAPSHOT_TRIES} tries in {took:?}: not paced"
     );
+    node.shutdown().await;
+}
+
+/// Review of step 3 of issue 36 (MED 4): a member whose build cannot read this build's
+/// snapshot format (it advertised peer RPCs below `SNAPSHOT_FORMAT_RPCS`, or nothing) is never
+/// sent one: it would refuse the file and fail its install. It stays behind until upgraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_not_sent_to_a_build_that_cannot_read_its_format() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    let snapshot = loop {
+        match node.node.backup().await {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = peer.local_addr().unwrap().to_string();
+    let heard = Arc::new(crate::cluster::Levels::default());
+    let mut md = tonic::metadata::MetadataMap::new();
+    md.insert(crate::cluster::level::PEER_RPCS_HEADER, 1.into());
+    heard.heard(2, &md);
+    let levels = (heard, node.node.config().clone());
+    let mut client = PeerClient::new(2, &addr, node.store.clone(), levels);
+    let vote = node.raft.metrics().borrow_watched().vote;
+    let option = RPCOption::new(Duration::from_millis(100));
+    let sent = client.full_snapshot(vote, snapshot, std::future::pending(), option);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), sent)
+        .await
+        .expect("refused at once");
+    let Err(StreamingError::Unreachable(e)) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(
+        e.to_string()
+            .contains("cannot read a snapshot of storage format"),
+        "{e}"
+    );
+    peer.set_nonblocking(true).unwrap();
+    assert!(peer.accept().is_err(), "nothing was sent to it");
     node.shutdown().await;
 }

@@ -77,7 +77,7 @@ pub(super) struct Applier<'a> {
     pub events: crate::metrics::Events,
     /// The hash slots whose rows this entry's Fire passed, each with the range the cursor
     /// moved over (hash slot, old, new), in hash-slot order; and the entry's time.
-    pub(super) fired: Option<(Vec<(HSlot, Slot, Slot)>, i64)>,
+    pub(super) fired: Option<Fired>,
     pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
     pub(super) pushes: HashMap<String, Option<PushTarget>>,
@@ -118,6 +118,10 @@ pub(super) struct Applier<'a> {
     /// this path to compare them ([`StateMachine::apply_plain_schedules_generally`]).
     pub plain_as_general: bool,
 }
+
+/// The hash slots a Fire entry passed rows of, each with the range the cursor moved over
+/// (hash slot, old, new), and the entry's time.
+pub(super) type Fired = (Vec<(HSlot, Slot, Slot)>, i64);
 
 impl<'a> Applier<'a> {
     pub fn new(

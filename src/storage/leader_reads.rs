@@ -208,4 +208,20 @@ impl Store {
         }
         Ok(out)
     }
+
+    /// Every namespace's meta (`nsmeta`), in key order (by hash slot, then name).
+    pub(super) fn namespace_metas(&self) -> Result<Vec<(String, NsMeta)>> {
+        let mut out = Vec::new();
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        for item in self.db.prefix_iterator_cf(cf(&self.db, CF_NSMETA), group) {
+            let (k, v) = item?;
+            if !k.starts_with(&group) {
+                break;
+            }
+            let ns = keys::decode_nsmeta_key(&k)
+                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
+            out.push((ns, decode(&v)?));
+        }
+        Ok(out)
+    }
 }

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
 use super::snapshot_file::{id_of, RowReader, RowWriter, SnapshotFile};
 use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
+use crate::keys;
 use crate::raft_types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::{Error, Result};
 
@@ -221,12 +222,28 @@ impl Snapshots {
             false => &SM_CFS,
         };
         let mut batch = WriteBatch::default();
-        for name in SM_CFS.iter().chain(&super::migrate::V5_CFS) {
-            // No state-machine key is empty, and none starts with 32 0xff bytes (group, hash
-            // slot or length prefixes, bucket times, ASCII meta names), so this range covers
-            // the whole family.
+        // The group's state: its prefix in every family. The node-wide records (`0xFFFF`: the
+        // format, the bucket width) stay, so that a crash part-way leaves a directory this
+        // build opens (and finishes the install in, `recover`); the file's own are put over
+        // them.
+        let group = keys::group_prefix(keys::GROUP_ZERO);
+        for name in SM_CFS {
+            batch.delete_range_cf(
+                cf(db, name),
+                group.as_slice(),
+                super::prefix_end(&group).as_slice(),
+            );
+        }
+        // The format-5 families, the staging area of an older file (`migrate.rs`): emptied,
+        // but for the format a build before format 6 reads (and refuses).
+        for name in super::migrate::V5_CFS {
             batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 32].as_slice());
         }
+        batch.put_cf(
+            cf(db, super::migrate::V5_META),
+            super::migrate::V5_FORMAT,
+            codec::encode(&super::FORMAT),
+        );
         let mut rows = 0u64;
         while let Some((i, k, v)) = reader.next_row()? {
             let name = families.get(i as usize).ok_or_else(|| {

@@ -362,7 +362,7 @@ async fn a_format_4_directory_is_upgraded_in_place() {
         codec::decode(&db.get_cf(cf(db, CF_META), meta::FORMAT).unwrap().unwrap()).unwrap();
     assert_eq!(format, FORMAT);
     super::format6::same_text(
-        &super::observe(&sm.store, T0 + 11),
+        &super::format6::observe(&sm.store, T0 + 11),
         include_str!("fixtures/format4/expected.txt"),
     );
     assert_eq!(
