@@ -15,7 +15,7 @@
 //! | `deadlines` | `G deadline_ms H ns_len ns to`: one scan per group finds every expired lease |
 //! | `fires` | `G H end` (the hash slot's cursor a Fire entry left) |
 //! | `series` | `G H ns_len ns id` |
-//! | `series_due` | `G H slot` |
+//! | `series_due` | `G slot H`: one scan per group over the slots a Fire passed |
 //! | `nsmeta` | `G H ns` |
 //! | `namespaces` | `G ns` |
 //! | `meta` | `G name`; node-wide `0xFFFF name` |
@@ -184,7 +184,37 @@ pub fn decode_deadline_key(bytes: &[u8]) -> Option<(i64, String, Slot)> {
     Some((u64::from_be_bytes(*deadline) as i64, ns, Slot::decode(to)?))
 }
 
-/// A key of a family keyed by hash slot then slot (`fires`, `series_due`): `G H slot`.
+/// A `series_due` key: `G slot H`. By slot first, so that a Fire reads the occurrences it
+/// passed with one scan of its group, whichever hash slots hold them (format 5 read one range).
+pub fn series_due_key(home: Home, slot: Slot) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + SLOT_BYTES + 2);
+    out.extend_from_slice(&group_prefix(home.group));
+    out.extend_from_slice(&slot.encode());
+    out.extend_from_slice(&home.hslot.to_be_bytes());
+    out
+}
+
+/// The first `series_due` key of `group` after every one at `slot` (any hash slot).
+pub fn series_due_after(group: Group, slot: Slot) -> Vec<u8> {
+    let mut out = group_prefix(group).to_vec();
+    out.extend_from_slice(&slot.encode());
+    out.extend_from_slice(&[0xff, 0xff, 0xff]);
+    out
+}
+
+/// Decodes a `series_due` key.
+pub fn decode_series_due_key(bytes: &[u8]) -> Option<(Home, Slot)> {
+    let (g, rest) = bytes.split_first_chunk::<2>()?;
+    let (slot, h) = rest.split_at_checked(SLOT_BYTES)?;
+    let h: [u8; 2] = h.try_into().ok()?;
+    let home = Home {
+        group: u16::from_be_bytes(*g),
+        hslot: u16::from_be_bytes(h),
+    };
+    Some((home, Slot::decode(slot)?))
+}
+
+/// A key of a family keyed by hash slot then slot (`fires`): `G H slot`.
 pub fn hslot_slot_key(home: Home, slot: Slot) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + SLOT_BYTES + 1);
     out.extend_from_slice(&home.prefix());
@@ -272,6 +302,16 @@ mod tests {
             decode_hslot_slot_key(&hslot_slot_key(home, slot)),
             Some((home, slot))
         );
+        assert_eq!(
+            decode_series_due_key(&series_due_key(home, slot)),
+            Some((home, slot))
+        );
+        let other = Home {
+            group: 0,
+            hslot: home.hslot ^ 1,
+        };
+        assert!(series_due_after(0, slot) > series_due_key(other, slot));
+        assert!(series_due_after(0, slot) < series_due_key(other, Slot { seq: 10, ..slot }));
         assert_eq!(decode_nsmeta_key(&nsmeta_key("ns")), Some("ns".into()));
         assert_eq!(
             decode_namespace_key(&namespace_key(0, "ns")),

@@ -56,28 +56,41 @@ async fn workers_stop_when_raft_stops() {
     node.shutdown().await;
 }
 
+/// A one-node cluster and a snapshot of it (a backup), once it can make one.
+async fn with_a_snapshot(dir: &std::path::Path) -> (RunningNode, crate::storage::Snapshot) {
+    let node = single_node(dir).await;
+    loop {
+        match node.node.backup().await {
+            Ok(s) => return (node, s),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// A peer client's levels, with peer 2 heard advertising `md`.
+fn heard_as(
+    node: &RunningNode,
+    md: &tonic::metadata::MetadataMap,
+) -> (Arc<crate::cluster::Levels>, Arc<NodeConfig>) {
+    let heard = Arc::new(crate::cluster::Levels::default());
+    heard.heard(2, md);
+    (heard, node.node.config().clone())
+}
+
 /// Review 34b: openraft-legacy's sender tried a failed chunk again after 1 ms without end
 /// (a leader read and encoded 4 MiB chunks in a loop while a follower was down). This one
 /// pauses between tries and gives up after a few.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries() {
     let dir = tempfile::TempDir::new().unwrap();
-    let node = single_node(dir.path()).await;
-    let snapshot = loop {
-        match node.node.backup().await {
-            Ok(s) => break s,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let (node, snapshot) = with_a_snapshot(dir.path()).await;
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead_addr = dead.local_addr().unwrap().to_string();
     drop(dead);
     // A peer of this build (one of an older build is not sent the snapshot at all: below).
-    let heard = Arc::new(crate::cluster::Levels::default());
     let mut md = tonic::metadata::MetadataMap::new();
     crate::cluster::level::advertise_node(&mut md, node.node.config());
-    heard.heard(2, &md);
-    let levels = (heard, node.node.config().clone());
+    let levels = heard_as(&node, &md);
     let mut client = PeerClient::new(2, &dead_addr, node.store.clone(), levels);
     let vote = node.raft.metrics().borrow_watched().vote;
     let started = tokio::time::Instant::now();
@@ -105,20 +118,12 @@ async fn a_snapshot_for_an_unreachable_peer_is_given_up_after_a_few_paced_tries(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_is_not_sent_to_a_build_that_cannot_read_its_format() {
     let dir = tempfile::TempDir::new().unwrap();
-    let node = single_node(dir.path()).await;
-    let snapshot = loop {
-        match node.node.backup().await {
-            Ok(s) => break s,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
+    let (node, snapshot) = with_a_snapshot(dir.path()).await;
     let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = peer.local_addr().unwrap().to_string();
-    let heard = Arc::new(crate::cluster::Levels::default());
     let mut md = tonic::metadata::MetadataMap::new();
     md.insert(crate::cluster::level::PEER_RPCS_HEADER, 1.into());
-    heard.heard(2, &md);
-    let levels = (heard, node.node.config().clone());
+    let levels = heard_as(&node, &md);
     let mut client = PeerClient::new(2, &addr, node.store.clone(), levels);
     let vote = node.raft.metrics().borrow_watched().vote;
     let option = RPCOption::new(Duration::from_millis(100));

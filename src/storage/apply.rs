@@ -30,7 +30,7 @@ use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::command::{Command, Cond, Response, Shift};
-use crate::keys::{self, HSlot, Home};
+use crate::keys::{self, Home};
 use crate::namespace::{Config, Policy, PushTarget};
 use crate::timer::{KeyRef, Timer, TimerKey};
 use crate::wheel::{Slot, Wheel};
@@ -75,9 +75,8 @@ pub(super) struct Applier<'a> {
     pub purged: Vec<(String, Slot)>,
     /// Events for the metrics, recorded once the entry is written.
     pub events: crate::metrics::Events,
-    /// The hash slots whose rows this entry's Fire passed, each with the range the cursor
-    /// moved over (hash slot, old, new), in hash-slot order; and the entry's time.
-    pub(super) fired: Option<Fired>,
+    /// The range this entry's Fire moved the cursor over, and its time.
+    pub(super) fired: Option<(Slot, Slot, i64)>,
     pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
     pub(super) pushes: HashMap<String, Option<PushTarget>>,
@@ -118,10 +117,6 @@ pub(super) struct Applier<'a> {
     /// this path to compare them ([`StateMachine::apply_plain_schedules_generally`]).
     pub plain_as_general: bool,
 }
-
-/// The hash slots a Fire entry passed rows of, each with the range the cursor moved over
-/// (hash slot, old, new), and the entry's time.
-pub(super) type Fired = (Vec<(HSlot, Slot, Slot)>, i64);
 
 impl<'a> Applier<'a> {
     pub fn new(
@@ -528,16 +523,10 @@ impl Lookup for Applier<'_> {
     }
 
     fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
-        let home = Home::of(namespace);
-        if let Some((moved, now_ms)) = &self.fired {
-            let this = moved
-                .iter()
-                .any(|(h, from, to)| *h == home.hslot && *from < slot && slot <= *to);
-            if this {
-                return Ok((self.index, *now_ms));
-            }
+        match self.fired {
+            Some((from, to, now_ms)) if from < slot && slot <= to => Ok((self.index, now_ms)),
+            _ => Reader::live(self.db).fire_record(Home::of(namespace), slot),
         }
-        Reader::live(self.db).fire_record(home, slot)
     }
 
     fn retention_ms(&mut self, namespace: &str) -> Result<u64> {

@@ -168,7 +168,6 @@ impl Applier<'_> {
             .filter(|(_, p)| **p)
             .map(|(ns, _)| Home::of(ns).hslot)
             .collect();
-        let mut moved = Vec::with_capacity(hslots.len());
         for hslot in hslots {
             let home = Home {
                 group: keys::GROUP_ZERO,
@@ -179,9 +178,8 @@ impl Applier<'_> {
                 keys::hslot_slot_key(home, new),
                 codec::encode(&(self.index, now_ms)),
             );
-            moved.push((hslot, old, new));
         }
-        self.fired = Some((moved, now_ms));
+        self.fired = Some((old, new, now_ms));
         // By name: the order of `namespaces` is the cache's (earliest head first).
         self.passed = (namespaces.iter().zip(&passed))
             .filter(|(_, p)| **p)
@@ -212,6 +210,17 @@ impl Applier<'_> {
         }
         iter.status()?;
         drop(iter);
+        // In format 5's order: by deadline, then the lease's key without its hash slot (the
+        // order of `crate::keys::timer_name`: the namespace's length, its bytes, the end).
+        // Which leases `max` lets expire, and the slots their rows move to, follow it.
+        due.sort_by(|(a_ms, a_ns, a_to), (b_ms, b_ns, b_to)| {
+            (a_ms, a_ns.len(), a_ns.as_bytes(), a_to).cmp(&(
+                b_ms,
+                b_ns.len(),
+                b_ns.as_bytes(),
+                b_to,
+            ))
+        });
         let mut moved = 0;
         let mut expired = due.len();
         for (i, (_, ns, to)) in due.iter().enumerate() {

@@ -10,7 +10,7 @@
 //!
 //! What the rewrite does, family by family:
 //! - keys gain `G H` (group 0, the namespace's hash slot), slots gain era 0 (18 bytes);
-//!   deadlines become `G deadline H ns to`; `series_due` keys `G H slot`;
+//!   deadlines become `G deadline H ns to`; `series_due` keys `G slot H`;
 //! - values are copied as they are: a slot in a value (a lease's `from`, a namespace's
 //!   cursors, a series' next slot) is bincode whose era-0 bytes are format 5's (`wheel::Slot`),
 //!   and an index entry's 16-byte slot becomes 18 bytes;
@@ -135,7 +135,7 @@ pub(super) fn rewrite(db: &DB, last: impl FnOnce(&mut WriteBatch)) -> Result<u64
     w.copy(V5_SERIES_DUE, super::CF_RECURRING_DUE, |k, v| {
         let slot = v5_slot(k)?;
         let (ns, _) = keys::decode_timer_name(v)?;
-        Some((keys::hslot_slot_key(Home::of(&ns), slot), v.to_vec()))
+        Some((keys::series_due_key(Home::of(&ns), slot), v.to_vec()))
     })?;
     w.meta(progress)?;
     let Writer {

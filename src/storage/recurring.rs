@@ -170,7 +170,7 @@ impl Applier<'_> {
             self.events.scheduled();
             self.batch.put_cf(
                 cf(self.db, CF_RECURRING_DUE),
-                keys::hslot_slot_key(Home::of(&ns), slot),
+                keys::series_due_key(Home::of(&ns), slot),
                 s.spec.key.name_bytes(),
             );
             s.next = Some(Next {
@@ -194,7 +194,7 @@ impl Applier<'_> {
         let home = Home::of(&s.spec.key.namespace);
         self.batch.delete_cf(
             cf(self.db, CF_RECURRING_DUE),
-            keys::hslot_slot_key(home, next.slot),
+            keys::series_due_key(home, next.slot),
         );
         let key = s.occurrence_key(next.nominal_ms);
         if let Some((slot, row)) = self.find(&key)? {
@@ -376,40 +376,34 @@ impl Applier<'_> {
     /// The series occurrences this entry's cursor passed (see the module essay). Returns how
     /// many of the rows the cursor counted as fired did not fire after all.
     pub(super) fn fire_recurring(&mut self, now_ms: i64) -> Result<u32> {
-        let Some((moved, _)) = &self.fired else {
+        let Some((old, new, _)) = self.fired else {
             return Ok(0);
         };
-        // Each hash slot's range its cursor moved over; then all of them in slot order (slots
-        // are unique within a group), as one range was read before hash slots.
-        let mut due = Vec::new();
+        // Every hash slot's occurrences in (old, new], in slot order: one scan, as format 5's
+        // (a cancelled occurrence leaves its entry where no row is; the cursor passing it
+        // still moves the series on, whichever rows this entry passed).
+        let group = keys::GROUP_ZERO;
+        let lower = keys::series_due_after(group, old);
+        let upper = keys::series_due_after(group, new);
         let reader = Reader::live(self.db);
-        for (hslot, old, new) in moved {
-            let home = Home {
-                group: keys::GROUP_ZERO,
-                hslot: *hslot,
-            };
-            let mut lower = keys::hslot_slot_key(home, *old);
-            lower.push(0);
-            let mut upper = keys::hslot_slot_key(home, *new);
-            upper.push(0);
-            let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
-            while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
-                let (_, slot) = keys::decode_hslot_slot_key(k)
-                    .ok_or_else(|| Error::Storage("corrupt series_due".into()))?;
-                let key = TimerKey::from_name_bytes(v)
-                    .ok_or_else(|| Error::Storage("corrupt series_due value".into()))?;
-                due.push((slot, home, key));
-                iter.next();
-            }
-            iter.status()?;
+        let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
+        let mut due = Vec::new();
+        while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
+            let (home, slot) = keys::decode_series_due_key(k)
+                .ok_or_else(|| Error::Storage("corrupt series_due".into()))?;
+            let key = TimerKey::from_name_bytes(v)
+                .ok_or_else(|| Error::Storage("corrupt series_due value".into()))?;
+            due.push((slot, home, key));
+            iter.next();
         }
+        iter.status()?;
+        drop(iter);
         drop(reader);
-        due.sort_by_key(|(slot, _, _)| *slot);
         let mut unfired = 0;
         for (slot, home, key) in due {
             self.batch.delete_cf(
                 cf(self.db, CF_RECURRING_DUE),
-                keys::hslot_slot_key(home, slot),
+                keys::series_due_key(home, slot),
             );
             unfired += self.occurrence_due(now_ms, slot, &key)?;
         }
@@ -462,7 +456,7 @@ impl Applier<'_> {
                 self.count_pending(&ns, 1)?;
                 self.batch.put_cf(
                     cf(self.db, CF_RECURRING_DUE),
-                    keys::hslot_slot_key(Home::of(&ns), at),
+                    keys::series_due_key(Home::of(&ns), at),
                     key.name_bytes(),
                 );
                 s.next = Some(Next { slot: at, ..due });

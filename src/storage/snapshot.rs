@@ -249,6 +249,11 @@ impl Snapshots {
             let name = families.get(i as usize).ok_or_else(|| {
                 Error::Storage(format!("snapshot names unknown column family {i}"))
             })?;
+            // An older file's format stays out of the old `meta`, whose format 6 keeps a build
+            // before it out should this node go back to one with the install unfinished.
+            if *name == super::migrate::V5_META && k == super::migrate::V5_FORMAT {
+                continue;
+            }
             batch.put_cf(cf(db, name), k, v);
             rows += 1;
             if batch.size_in_bytes() >= INSTALL_BATCH_BYTES {

@@ -463,3 +463,52 @@ pub(super) fn observe(store: &Store, now_ms: i64) -> String {
     writeln!(out, "timers {}", ids.len()).unwrap();
     out
 }
+
+/// Review of step 3 (second, HIGH 2): leases that expire at one deadline are expired in format
+/// 5's order (the namespace's length and name, then the end), not by hash slot: with `max`
+/// that decides which expire in this entry, and the order of the rows they move. `x` sorts
+/// before `y` by name, after it by hash slot.
+#[tokio::test]
+async fn leases_of_one_deadline_expire_in_name_order_whatever_their_hash_slots() {
+    let (x, y) = ("x", "y");
+    assert!(Home::of(y).hslot < Home::of(x).hslot, "the test's premise");
+    let in_ns = |ns: &str, id: &str| Command::Schedule {
+        now_ms: T0,
+        spec: TimerSpec {
+            key: TimerKey::new(ns, id),
+            ..spec(id, T0 + 10, "p")
+        },
+        with: Default::default(),
+    };
+    let grant = |ns: &str| crate::command::Grant {
+        namespace: ns.into(),
+        room: 10,
+        push: false,
+    };
+    let cmds = vec![
+        in_ns(x, "t"),
+        in_ns(y, "t"),
+        Command::Fire {
+            now_ms: T0 + 20,
+            max: 100,
+            grants: vec![grant(y), grant(x)],
+        },
+    ];
+    let (_dir, mut sm) = fresh(cmds).await;
+    let timeout = crate::namespace::Policy::default().ack_timeout_ms as i64;
+    // Both leases' deadline has passed; one lease's rows fit in this entry.
+    let r = sm
+        .apply_entries([entry(4, fire(T0 + 20 + timeout, 1))])
+        .await
+        .unwrap();
+    assert!(matches!(r[0], Response::Fired { more: true, .. }), "{r:?}");
+    let timeouts = |ns: &str| {
+        let t = sm.store.get(&TimerKey::new(ns, "t")).unwrap().unwrap();
+        t.timeouts
+    };
+    assert_eq!(
+        (timeouts(x), timeouts(y)),
+        (1, 0),
+        "x's lease first, as format 5"
+    );
+}

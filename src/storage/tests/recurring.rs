@@ -328,6 +328,29 @@ async fn a_cancelled_occurrence_is_skipped_and_the_recurring_timer_goes_on() {
     assert_eq!(s.apply(fire(T0 + 2 * SEC, 100)).await, fired(1, false));
 }
 
+/// Review of step 3 (second, HIGH 1): the cancelled occurrence's row moved to T0+10 and a Fire
+/// passed it there; the next Fire passes no row at all, yet passes the occurrence's slot, and
+/// the series must go on (format 5 read `series_due` over the whole range the cursor moved;
+/// format 6 read it only in the hash slots whose rows it passed, and the series stopped).
+#[tokio::test]
+async fn a_cancelled_occurrence_passed_by_a_fire_without_rows_still_moves_the_series_on() {
+    let mut s = Sm::new();
+    s.apply(create("t", every(SEC))).await;
+    let r = s
+        .apply(Command::LegacyCancel {
+            now_ms: T0 + 10,
+            key: TimerKey::new("ns", occurrence_id("t", T0 + SEC)),
+        })
+        .await;
+    assert!(matches!(r, Response::Timer { .. }), "{r:?}");
+    assert_eq!(s.apply(fire(T0 + 500, 100)).await, fired(0, false));
+    assert_eq!(s.apply(fire(T0 + SEC, 100)).await, fired(0, false));
+    let v = recurring(&s, "t");
+    assert_eq!((v.recurring.fired, v.recurring.skipped), (0, 1));
+    assert_eq!(v.recurring.next.unwrap().nominal_ms, T0 + 2 * SEC);
+    assert_eq!(s.apply(fire(T0 + 2 * SEC, 100)).await, fired(1, false));
+}
+
 #[tokio::test]
 async fn end_and_max_count_end_the_recurring_timer() {
     let mut s = Sm::new();
