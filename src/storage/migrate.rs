@@ -32,6 +32,7 @@ use std::collections::BTreeSet;
 use rocksdb::{DBRawIterator, IteratorMode, WriteBatch, DB};
 
 use super::meta::{self, Progress};
+use super::read::FiredBy;
 use super::{cf, codec, CF_META};
 use crate::keys::{self, HSlot, Home, GROUP_ZERO};
 use crate::wheel::Slot;
@@ -230,9 +231,7 @@ impl Writer<'_> {
     fn wheel(&mut self, cursor: Slot) -> Result<()> {
         let mut fires = self.db.raw_iterator_cf(cf(self.db, V5_FIRES));
         let mut copied: BTreeSet<(HSlot, Slot)> = BTreeSet::new();
-        // The record found for the last row read, and the namespace it was read for: the
-        // next row of the same namespace, if not after it, has the same one.
-        let mut last: Option<(String, Slot)> = None;
+        let mut fired = FiredBy::new(cursor);
         for item in self
             .db
             .iterator_cf(cf(self.db, V5_WHEEL), IteratorMode::Start)
@@ -241,29 +240,17 @@ impl Writer<'_> {
             let (ns, slot) = v5_slot_key(&k).ok_or_else(|| corrupt(V5_WHEEL, &k))?;
             self.put(super::CF_WHEEL, &keys::slot_key(&ns, slot), &v)?;
             self.rows += 1;
-            if slot > cursor {
+            // A row the cursor passed with no record: format 5 could not read it either
+            // (`fire_record`); carried over as it was.
+            let Some((end, Some(record))) =
+                fired.record(&ns, slot, || record_at(&mut fires, slot))?
+            else {
                 continue;
-            }
-            let known = last
-                .as_ref()
-                .filter(|(n, end)| *n == ns && slot <= *end)
-                .map(|(_, end)| *end);
-            let end = match known {
-                Some(end) => end,
-                None => {
-                    let Some((end, record)) = record_at(&mut fires, slot)? else {
-                        // A row the cursor passed with no record: format 5 could not read it
-                        // either (`fire_record`); carried over as it was.
-                        continue;
-                    };
-                    let home = Home::of(&ns);
-                    if copied.insert((home.hslot, end)) {
-                        self.put(super::CF_FIRES, &keys::hslot_slot_key(home, end), &record)?;
-                    }
-                    end
-                }
             };
-            last = Some((ns, end));
+            let home = Home::of(&ns);
+            if copied.insert((home.hslot, end)) {
+                self.put(super::CF_FIRES, &keys::hslot_slot_key(home, end), &record)?;
+            }
         }
         fires.status()?;
         Ok(())

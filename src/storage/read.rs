@@ -2,10 +2,13 @@
 //! is the only writer) or of one RocksDB snapshot (the read side: a timer's state is derived
 //! from several keys, which must all come from one applied state).
 
-use rocksdb::{DBRawIterator, ReadOptions, Snapshot, DB};
+use std::collections::BTreeSet;
 
+use rocksdb::{DBRawIterator, IteratorMode, ReadOptions, Snapshot, DB};
+
+use super::meta::{self, Progress};
 use super::row::Lease;
-use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_WHEEL};
+use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_META, CF_WHEEL};
 use crate::keys::{self, Home};
 use crate::wheel::Slot;
 use crate::{Error, Result};
@@ -106,4 +109,82 @@ pub fn slot_of_key(key: &[u8]) -> Result<Slot> {
         .checked_sub(crate::wheel::SLOT_BYTES)
         .and_then(|at| Slot::decode(&key[at..]))
         .ok_or_else(|| Error::Storage("corrupt row key".into()))
+}
+
+/// Names the fire record that fired each row at or behind the fire cursor, for rows read in
+/// key order (a namespace's rows together, in slot order): the first record at or after the
+/// row in its hash slot (format 5: the first of all). A row not past the record found for the
+/// last row of its namespace has the same one, so each record costs one seek.
+pub struct FiredBy {
+    cursor: Slot,
+    last: Option<(String, Slot)>,
+}
+
+impl FiredBy {
+    pub fn new(cursor: Slot) -> Self {
+        FiredBy { cursor, last: None }
+    }
+
+    /// The end of the record that fired `namespace`'s row at `slot`, with what `seek` found
+    /// when it had to look. `None` when the row is ahead of the cursor, or when `seek` finds
+    /// no record (a row format 5 could not read either: `Reader::fire_record`).
+    pub fn record<T>(
+        &mut self,
+        namespace: &str,
+        slot: Slot,
+        seek: impl FnOnce() -> Result<Option<(Slot, T)>>,
+    ) -> Result<Option<(Slot, Option<T>)>> {
+        if slot > self.cursor {
+            return Ok(None);
+        }
+        if let Some((ns, end)) = &self.last {
+            if ns == namespace && slot <= *end {
+                return Ok(Some((*end, None)));
+            }
+        }
+        let Some((end, found)) = seek()? else {
+            return Ok(None);
+        };
+        self.last = Some((namespace.to_string(), end));
+        Ok(Some((end, Some(found))))
+    }
+}
+
+/// The keys of the fire records that some row of `snap` needs ([`FiredBy`]): the records a
+/// digest hashes. A Fire writes a record in each hash slot whose rows it passed; when those
+/// rows later move on (a nack, a cancel, a redrive) the record stays, read by nothing, and a
+/// replica rewritten from format 5 at a later index never had it (`migrate.rs` copies the
+/// records rows need), so hashing every record would tell two correct replicas apart.
+pub fn needed_fire_records(db: &DB, snap: &Snapshot<'_>) -> Result<BTreeSet<Vec<u8>>> {
+    let progress: Progress = match snap.get_cf(cf(db, CF_META), meta::PROGRESS)? {
+        Some(v) => codec::decode(&v)?,
+        None => Progress::default(),
+    };
+    let opts = || {
+        let mut opts = ReadOptions::default();
+        opts.set_snapshot(snap);
+        opts
+    };
+    let mut fires = db.raw_iterator_cf_opt(cf(db, CF_FIRES), opts());
+    let mut fired = FiredBy::new(progress.cursor);
+    let mut needed = BTreeSet::new();
+    for item in db.iterator_cf_opt(cf(db, CF_WHEEL), opts(), IteratorMode::Start) {
+        let (k, _) = item?;
+        let (ns, slot) =
+            keys::decode_slot_key(&k).ok_or_else(|| Error::Storage("corrupt row key".into()))?;
+        let home = Home::of(&ns);
+        let seek = || {
+            fires.seek(keys::hslot_slot_key(home, slot));
+            fires.status()?;
+            Ok(fires
+                .key()
+                .and_then(keys::decode_hslot_slot_key)
+                .filter(|(h, _)| *h == home)
+                .map(|(_, end)| (end, ())))
+        };
+        if let Some((end, Some(()))) = fired.record(&ns, slot, seek)? {
+            needed.insert(keys::hslot_slot_key(home, end));
+        }
+    }
+    Ok(needed)
 }

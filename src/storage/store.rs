@@ -18,8 +18,8 @@ use super::meta::{self, NsMeta};
 use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{
-    cf, codec, decode, prefix_end, Fnv64, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA, CF_WHEEL,
-    SM_CFS,
+    cf, codec, decode, prefix_end, Fnv64, CF_FIRES, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA,
+    CF_WHEEL, SM_CFS,
 };
 use crate::keys::{self, Home};
 use crate::namespace::{Config, Namespace, Policy};
@@ -515,6 +515,7 @@ impl Store {
         let _pin = self.gc.pin();
         let snap = self.db.snapshot();
         let mut floors = floors_of(&self.db, &snap);
+        let needed_fires = super::read::needed_fire_records(&self.db, &snap)?;
         let mut h = Fnv64::new();
         for name in SM_CFS {
             h.write(name.as_bytes());
@@ -527,6 +528,9 @@ impl Store {
                 let (k, v) = item?;
                 if name == CF_INDEX && !gc::live_row(&k, &v, &mut floors)? {
                     continue; // purged: logically gone, physically maybe not yet
+                }
+                if name == CF_FIRES && !needed_fires.contains(&*k) {
+                    continue; // no row reads it (`needed_fire_records`)
                 }
                 h.write(&(k.len() as u64).to_be_bytes());
                 h.write(&k);

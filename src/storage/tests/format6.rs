@@ -113,6 +113,9 @@ async fn a_format_5_directory_is_rewritten_and_reads_as_it_did() {
     same_text(&migrated, EXPECTED);
     let (_fresh_dir, mut replica) = fresh(fixture_commands()).await;
     same_text(&observe(&replica.store, OBSERVED_AT), EXPECTED);
+    // Guarantee 8: replicas at one index have one digest, however each came to format 6 (the
+    // one that applied from the start still holds fire records no row needs any more).
+    assert_eq!(sm.store.digest().unwrap(), replica.store.digest().unwrap());
 
     // Both go on alike: the lease expires, the rest fires, the timers are delivered and acked.
     let next = fixture_commands().len() as u64 + 1;
@@ -142,6 +145,7 @@ async fn a_format_5_directory_is_rewritten_and_reads_as_it_did() {
         answers.push(format!("{:?}", sm.apply_entries(entries).await.unwrap()));
     }
     assert_eq!(answers[0], answers[1]);
+    assert_eq!(sm.store.digest().unwrap(), replica.store.digest().unwrap());
     let later = T0 + 1_000_030;
     same_text(&observe(&sm.store, later), &observe(&replica.store, later));
     let future = sm
@@ -510,5 +514,83 @@ async fn leases_of_one_deadline_expire_in_name_order_whatever_their_hash_slots()
         (timeouts(x), timeouts(y)),
         (1, 0),
         "x's lease first, as format 5"
+    );
+}
+
+/// What the format-5 build applied to write `fixtures/format5-moved`: a Fire passes rows of
+/// two namespaces in two hash slots, then both rows of `ns` are nacked away from behind the
+/// cursor, so `ns`'s hash slot keeps a fire record that no row needs.
+fn moved_commands() -> Vec<Command> {
+    let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
+        now_ms: T0,
+        spec: TimerSpec {
+            key: TimerKey::new(ns, id),
+            ..spec(id, at, "p")
+        },
+        with: Default::default(),
+    };
+    let nack = |id: &str, now_ms: i64| Command::Nack {
+        now_ms,
+        key: TimerKey::new("ns", id),
+        attempt: 1,
+    };
+    vec![
+        schedule("a", T0 + 10),
+        schedule("b", T0 + 20),
+        in_ns("other", "x", T0 + 10),
+        fire(T0 + 30, 1000),
+        Command::Deliver {
+            now_ms: T0 + 31,
+            grants: vec![crate::command::Grant {
+                namespace: "ns".into(),
+                room: 2,
+                push: false,
+            }],
+        },
+        nack("a", T0 + 32),
+        nack("b", T0 + 33),
+        schedule("c", T0 + 1_000_000),
+    ]
+}
+
+/// Guarantee 8 across the upgrade: a replica that applied every entry as format 6 and one
+/// that rewrote a format-5 directory at the same index have one digest, though the first
+/// still holds a fire record whose rows all moved on (the rewrite copies only the records a
+/// row needs); and they keep one digest as both apply more.
+#[tokio::test]
+async fn replicas_that_came_to_format_6_two_ways_have_one_digest() {
+    assert_ne!(Home::of("ns").hslot, Home::of("other").hslot);
+    let dir = fixture_at("format5-moved");
+    let (_, mut rewritten) = open(&dir);
+    let (_fresh_dir, mut replica) = fresh(moved_commands()).await;
+    let now = T0 + 40;
+    same_text(
+        &observe(&rewritten.store, now),
+        &observe(&replica.store, now),
+    );
+    // The record the nacked rows left behind is there in one of them only.
+    let records = |sm: &StateMachine| rows_of(sm.store.db(), CF_FIRES);
+    assert_eq!((records(&replica), records(&rewritten)), (2, 1));
+    assert_eq!(
+        rewritten.store.digest().unwrap(),
+        replica.store.digest().unwrap()
+    );
+
+    let next = moved_commands().len() as u64 + 1;
+    let more = [fire(T0 + 100_000, 1000), schedule("d", T0 + 100_010)];
+    for sm in [&mut rewritten, &mut replica] {
+        let entries: Vec<_> = (more.iter().cloned().enumerate())
+            .map(|(i, c)| entry(next + i as u64, c))
+            .collect();
+        sm.apply_entries(entries).await.unwrap();
+    }
+    let now = T0 + 100_020;
+    same_text(
+        &observe(&rewritten.store, now),
+        &observe(&replica.store, now),
+    );
+    assert_eq!(
+        rewritten.store.digest().unwrap(),
+        replica.store.digest().unwrap()
     );
 }
