@@ -21,9 +21,13 @@
 //! | `meta` | `G name`; node-wide `0xFFFF name` |
 //!
 //! A slot is written `bucket era seq` (u64, u16, u64: 18 bytes, `wheel::Slot::encode`), so
-//! key order is `Slot`'s order. Until groups come (sharding.md §12 step 4) one group, 0, owns
-//! every hash slot and a namespace's hash slot is a function of its name
-//! ([`hslot_of`]: `timerdb_client::hash_slot`, the rule the clients route by).
+//! key order is `Slot`'s order. A namespace's hash slot is a function of its name ([`hslot_of`]:
+//! `timerdb_client::hash_slot`, the rule the clients route by).
+//!
+//! Each group's state machine builds its keys through its [`Space`] (the group, carried by
+//! value): the only way to name a namespace's keys, so no code of one group can write under
+//! another's prefix. Decoders skip the prefix; a key read back is known to be its group's
+//! because it was read under that prefix.
 //!
 //! A timer's *name bytes* (`ns_len ns id`, [`timer_name`]) are what a series' jitter hashes
 //! and what a `series_due` value holds: they carry no group or hash slot, so neither changes
@@ -36,7 +40,8 @@ pub type Group = u16;
 /// A hash slot (`timerdb_client::hash_slot`), 0..1024.
 pub type HSlot = u16;
 
-/// The group owning every hash slot until groups come (sharding.md §12 step 4).
+/// Group 0: the only group of a cluster that has one, and the meta group of one that has
+/// more (docs/sharding.md §2).
 pub const GROUP_ZERO: Group = 0;
 /// The prefix of node-wide records in `meta` (the storage format, the bucket width): no
 /// group is numbered 0xFFFF.
@@ -56,19 +61,120 @@ pub struct Home {
 }
 
 impl Home {
-    /// The home of `namespace` while group 0 owns every hash slot.
-    pub fn of(namespace: &str) -> Home {
-        Home {
-            group: GROUP_ZERO,
-            hslot: hslot_of(namespace),
-        }
-    }
-
     /// `G H`: the prefix of this hash slot's keys in a family keyed by hash slot.
     pub fn prefix(&self) -> [u8; 4] {
         let mut out = [0; 4];
         out[..2].copy_from_slice(&self.group.to_be_bytes());
         out[2..].copy_from_slice(&self.hslot.to_be_bytes());
+        out
+    }
+}
+
+/// One group's keys: every key a group's state machine writes or reads is built here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Space {
+    pub group: Group,
+}
+
+impl Space {
+    pub const fn of(group: Group) -> Space {
+        Space { group }
+    }
+
+    /// `G`: the prefix of every key of the group, in every family.
+    pub fn prefix(self) -> [u8; 2] {
+        group_prefix(self.group)
+    }
+
+    /// Where `namespace`'s keys live in this group.
+    pub fn home(self, namespace: &str) -> Home {
+        Home {
+            group: self.group,
+            hslot: hslot_of(namespace),
+        }
+    }
+
+    /// A timer's key in `index` and `series`: `G H ns_len ns id`.
+    pub fn timer_key(self, namespace: &str, id: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + 2 + namespace.len() + id.len());
+        out.extend_from_slice(&self.home(namespace).prefix());
+        push_namespace(&mut out, namespace);
+        out.extend_from_slice(id.as_bytes());
+        out
+    }
+
+    /// The prefix shared by exactly the timer, row and lease keys of `namespace`.
+    pub fn namespace_prefix(self, namespace: &str) -> Vec<u8> {
+        let ns = namespace.as_bytes();
+        debug_assert!(ns.len() <= u16::MAX as usize, "namespace of {}", ns.len());
+        let mut out = Vec::with_capacity(4 + 2 + ns.len() + SLOT_BYTES + 1);
+        out.extend_from_slice(&self.home(namespace).prefix());
+        push_namespace(&mut out, namespace);
+        out
+    }
+
+    /// A row's key: the namespace, then the slot. Also a lease's key (the slot it ends at).
+    pub fn slot_key(self, namespace: &str, slot: Slot) -> Vec<u8> {
+        let mut out = self.namespace_prefix(namespace);
+        out.extend_from_slice(&slot.encode());
+        out
+    }
+
+    /// The first key after `slot_key(namespace, slot)` and before any later slot's: with it
+    /// as a lower bound a scan starts just after `slot`, with it as an upper bound it ends at
+    /// `slot`.
+    pub fn slot_key_after(self, namespace: &str, slot: Slot) -> Vec<u8> {
+        let mut out = self.slot_key(namespace, slot);
+        out.push(0);
+        out
+    }
+
+    /// A lease deadline's key: the group, the deadline, then the lease's hash slot,
+    /// namespace and end.
+    pub fn deadline_key(self, deadline_ms: i64, namespace: &str, to: Slot) -> Vec<u8> {
+        let mut out = Vec::with_capacity(2 + 8 + 2 + 2 + namespace.len() + SLOT_BYTES);
+        out.extend_from_slice(&self.prefix());
+        out.extend_from_slice(&(deadline_ms.max(0) as u64).to_be_bytes());
+        out.extend_from_slice(&hslot_of(namespace).to_be_bytes());
+        push_namespace(&mut out, namespace);
+        out.extend_from_slice(&to.encode());
+        out
+    }
+
+    /// The bound of the group's deadlines at `ms`: every deadline key of the group before
+    /// `ms` sorts before it, every one at or after it sorts at or after it.
+    pub fn deadline_bound(self, ms: u64) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(&ms.to_be_bytes());
+        out
+    }
+
+    /// The first `series_due` key of the group after every one at `slot` (any hash slot).
+    pub fn series_due_after(self, slot: Slot) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(&slot.encode());
+        out.extend_from_slice(&[0xff, 0xff, 0xff]);
+        out
+    }
+
+    /// A namespace's key in `nsmeta`: `G H ns`.
+    pub fn nsmeta_key(self, namespace: &str) -> Vec<u8> {
+        let mut out = self.home(namespace).prefix().to_vec();
+        out.extend_from_slice(namespace.as_bytes());
+        out
+    }
+
+    /// A namespace's key in `namespaces`: `G ns`.
+    pub fn namespace_key(self, namespace: &str) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(namespace.as_bytes());
+        out
+    }
+
+    /// The group's record `name` in `meta`: `G name`.
+    pub fn meta_key(self, name: &[u8]) -> Vec<u8> {
+        let mut out = self.prefix().to_vec();
+        out.extend_from_slice(name);
         out
     }
 }
@@ -92,28 +198,9 @@ pub fn decode_timer_name(bytes: &[u8]) -> Option<(String, String)> {
     Some((ns, String::from_utf8(rest.to_vec()).ok()?))
 }
 
-/// A timer's key in `index` and `series`: `G H ns_len ns id`.
-pub fn timer_key(namespace: &str, id: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + 2 + namespace.len() + id.len());
-    out.extend_from_slice(&Home::of(namespace).prefix());
-    push_namespace(&mut out, namespace);
-    out.extend_from_slice(id.as_bytes());
-    out
-}
-
 /// Decodes an `index` or `series` key into (namespace, id).
 pub fn decode_timer_key(bytes: &[u8]) -> Option<(String, String)> {
     decode_timer_name(bytes.get(4..)?)
-}
-
-/// The prefix shared by exactly the timer, row and lease keys of `namespace`.
-pub fn namespace_prefix(namespace: &str) -> Vec<u8> {
-    let ns = namespace.as_bytes();
-    debug_assert!(ns.len() <= u16::MAX as usize, "namespace of {}", ns.len());
-    let mut out = Vec::with_capacity(4 + 2 + ns.len() + SLOT_BYTES + 1);
-    out.extend_from_slice(&Home::of(namespace).prefix());
-    push_namespace(&mut out, namespace);
-    out
 }
 
 fn push_namespace(out: &mut Vec<u8>, namespace: &str) {
@@ -131,47 +218,11 @@ fn split_namespace(bytes: &[u8]) -> Option<(String, &[u8])> {
     Some((String::from_utf8(ns.to_vec()).ok()?, rest))
 }
 
-/// A row's key: the namespace, then the slot. Also a lease's key (the slot it ends at).
-pub fn slot_key(namespace: &str, slot: Slot) -> Vec<u8> {
-    let mut out = namespace_prefix(namespace);
-    out.extend_from_slice(&slot.encode());
-    out
-}
-
-/// The first key after `slot_key(namespace, slot)` and before any later slot's: with it as a
-/// lower bound a scan starts just after `slot`, with it as an upper bound it ends at `slot`.
-pub fn slot_key_after(namespace: &str, slot: Slot) -> Vec<u8> {
-    let mut out = slot_key(namespace, slot);
-    out.push(0);
-    out
-}
-
 /// Decodes a row or lease key into its namespace and slot.
 pub fn decode_slot_key(bytes: &[u8]) -> Option<(String, Slot)> {
     let (ns, rest) = split_namespace(bytes.get(4..)?)?;
     (rest.len() == SLOT_BYTES).then_some(())?;
     Some((ns, Slot::decode(rest)?))
-}
-
-/// A lease deadline's key: the group, the deadline, then the lease's hash slot, namespace
-/// and end.
-pub fn deadline_key(deadline_ms: i64, namespace: &str, to: Slot) -> Vec<u8> {
-    let home = Home::of(namespace);
-    let mut out = Vec::with_capacity(2 + 8 + 2 + 2 + namespace.len() + SLOT_BYTES);
-    out.extend_from_slice(&group_prefix(home.group));
-    out.extend_from_slice(&(deadline_ms.max(0) as u64).to_be_bytes());
-    out.extend_from_slice(&home.hslot.to_be_bytes());
-    push_namespace(&mut out, namespace);
-    out.extend_from_slice(&to.encode());
-    out
-}
-
-/// The bound of `group`'s deadlines at `ms`: every deadline key of the group before `ms`
-/// sorts before it, every one at or after it sorts at or after it.
-pub fn deadline_bound(group: Group, ms: u64) -> Vec<u8> {
-    let mut out = group_prefix(group).to_vec();
-    out.extend_from_slice(&ms.to_be_bytes());
-    out
 }
 
 /// Decodes a deadline key into (deadline, namespace, lease end).
@@ -191,14 +242,6 @@ pub fn series_due_key(home: Home, slot: Slot) -> Vec<u8> {
     out.extend_from_slice(&group_prefix(home.group));
     out.extend_from_slice(&slot.encode());
     out.extend_from_slice(&home.hslot.to_be_bytes());
-    out
-}
-
-/// The first `series_due` key of `group` after every one at `slot` (any hash slot).
-pub fn series_due_after(group: Group, slot: Slot) -> Vec<u8> {
-    let mut out = group_prefix(group).to_vec();
-    out.extend_from_slice(&slot.encode());
-    out.extend_from_slice(&[0xff, 0xff, 0xff]);
     out
 }
 
@@ -234,23 +277,9 @@ pub fn decode_hslot_slot_key(bytes: &[u8]) -> Option<(Home, Slot)> {
     Some((home, Slot::decode(rest)?))
 }
 
-/// A namespace's key in `nsmeta`: `G H ns`.
-pub fn nsmeta_key(namespace: &str) -> Vec<u8> {
-    let mut out = Home::of(namespace).prefix().to_vec();
-    out.extend_from_slice(namespace.as_bytes());
-    out
-}
-
 /// Decodes an `nsmeta` key into its namespace.
 pub fn decode_nsmeta_key(bytes: &[u8]) -> Option<String> {
     String::from_utf8(bytes.get(4..)?.to_vec()).ok()
-}
-
-/// A namespace's key in `namespaces`: `G ns`.
-pub fn namespace_key(group: Group, namespace: &str) -> Vec<u8> {
-    let mut out = group_prefix(group).to_vec();
-    out.extend_from_slice(namespace.as_bytes());
-    out
 }
 
 /// Decodes a `namespaces` key into its namespace.
@@ -258,16 +287,9 @@ pub fn decode_namespace_key(bytes: &[u8]) -> Option<String> {
     String::from_utf8(bytes.get(2..)?.to_vec()).ok()
 }
 
-/// A group's record `name` in `meta`: `G name`.
-pub fn meta_key(group: Group, name: &[u8]) -> Vec<u8> {
-    let mut out = group_prefix(group).to_vec();
-    out.extend_from_slice(name);
-    out
-}
-
 /// A node-wide record `name` in `meta`: `0xFFFF name`.
 pub fn node_key(name: &[u8]) -> Vec<u8> {
-    meta_key(NODE_WIDE, name)
+    Space::of(NODE_WIDE).meta_key(name)
 }
 
 #[cfg(test)]
@@ -278,15 +300,17 @@ mod tests {
         Slot { bucket, era, seq }
     }
 
+    const G0: Space = Space::of(GROUP_ZERO);
+
     #[test]
     fn keys_round_trip() {
         let slot = s(7, 1, 9);
         assert_eq!(
-            decode_slot_key(&slot_key("ns", slot)),
+            decode_slot_key(&G0.slot_key("ns", slot)),
             Some(("ns".into(), slot))
         );
         assert_eq!(
-            decode_timer_key(&timer_key("ns", "a/b")),
+            decode_timer_key(&Space::of(3).timer_key("ns", "a/b")),
             Some(("ns".into(), "a/b".into()))
         );
         assert_eq!(
@@ -294,10 +318,10 @@ mod tests {
             Some(("ns".into(), "a".into()))
         );
         assert_eq!(
-            decode_deadline_key(&deadline_key(42, "ns", slot)),
+            decode_deadline_key(&G0.deadline_key(42, "ns", slot)),
             Some((42, "ns".into(), slot))
         );
-        let home = Home::of("ns");
+        let home = G0.home("ns");
         assert_eq!(
             decode_hslot_slot_key(&hslot_slot_key(home, slot)),
             Some((home, slot))
@@ -310,19 +334,20 @@ mod tests {
             group: 0,
             hslot: home.hslot ^ 1,
         };
-        assert!(series_due_after(0, slot) > series_due_key(other, slot));
-        assert!(series_due_after(0, slot) < series_due_key(other, Slot { seq: 10, ..slot }));
-        assert_eq!(decode_nsmeta_key(&nsmeta_key("ns")), Some("ns".into()));
+        assert!(G0.series_due_after(slot) > series_due_key(other, slot));
+        assert!(G0.series_due_after(slot) < series_due_key(other, Slot { seq: 10, ..slot }));
+        assert_eq!(decode_nsmeta_key(&G0.nsmeta_key("ns")), Some("ns".into()));
         assert_eq!(
-            decode_namespace_key(&namespace_key(0, "ns")),
+            decode_namespace_key(&G0.namespace_key("ns")),
             Some("ns".into())
         );
     }
 
     #[test]
-    fn a_namespace_lives_in_its_pinned_hash_slot_of_group_zero() {
-        let home = Home::of("orders");
-        assert_eq!(home.group, GROUP_ZERO);
+    fn a_namespace_lives_in_its_pinned_hash_slot_of_its_group() {
+        let space = Space::of(7);
+        let home = space.home("orders");
+        assert_eq!(home.group, 7);
         assert_eq!(
             home.hslot,
             timerdb_client::hash_slot::hash_slot(
@@ -332,18 +357,21 @@ mod tests {
             )
             .get()
         );
-        let key = slot_key("orders", s(1, 0, 1));
+        let key = space.slot_key("orders", s(1, 0, 1));
         assert_eq!(&key[..4], &home.prefix());
-        assert!(key.starts_with(&namespace_prefix("orders")));
-        assert!(!key.starts_with(&namespace_prefix("order")));
+        assert!(key.starts_with(&space.namespace_prefix("orders")));
+        assert!(!key.starts_with(&space.namespace_prefix("order")));
+        // Another group's keys of the same namespace share no prefix with these.
+        assert!(!key.starts_with(&Space::of(8).namespace_prefix("orders")));
+        assert!(!key.starts_with(&G0.namespace_prefix("orders")));
     }
 
     #[test]
     fn deadline_keys_sort_by_group_then_deadline() {
         let mut keys = [
-            deadline_key(30, "b", s(1, 0, 1)),
-            deadline_key(10, "a", s(5, 0, 1)),
-            deadline_key(20, "zzz", s(0, 0, 0)),
+            G0.deadline_key(30, "b", s(1, 0, 1)),
+            G0.deadline_key(10, "a", s(5, 0, 1)),
+            G0.deadline_key(20, "zzz", s(0, 0, 0)),
         ];
         keys.sort();
         let times: Vec<i64> = keys
@@ -351,14 +379,14 @@ mod tests {
             .map(|k| decode_deadline_key(k).unwrap().0)
             .collect();
         assert_eq!(times, [10, 20, 30]);
-        assert!(deadline_bound(0, 10) <= keys[0]);
-        assert!(deadline_bound(0, 11) > keys[0]);
-        assert!(deadline_bound(1, 0) > keys[2]);
+        assert!(G0.deadline_bound(10) <= keys[0]);
+        assert!(G0.deadline_bound(11) > keys[0]);
+        assert!(Space::of(1).deadline_bound(0) > keys[2]);
     }
 
     #[test]
     fn node_wide_records_sort_after_every_group() {
-        assert!(node_key(b"format") > meta_key(0xFFFE, b"zzzz"));
+        assert!(node_key(b"format") > Space::of(0xFFFE).meta_key(b"zzzz"));
         assert!(node_key(b"format").starts_with(&[0xff, 0xff]));
     }
 }

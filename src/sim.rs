@@ -78,7 +78,7 @@ pub struct World {
     planted: std::collections::BTreeSet<&'static str>,
     /// Each entry index [`TRAIL_EVERY`] divides → (data directory, digest after applying it),
     /// for every time a replica applied it ([`trail`]).
-    trails: BTreeMap<u64, Vec<(String, u64)>>,
+    trails: BTreeMap<(u16, u64), Vec<(String, u64)>>,
     /// The network's dice (jitter, loss), seeded by [`install`].
     rng: u64,
 }
@@ -178,15 +178,16 @@ pub fn plant(name: &'static str) {
 }
 
 /// The replica in `dir` had `digest` after applying entry `index` (see [`TRAIL_EVERY`]).
-pub fn trail(dir: &str, index: u64, digest: u64) {
+pub fn trail(dir: &str, group: u16, index: u64, digest: u64) {
     with(|w| {
-        let at = w.trails.entry(index).or_default();
+        let at = w.trails.entry((group, index)).or_default();
         at.push((dir.to_string(), digest))
     });
 }
 
-/// The trail so far: index → (data directory, digest) for each time a replica applied it.
-pub fn trails() -> BTreeMap<u64, Vec<(String, u64)>> {
+/// The trail so far: (group, index) → (data directory, digest) for each time a replica of
+/// the group applied it.
+pub fn trails() -> BTreeMap<(u16, u64), Vec<(String, u64)>> {
     with(|w| w.trails.clone()).unwrap_or_default()
 }
 

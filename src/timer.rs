@@ -23,10 +23,10 @@ pub struct TimerKey {
 }
 
 impl TimerKey {
-    /// Its key in the `index` and `series` families (`crate::keys::timer_key`: its group and
-    /// hash slot, then the name bytes).
-    pub fn index_key(&self) -> Vec<u8> {
-        self.as_ref().index_key()
+    /// Its key in group `space`'s `index` and `series` families (`Space::timer_key`: the
+    /// group and hash slot, then the name bytes).
+    pub fn index_key(&self, space: crate::keys::Space) -> Vec<u8> {
+        self.as_ref().index_key(space)
     }
 
     /// The key an `index` or `series` family key names; `None` if the bytes are not one.
@@ -305,7 +305,7 @@ mod tests {
         for key in [("a", "b"), ("", "x"), ("ns", ""), ("名前", "ид/1")] {
             let key = TimerKey::new(key.0, key.1);
             assert_eq!(
-                TimerKey::from_index_key(&key.index_key()),
+                TimerKey::from_index_key(&key.index_key(crate::keys::Space::of(5))),
                 Some(key.clone())
             );
             assert_eq!(TimerKey::from_name_bytes(&key.name_bytes()), Some(key));

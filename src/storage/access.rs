@@ -38,14 +38,14 @@ impl Store {
 
     /// Reads the access state from the database (on open, after a snapshot install).
     pub(super) fn reload_access(&self) -> Result<()> {
-        let state = load(self.db())?;
+        let state = load(self.db(), self.space)?;
         self.set_access(state);
         Ok(())
     }
 }
 
-fn load(db: &rocksdb::DB) -> Result<AccessState> {
-    match db.get_cf(cf(db, CF_META), ACCESS)? {
+fn load(db: &rocksdb::DB, space: crate::keys::Space) -> Result<AccessState> {
+    match db.get_cf(cf(db, CF_META), space.meta_key(ACCESS))? {
         Some(v) => codec::decode(&v),
         None => Ok(AccessState::default()),
     }
@@ -56,7 +56,7 @@ impl Applier<'_> {
     pub(super) fn access(&mut self, change: AccessChange) -> Result<Response> {
         let current = match self.access_staged.take() {
             Some(s) => s,
-            None => load(self.db)?,
+            None => load(self.db, self.space)?,
         };
         let mut next = current.clone();
         if let Err(e) = next.change(&change) {
@@ -68,8 +68,11 @@ impl Applier<'_> {
             AccessChange::RevokeKey(id) => current.keys.get(id).cloned(),
             AccessChange::Enable(_) => None,
         };
-        self.batch
-            .put_cf(cf(self.db, CF_META), ACCESS, codec::encode(&next));
+        self.batch.put_cf(
+            cf(self.db, CF_META),
+            self.space.meta_key(ACCESS),
+            codec::encode(&next),
+        );
         let enabled = next.enabled;
         self.access_staged = Some(next);
         self.access_changed = true;

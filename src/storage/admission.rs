@@ -43,7 +43,8 @@ impl Store {
     /// took from an earlier `Hello`; a width of its own (`--bucket-ms`, or data) must match.
     /// `pinned`: the width is this node's own (`--bucket-ms`), never replaced.
     pub fn admit(&self, width_ms: u64, term: u64, from: &str, pinned: bool) -> Result<()> {
-        let applied = self.db.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)?;
+        let last_applied = self.space.meta_key(meta::LAST_APPLIED);
+        let applied = self.db.get_cf(cf(&self.db, CF_META), last_applied)?;
         let holds_nothing = match applied {
             Some(v) => codec::decode::<Option<crate::raft_types::LogId>>(&v)?.is_none(),
             None => true,

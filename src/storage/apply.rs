@@ -30,7 +30,7 @@ use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
 use crate::command::{Command, Cond, Response, Shift};
-use crate::keys::{self, Home};
+use crate::keys::Space;
 use crate::namespace::{Config, Policy, PushTarget};
 use crate::timer::{KeyRef, Timer, TimerKey};
 use crate::wheel::{Slot, Wheel};
@@ -39,6 +39,8 @@ use crate::{Error, Result};
 /// Applies commands for one log entry into `batch`.
 pub(super) struct Applier<'a> {
     pub db: &'a DB,
+    /// The group whose log this entry is of: every key it reads or writes is under its prefix.
+    pub space: Space,
     pub wheel: Wheel,
     pub batch: &'a mut WriteBatch,
     pub progress: &'a mut Progress,
@@ -121,6 +123,7 @@ pub(super) struct Applier<'a> {
 impl<'a> Applier<'a> {
     pub fn new(
         db: &'a DB,
+        space: Space,
         wheel: Wheel,
         batch: &'a mut WriteBatch,
         progress: &'a mut Progress,
@@ -129,6 +132,7 @@ impl<'a> Applier<'a> {
     ) -> Self {
         Applier {
             db,
+            space,
             wheel,
             batch,
             progress,
@@ -342,8 +346,11 @@ impl<'a> Applier<'a> {
         let mut names: Vec<&String> = self.nsmeta.keys().collect();
         names.sort(); // the batch's order, so the same on every replica
         for ns in names {
-            self.batch
-                .put_cf(cf, keys::nsmeta_key(ns), codec::encode(&self.nsmeta[ns]));
+            self.batch.put_cf(
+                cf,
+                self.space.nsmeta_key(ns),
+                codec::encode(&self.nsmeta[ns]),
+            );
         }
     }
 
@@ -370,7 +377,7 @@ impl<'a> Applier<'a> {
         }
         let raw = self.db.get_cf(
             cf(self.db, CF_NAMESPACES),
-            keys::namespace_key(keys::GROUP_ZERO, namespace),
+            self.space.namespace_key(namespace),
         )?;
         let (config, configured) = match raw {
             Some(v) => (super::config_of(&v)?, true),
@@ -393,7 +400,7 @@ impl<'a> Applier<'a> {
     /// `namespace`'s meta as this entry has it (written by `finish`).
     pub(super) fn ns(&mut self, namespace: &str) -> Result<&mut NsMeta> {
         if !self.nsmeta.contains_key(namespace) {
-            let meta = NsMeta::load(self.db, namespace)?;
+            let meta = NsMeta::load(self.db, self.space, namespace)?;
             self.nsmeta.insert(namespace.to_string(), meta);
         }
         Ok(self.nsmeta.get_mut(namespace).expect("just loaded"))
@@ -402,7 +409,7 @@ impl<'a> Applier<'a> {
     /// The slot of `key`'s row, if it has one (an index entry of a purged timer is dead:
     /// see `gc.rs`).
     fn slot_of(&mut self, key: KeyRef<'_>) -> Result<Option<Slot>> {
-        let k = key.index_key();
+        let k = key.index_key(self.space);
         let slot = match self
             .index_staged
             .get(&k)
@@ -431,7 +438,7 @@ impl<'a> Applier<'a> {
         keys: impl Iterator<Item = K>,
     ) -> Result<()> {
         let mut encoded: Vec<Vec<u8>> = keys
-            .map(|k| k.into().index_key())
+            .map(|k| k.into().index_key(self.space))
             .filter(|k| !self.index_staged.contains_key(k) && !self.index_read.contains_key(k))
             .collect();
         if encoded.len() < 2 {
@@ -461,7 +468,7 @@ impl<'a> Applier<'a> {
         }
         let raw = self
             .db
-            .get_cf(cf(self.db, CF_WHEEL), keys::slot_key(namespace, slot))?;
+            .get_cf(cf(self.db, CF_WHEEL), self.space.slot_key(namespace, slot))?;
         raw.map(|v| Row::decode(&v)).transpose()
     }
 
@@ -490,13 +497,13 @@ impl<'a> Applier<'a> {
         }
         let raw = self
             .db
-            .get_cf(cf(self.db, CF_LEASES), keys::slot_key(namespace, to))?;
+            .get_cf(cf(self.db, CF_LEASES), self.space.slot_key(namespace, to))?;
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
     /// Reads of the database as it is (not of this entry's writes).
     pub(super) fn reader(&self) -> Reader<'a> {
-        Reader::live(self.db)
+        Reader::live(self.db, self.space)
     }
 }
 
@@ -519,13 +526,16 @@ impl Lookup for Applier<'_> {
         if staged.is_some() {
             return Ok(staged);
         }
-        Reader::live(self.db).lease_covering(namespace, slot)
+        Reader::live(self.db, self.space).lease_covering(namespace, slot)
     }
 
     fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
         match self.fired {
             Some((from, to, now_ms)) if from < slot && slot <= to => Ok((self.index, now_ms)),
-            _ => Reader::live(self.db).fire_record(Home::of(namespace), slot),
+            _ => {
+                let home = self.space.home(namespace);
+                Reader::live(self.db, self.space).fire_record(home, slot)
+            }
         }
     }
 

@@ -24,7 +24,6 @@ use super::read::slot_of_key;
 use super::row::{header, latency_ms, materialize, Kind, Lease, Settled};
 use super::{cf, CF_DEADLINES};
 use crate::command::{Grant, Granted, LeaseRef, Rejection, Response};
-use crate::keys;
 use crate::timer::{AttemptRecord, Channel, Outcome, Phase, Timer, TimerKey, TimerState};
 use crate::Result;
 
@@ -97,7 +96,7 @@ impl Applier<'_> {
         };
         self.put_lease(namespace, to, lease);
         if count > 0 {
-            let key = keys::deadline_key(deadline_ms, namespace, to);
+            let key = self.space.deadline_key(deadline_ms, namespace, to);
             self.batch.put_cf(cf(self.db, CF_DEADLINES), key, []);
             let at = deadline_ms.max(0) as u64;
             self.deadlines_written = Some(self.deadlines_written.map_or(at, |w| w.min(at)));
@@ -193,7 +192,9 @@ impl Applier<'_> {
         iter.status()?;
         drop(iter);
         drop(reader);
-        let deadline = keys::deadline_key(lease.deadline_ms, &l.namespace, l.to);
+        let deadline = self
+            .space
+            .deadline_key(lease.deadline_ms, &l.namespace, l.to);
         self.batch.delete_cf(cf(self.db, CF_DEADLINES), deadline);
         lease.settled = Some(Settled {
             at_ms: now_ms,

@@ -166,11 +166,11 @@ impl Applier<'_> {
         // state; which namespaces the cache named is not), in hash-slot order.
         let hslots: BTreeSet<HSlot> = (namespaces.iter().zip(&passed))
             .filter(|(_, p)| **p)
-            .map(|(ns, _)| Home::of(ns).hslot)
+            .map(|(ns, _)| self.space.home(ns).hslot)
             .collect();
         for hslot in hslots {
             let home = Home {
-                group: keys::GROUP_ZERO,
+                group: self.space.group,
                 hslot,
             };
             self.batch.put_cf(
@@ -195,10 +195,9 @@ impl Applier<'_> {
     fn expire_leases(&mut self, now_ms: i64, max: usize) -> Result<bool> {
         let mut opts = ReadOptions::default();
         let past = (now_ms.max(0) as u64).saturating_add(1);
-        let group = keys::GROUP_ZERO;
-        opts.set_iterate_upper_bound(keys::deadline_bound(group, past));
+        opts.set_iterate_upper_bound(self.space.deadline_bound(past));
         // From the floor, not the start: below it lie only tombstones (`floor.rs`).
-        opts.set_iterate_lower_bound(keys::deadline_bound(group, self.deadline_floor));
+        opts.set_iterate_lower_bound(self.space.deadline_bound(self.deadline_floor));
         let mut iter = self.db.raw_iterator_cf_opt(cf(self.db, CF_DEADLINES), opts);
         iter.seek_to_first();
         let mut due = Vec::new();
@@ -250,7 +249,7 @@ impl Applier<'_> {
                 "deadline of a lease {namespace}/{to} that does not exist"
             )));
         };
-        let deadline = keys::deadline_key(lease.deadline_ms, namespace, to);
+        let deadline = self.space.deadline_key(lease.deadline_ms, namespace, to);
         self.batch.delete_cf(cf(self.db, CF_DEADLINES), deadline);
         if lease.settled.is_some() {
             return Ok(0);

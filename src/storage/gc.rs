@@ -23,6 +23,7 @@ use rocksdb::{IteratorMode, DB};
 
 use super::meta::NsMeta;
 use super::{cf, codec, CF_NSMETA};
+use crate::keys::Group;
 use crate::timer::TimerKey;
 use crate::wheel::Slot;
 use crate::Result;
@@ -55,9 +56,10 @@ pub struct IndexGc {
 #[derive(Debug, Default)]
 struct State {
     pins: usize,
-    floors: HashMap<String, Slot>,
+    /// By group and namespace: each group's replica of a namespace has its own floor.
+    floors: HashMap<(Group, String), Slot>,
     /// Floors that advanced while pinned.
-    deferred: HashMap<String, Slot>,
+    deferred: HashMap<(Group, String), Slot>,
 }
 
 /// Holds the filter's floors still (see the module essay); released on drop.
@@ -69,15 +71,15 @@ impl Drop for GcPin {
         s.pins -= 1;
         if s.pins == 0 {
             let deferred = std::mem::take(&mut s.deferred);
-            for (ns, floor) in deferred {
-                raise(&mut s.floors, ns, floor);
+            for (at, floor) in deferred {
+                raise(&mut s.floors, at, floor);
             }
         }
     }
 }
 
-fn raise(floors: &mut HashMap<String, Slot>, ns: String, floor: Slot) {
-    let f = floors.entry(ns).or_default();
+fn raise(floors: &mut HashMap<(Group, String), Slot>, at: (Group, String), floor: Slot) {
+    let f = floors.entry(at).or_default();
     *f = (*f).max(floor);
 }
 
@@ -90,13 +92,14 @@ impl IndexGc {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `namespace`'s purge floor is now `floor` (a purge was written).
-    pub fn advance(&self, namespace: &str, floor: Slot) {
+    /// `namespace`'s purge floor in `group` is now `floor` (a purge was written).
+    pub fn advance(&self, group: Group, namespace: &str, floor: Slot) {
         let mut s = self.lock();
+        let at = (group, namespace.to_string());
         if s.pins == 0 {
-            raise(&mut s.floors, namespace.to_string(), floor);
+            raise(&mut s.floors, at, floor);
         } else {
-            raise(&mut s.deferred, namespace.to_string(), floor);
+            raise(&mut s.deferred, at, floor);
         }
     }
 
@@ -106,14 +109,16 @@ impl IndexGc {
         GcPin(self.clone())
     }
 
-    /// Takes every namespace's purge floor from the database (opened, or a snapshot installed).
+    /// Takes every namespace's purge floor, of every group, from the database (opened, or a
+    /// snapshot installed).
     pub fn load(&self, db: &DB) -> Result<()> {
         for item in db.iterator_cf(cf(db, CF_NSMETA), IteratorMode::Start) {
             let (k, v) = item?;
             let meta: NsMeta = codec::decode(&v)?;
-            let ns = crate::keys::decode_nsmeta_key(&k)
-                .ok_or_else(|| crate::Error::Storage("corrupt namespace name".into()))?;
-            self.advance(&ns, meta.purged_to);
+            let corrupt = || crate::Error::Storage("corrupt namespace name".into());
+            let group = group_of(&k).ok_or_else(corrupt)?;
+            let ns = crate::keys::decode_nsmeta_key(&k).ok_or_else(corrupt)?;
+            self.advance(group, &ns, meta.purged_to);
         }
         Ok(())
     }
@@ -122,16 +127,26 @@ impl IndexGc {
     pub fn filter(self: &Arc<Self>) -> impl FnMut(u32, &[u8], &[u8]) -> Decision + Send + 'static {
         let gc = self.clone();
         move |_level, key, value| {
-            let (Some(k), Some(slot)) = (TimerKey::from_index_key(key), Slot::decode(value)) else {
+            let parsed = (
+                group_of(key),
+                TimerKey::from_index_key(key),
+                Slot::decode(value),
+            );
+            let (Some(group), Some(k), Some(slot)) = parsed else {
                 return Decision::Keep; // not ours to judge
             };
             let s = gc.lock();
-            match s.floors.get(&k.namespace) {
+            match s.floors.get(&(group, k.namespace)) {
                 Some(floor) if !live(slot, *floor) => Decision::Remove,
                 _ => Decision::Keep,
             }
         }
     }
+}
+
+/// The group a state key starts with.
+fn group_of(key: &[u8]) -> Option<Group> {
+    key.first_chunk::<2>().map(|g| Group::from_be_bytes(*g))
 }
 
 #[cfg(test)]
@@ -146,19 +161,25 @@ mod tests {
     fn the_filter_drops_only_dead_entries_and_waits_for_pins() {
         let gc = IndexGc::new();
         let mut f = gc.filter();
-        let key = crate::timer::TimerKey::new("ns", "a").index_key();
+        let key = crate::timer::TimerKey::new("ns", "a").index_key(crate::keys::Space::of(3));
+        // The same timer's entry in another group, whose namespace has no floor there.
+        let other = crate::timer::TimerKey::new("ns", "a").index_key(crate::keys::Space::of(4));
         let mut removes = |slot: Slot| matches!(f(1, &key, &slot.encode()), Decision::Remove);
         assert!(!removes(s(5)), "no floor yet");
-        gc.advance("ns", s(5));
+        gc.advance(3, "ns", s(5));
         assert!(removes(s(5)), "at the floor: dead");
         assert!(!removes(s(6)), "after it: alive");
         let pin = gc.pin();
-        gc.advance("ns", s(10));
+        gc.advance(3, "ns", s(10));
         assert!(!removes(s(8)), "a pinned reader may still see it alive");
         drop(pin);
         assert!(removes(s(8)), "the floor moves when the last pin goes");
         assert!(!removes(s(11)));
         let mut f = gc.filter();
         assert!(matches!(f(1, b"junk", b"x"), Decision::Keep));
+        assert!(
+            matches!(f(1, &other, &s(1).encode()), Decision::Keep),
+            "group 3's floor is not group 4's"
+        );
     }
 }

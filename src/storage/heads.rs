@@ -1,7 +1,7 @@
 //! Each namespace's first row after the fire cursor, kept in memory: which namespaces a Fire
 //! entry must look at, and when the fire driver must wake.
 //!
-//! Keyed by namespace: a pinned namespace lives in one hash slot (`crate::keys::Home::of`),
+//! Keyed by namespace: a pinned namespace lives in one hash slot (`crate::keys::Space::home`),
 //! and the Fire entry merges the namespaces' rows in slot order, whatever their hash slots,
 //! so that `max` rows per entry never starve a high-numbered one.
 //!
@@ -18,7 +18,7 @@ use rocksdb::DB;
 
 use super::read::Reader;
 use super::{cf, CF_NSMETA};
-use crate::keys;
+use crate::keys::{self, Space};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -77,9 +77,9 @@ impl Heads {
     }
 
     /// Reads every namespace's head after `cursor` from the database.
-    pub fn load(db: &DB, cursor: Slot) -> Result<Heads> {
+    pub fn load(db: &DB, space: Space, cursor: Slot) -> Result<Heads> {
         let mut heads = Heads::default();
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let group = space.prefix();
         for item in db.prefix_iterator_cf(cf(db, CF_NSMETA), group) {
             let (name, _) = item?;
             if !name.starts_with(&group) {
@@ -87,7 +87,7 @@ impl Heads {
             }
             let ns = keys::decode_nsmeta_key(&name)
                 .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
-            heads.set(&ns, Reader::live(db).first_after(&ns, cursor)?);
+            heads.set(&ns, Reader::live(db, space).first_after(&ns, cursor)?);
         }
         Ok(heads)
     }

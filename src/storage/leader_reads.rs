@@ -21,7 +21,7 @@ impl Store {
     /// The timers a lease handed out, still in flight under it (each with its attempt in
     /// `attempts`), in slot order.
     pub fn leased(&self, g: &Granted) -> Result<Vec<Timer>> {
-        let mut snap = Snap::new(&self.db)?;
+        let mut snap = Snap::new(&self.db, self.space)?;
         let mut rows = Vec::new();
         let mut iter = snap.reader.rows_between(&g.namespace, g.from, g.to);
         while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
@@ -47,10 +47,9 @@ impl Store {
     /// counted whole (a delivery of one acked alone is still counted until its deadline).
     /// The open leases are the `deadlines` family, in deadline order.
     pub fn in_flight_before(&self, namespace: &str, before_ms: i64, now_ms: i64) -> Result<u64> {
-        let group = keys::GROUP_ZERO;
-        let start = keys::deadline_bound(group, (now_ms.max(0) as u64) + 1);
+        let start = self.space.deadline_bound((now_ms.max(0) as u64) + 1);
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(prefix_end(&keys::group_prefix(group)));
+        opts.set_iterate_upper_bound(prefix_end(&self.space.prefix()));
         let iter = self.db.iterator_cf_opt(
             cf(&self.db, CF_DEADLINES),
             opts,
@@ -67,7 +66,7 @@ impl Store {
             }
             let raw = self
                 .db
-                .get_cf(cf(&self.db, CF_LEASES), keys::slot_key(&ns, to))?;
+                .get_cf(cf(&self.db, CF_LEASES), self.space.slot_key(&ns, to))?;
             let Some(raw) = raw else { continue };
             let lease: Lease = decode(&raw)?;
             if lease.settled.is_none() && lease.delivered_at_ms < before_ms {
@@ -79,7 +78,7 @@ impl Store {
 
     /// Whether `namespace` has a fired timer waiting for a consumer (READY).
     pub fn has_ready(&self, namespace: &str) -> Result<bool> {
-        let mut snap = Snap::new(&self.db)?;
+        let mut snap = Snap::new(&self.db, self.space)?;
         let from = snap.ns(namespace)?.delivered_to;
         let cursor = snap.cursor;
         if from >= cursor {
@@ -101,8 +100,8 @@ impl Store {
     /// once, long before the lease it hides fails to expire.
     pub fn check_deadline_floor(&self) -> std::result::Result<(), String> {
         let floor = self.deadline_floor.get();
-        let reader = Reader::live(&self.db);
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let reader = Reader::live(&self.db, self.space);
+        let group = self.space.prefix();
         let iter = reader.iter(CF_DEADLINES, group.to_vec(), Some(prefix_end(&group)));
         let first = iter.key().and_then(keys::decode_deadline_key);
         match first {
@@ -124,10 +123,9 @@ impl Store {
             let head = heads.first().map(|slot| self.wheel().due_ms(slot.bucket));
             (head, self.deadline_floor.get())
         };
-        let reader = Reader::live(&self.db);
-        let group = keys::GROUP_ZERO;
-        let floor = keys::deadline_bound(group, floor);
-        let upper = prefix_end(&keys::group_prefix(group));
+        let reader = Reader::live(&self.db, self.space);
+        let floor = self.space.deadline_bound(floor);
+        let upper = prefix_end(&self.space.prefix());
         let iter = reader.iter(CF_DEADLINES, floor, Some(upper));
         iter.status()?;
         let deadline = match iter.key() {
@@ -160,6 +158,7 @@ impl Store {
                 .max(u64::try_from(floor.as_millis()).unwrap_or(u64::MAX));
             let found = super::purge::purgeable_through(
                 &self.db,
+                self.space,
                 &ns,
                 m.purged_to,
                 retention,
@@ -178,9 +177,9 @@ impl Store {
     /// entry passes such rows for the namespaces whose rows it fires; the purger asks for the
     /// rest (a grant of room 0), or they would never be purged. Read from one snapshot.
     pub fn passable(&self) -> Result<Vec<String>> {
-        let snap = Snap::new(&self.db)?;
+        let snap = Snap::new(&self.db, self.space)?;
         let mut out = Vec::new();
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let group = self.space.prefix();
         let mut names = snap
             .reader
             .iter(CF_NSMETA, group.to_vec(), Some(prefix_end(&group)));
@@ -212,7 +211,7 @@ impl Store {
     /// Every namespace's meta (`nsmeta`), in key order (by hash slot, then name).
     pub(super) fn namespace_metas(&self) -> Result<Vec<(String, NsMeta)>> {
         let mut out = Vec::new();
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let group = self.space.prefix();
         for item in self.db.prefix_iterator_cf(cf(&self.db, CF_NSMETA), group) {
             let (k, v) = item?;
             if !k.starts_with(&group) {

@@ -32,13 +32,13 @@ impl Store {
 
     /// Reads the committed level from the database (on open, after a snapshot install).
     pub(super) fn reload_level(&self) -> Result<()> {
-        self.set_level(load(self.db())?);
+        self.set_level(load(self.db(), self.space)?);
         Ok(())
     }
 }
 
-fn load(db: &rocksdb::DB) -> Result<u32> {
-    match db.get_cf(cf(db, CF_META), LEVEL)? {
+fn load(db: &rocksdb::DB, space: crate::keys::Space) -> Result<u32> {
+    match db.get_cf(cf(db, CF_META), space.meta_key(LEVEL))? {
         Some(v) => codec::decode(&v),
         None => Ok(0),
     }
@@ -49,11 +49,14 @@ impl Applier<'_> {
     pub(super) fn raise_level(&mut self, level: u32) -> Result<Response> {
         let current = match self.level_staged {
             Some(l) => l,
-            None => load(self.db)?,
+            None => load(self.db, self.space)?,
         };
         if level > current {
-            self.batch
-                .put_cf(cf(self.db, CF_META), LEVEL, codec::encode(&level));
+            self.batch.put_cf(
+                cf(self.db, CF_META),
+                self.space.meta_key(LEVEL),
+                codec::encode(&level),
+            );
             self.level_staged = Some(level);
         }
         Ok(Response::None)

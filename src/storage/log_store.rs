@@ -42,7 +42,7 @@ use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
 use super::log_engine::{
-    read_err, write_err, GroupId, GroupState, LogEngine, COMMITTED, GROUP0, LAST_PURGED, VOTE,
+    read_err, write_err, GroupId, GroupState, LogEngine, COMMITTED, LAST_PURGED, VOTE,
 };
 use super::meta::LAST_APPLIED;
 use super::{cf, codec, CF_META};
@@ -91,7 +91,7 @@ impl LogStore {
     pub fn new(db: Arc<rocksdb::DB>) -> Self {
         LogEngine::open(db)
             .expect("open the log engine")
-            .group(GROUP0)
+            .group(super::GROUP0)
     }
 
     /// Writes `entries` as `append` writes them, without the callback only openraft can make
@@ -139,20 +139,15 @@ impl LogStore {
         &self.engine.db
     }
 
-    /// The index the group's state machine has applied (it shares the database). One state
-    /// machine stands beside group 0 today; issue 36 gives each group its own `last_applied`.
-    /// Until then another group's purge or committed index cannot be checked against a state
-    /// machine, and is refused rather than let through unguarded.
+    /// The index the group's state machine has applied (it shares the database: the group's
+    /// `last_applied` in `meta`).
     fn applied_index(&self) -> StResult<u64> {
-        if self.group != GROUP0 {
-            return Err(read_err(format!(
-                "group {} has no state machine in this build",
-                self.group
-            )));
-        }
+        let space = crate::keys::Group::try_from(self.group)
+            .map(crate::keys::Space::of)
+            .map_err(|_| read_err(format!("group {} has no state keys", self.group)))?;
         let raw = self
             .db()
-            .get_cf(cf(self.db(), CF_META), LAST_APPLIED)
+            .get_cf(cf(self.db(), CF_META), space.meta_key(LAST_APPLIED))
             .map_err(read_err)?;
         let applied: Option<LogId> = match raw {
             Some(v) => codec::decode(&v).map_err(read_err)?,

@@ -10,32 +10,32 @@ use rocksdb::{WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 
 use super::{cf, codec, CF_META, CF_NSMETA};
+use crate::keys::Space;
 use crate::wheel::Slot;
 use crate::Result;
 
-// Keys (`crate::keys`): a group's records are `G name`, group 0's written out here while it
-// is the only group (sharding.md §12 step 4 makes them functions of the group); node-wide
-// records are `0xFFFF name`.
+// Keys (`crate::keys`): a group's records are `G name` (`Space::meta_key` of the names
+// below); node-wide records are `0xFFFF name`, written out here.
 
-/// Key of the last applied log id.
-pub const LAST_APPLIED: &[u8] = b"\0\0last_applied";
-/// Key of the last applied membership.
-pub const MEMBERSHIP: &[u8] = b"\0\0membership";
-/// Key of the replicated clock and counters ([`Progress`]).
-pub const PROGRESS: &[u8] = b"\0\0progress";
+/// Name of the last applied log id.
+pub const LAST_APPLIED: &[u8] = b"last_applied";
+/// Name of the last applied membership.
+pub const MEMBERSHIP: &[u8] = b"membership";
+/// Name of the replicated clock and counters ([`Progress`]).
+pub const PROGRESS: &[u8] = b"progress";
 
 /// Key of the storage format the database was created with (`storage::FORMAT`): node-wide.
 pub const FORMAT: &[u8] = b"\xff\xffformat";
 
-/// Key of the access state (`crate::auth::AccessState`: keys, auth on/off).
-pub const ACCESS: &[u8] = b"\0\0access";
+/// Name of the access state (`crate::auth::AccessState`: keys, auth on/off).
+pub const ACCESS: &[u8] = b"access";
 
 /// Key of the bucket width the wheel was created with; a node refuses to open it with another.
 /// Node-wide (every group's wheel has the cluster's width).
 pub const BUCKET_MS: &[u8] = b"\xff\xffbucket_ms";
 
-/// Key of the committed feature level (`level.rs`); absent: 0.
-pub const LEVEL: &[u8] = b"\0\0level";
+/// Name of the committed feature level (`level.rs`); absent: 0.
+pub const LEVEL: &[u8] = b"level";
 
 /// The replicated clock and counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,8 +68,8 @@ pub struct NsMeta {
 }
 
 impl NsMeta {
-    pub fn load(db: &DB, namespace: &str) -> Result<NsMeta> {
-        match db.get_cf(cf(db, CF_NSMETA), crate::keys::nsmeta_key(namespace))? {
+    pub fn load(db: &DB, space: Space, namespace: &str) -> Result<NsMeta> {
+        match db.get_cf(cf(db, CF_NSMETA), space.nsmeta_key(namespace))? {
             Some(v) => codec::decode(&v),
             None => Ok(NsMeta::default()),
         }
@@ -93,28 +93,30 @@ impl std::ops::Deref for SmMeta {
 
 impl SmMeta {
     /// Reads the metadata; a fresh database gives the defaults.
-    pub fn load(db: &DB) -> Result<SmMeta> {
+    pub fn load(db: &DB, space: Space) -> Result<SmMeta> {
         let cf = cf(db, CF_META);
         let mut meta = SmMeta::default();
-        if let Some(v) = db.get_cf(cf, LAST_APPLIED)? {
+        if let Some(v) = db.get_cf(cf, space.meta_key(LAST_APPLIED))? {
             meta.last_applied = codec::decode(&v)?;
         }
-        if let Some(v) = db.get_cf(cf, MEMBERSHIP)? {
+        if let Some(v) = db.get_cf(cf, space.meta_key(MEMBERSHIP))? {
             meta.membership = codec::decode(&v)?;
         }
-        if let Some(v) = db.get_cf(cf, PROGRESS)? {
+        if let Some(v) = db.get_cf(cf, space.meta_key(PROGRESS))? {
             meta.progress = codec::decode(&v)?;
         }
         Ok(meta)
     }
 
     /// Adds the applied id and progress (and membership when `with_membership`) to `batch`.
-    pub fn stage(&self, db: &DB, batch: &mut WriteBatch, with_membership: bool) {
+    pub fn stage(&self, db: &DB, space: Space, batch: &mut WriteBatch, with_membership: bool) {
         let cf = cf(db, CF_META);
-        batch.put_cf(cf, LAST_APPLIED, codec::encode(&self.last_applied));
-        batch.put_cf(cf, PROGRESS, codec::encode(&self.progress));
+        let last_applied = codec::encode(&self.last_applied);
+        batch.put_cf(cf, space.meta_key(LAST_APPLIED), last_applied);
+        batch.put_cf(cf, space.meta_key(PROGRESS), codec::encode(&self.progress));
         if with_membership {
-            batch.put_cf(cf, MEMBERSHIP, codec::encode(&self.membership));
+            let membership = codec::encode(&self.membership);
+            batch.put_cf(cf, space.meta_key(MEMBERSHIP), membership);
         }
     }
 }

@@ -34,7 +34,10 @@ use rocksdb::{DBRawIterator, IteratorMode, WriteBatch, DB};
 use super::meta::{self, Progress};
 use super::read::FiredBy;
 use super::{cf, codec, CF_META};
-use crate::keys::{self, HSlot, Home, GROUP_ZERO};
+use crate::keys::{self, HSlot, Space, GROUP_ZERO};
+
+/// The group a format-5 state becomes: group 0, owning every hash slot.
+const G0: Space = Space::of(GROUP_ZERO);
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -107,36 +110,36 @@ pub(super) fn rewrite(db: &DB, last: impl FnOnce(&mut WriteBatch)) -> Result<u64
     w.copy(V5_INDEX, super::CF_INDEX, |k, v| {
         let (ns, id) = keys::decode_timer_name(k)?;
         let slot = v5_slot(v)?;
-        Some((keys::timer_key(&ns, &id), slot.encode().to_vec()))
+        Some((G0.timer_key(&ns, &id), slot.encode().to_vec()))
     })?;
     w.copy(V5_LEASES, super::CF_LEASES, |k, v| {
         let (ns, to) = v5_slot_key(k)?;
-        Some((keys::slot_key(&ns, to), v.to_vec()))
+        Some((G0.slot_key(&ns, to), v.to_vec()))
     })?;
     w.copy(V5_DEADLINES, super::CF_DEADLINES, |k, v| {
         let (at, rest) = k.split_first_chunk::<8>()?;
         let (ns, to) = v5_slot_key(rest)?;
         Some((
-            keys::deadline_key(u64::from_be_bytes(*at) as i64, &ns, to),
+            G0.deadline_key(u64::from_be_bytes(*at) as i64, &ns, to),
             v.to_vec(),
         ))
     })?;
     w.copy(V5_NSMETA, super::CF_NSMETA, |k, v| {
         let ns = std::str::from_utf8(k).ok()?;
-        Some((keys::nsmeta_key(ns), v.to_vec()))
+        Some((G0.nsmeta_key(ns), v.to_vec()))
     })?;
     w.copy(V5_NAMESPACES, super::CF_NAMESPACES, |k, v| {
         let ns = std::str::from_utf8(k).ok()?;
-        Some((keys::namespace_key(GROUP_ZERO, ns), v.to_vec()))
+        Some((G0.namespace_key(ns), v.to_vec()))
     })?;
     w.copy(V5_SERIES, super::CF_RECURRING, |k, v| {
         let (ns, id) = keys::decode_timer_name(k)?;
-        Some((keys::timer_key(&ns, &id), v.to_vec()))
+        Some((G0.timer_key(&ns, &id), v.to_vec()))
     })?;
     w.copy(V5_SERIES_DUE, super::CF_RECURRING_DUE, |k, v| {
         let slot = v5_slot(k)?;
         let (ns, _) = keys::decode_timer_name(v)?;
-        Some((keys::series_due_key(Home::of(&ns), slot), v.to_vec()))
+        Some((keys::series_due_key(G0.home(&ns), slot), v.to_vec()))
     })?;
     w.meta(progress)?;
     let Writer {
@@ -153,15 +156,18 @@ pub(super) fn rewrite(db: &DB, last: impl FnOnce(&mut WriteBatch)) -> Result<u64
 }
 
 /// Format 6's key of format 5's `meta` record `name`; `None` if format 5 had none of it.
-pub fn v5_meta_key(name: &[u8]) -> Option<&'static [u8]> {
+pub fn v5_meta_key(name: &[u8]) -> Option<Vec<u8>> {
+    let group = [
+        meta::LAST_APPLIED,
+        meta::MEMBERSHIP,
+        meta::PROGRESS,
+        meta::ACCESS,
+        meta::LEVEL,
+    ];
     Some(match name {
-        b"last_applied" => meta::LAST_APPLIED,
-        b"membership" => meta::MEMBERSHIP,
-        b"progress" => meta::PROGRESS,
-        b"access" => meta::ACCESS,
-        b"level" => meta::LEVEL,
-        b"bucket_ms" => meta::BUCKET_MS,
-        b"format" => meta::FORMAT,
+        _ if group.contains(&name) => G0.meta_key(name),
+        b"bucket_ms" => meta::BUCKET_MS.to_vec(),
+        b"format" => meta::FORMAT.to_vec(),
         _ => return None,
     })
 }
@@ -238,7 +244,7 @@ impl Writer<'_> {
         {
             let (k, v) = item?;
             let (ns, slot) = v5_slot_key(&k).ok_or_else(|| corrupt(V5_WHEEL, &k))?;
-            self.put(super::CF_WHEEL, &keys::slot_key(&ns, slot), &v)?;
+            self.put(super::CF_WHEEL, &G0.slot_key(&ns, slot), &v)?;
             self.rows += 1;
             // A row the cursor passed with no record: format 5 could not read it either
             // (`fire_record`); carried over as it was.
@@ -247,7 +253,7 @@ impl Writer<'_> {
             else {
                 continue;
             };
-            let home = Home::of(&ns);
+            let home = G0.home(&ns);
             if copied.insert((home.hslot, end)) {
                 self.put(super::CF_FIRES, &keys::hslot_slot_key(home, end), &record)?;
             }
@@ -265,21 +271,21 @@ impl Writer<'_> {
             .iterator_cf(cf(self.db, V5_META), IteratorMode::Start)
         {
             let (k, v) = item?;
-            let key = match v5_meta_key(&k) {
-                // Written at the end, as 6.
-                Some(meta::FORMAT) => continue,
-                Some(meta::PROGRESS) => {
-                    had_progress = true;
-                    continue;
-                }
-                Some(key) => key,
-                None => return Err(corrupt(V5_META, &k)),
+            let Some(key) = v5_meta_key(&k) else {
+                return Err(corrupt(V5_META, &k));
             };
-            self.put(CF_META, key, &v)?;
+            if key == meta::FORMAT {
+                continue; // written at the end, as 6
+            }
+            if key == G0.meta_key(meta::PROGRESS) {
+                had_progress = true;
+                continue;
+            }
+            self.put(CF_META, &key, &v)?;
             self.rows += 1;
         }
         if let Some(p) = progress.filter(|_| had_progress) {
-            self.put(CF_META, meta::PROGRESS, &codec::encode(&p))?;
+            self.put(CF_META, &G0.meta_key(meta::PROGRESS), &codec::encode(&p))?;
         }
         Ok(())
     }

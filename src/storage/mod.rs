@@ -42,6 +42,7 @@ mod admission;
 mod apply;
 mod change;
 mod deliver;
+mod digest;
 mod fire;
 mod floor;
 mod gc;

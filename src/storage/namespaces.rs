@@ -14,7 +14,7 @@ impl Applier<'_> {
         self.namespaces_changed = true;
         self.policies.insert(name.clone(), config.policy);
         self.pushes.insert(name.clone(), config.push.clone());
-        let key = crate::keys::namespace_key(crate::keys::GROUP_ZERO, &name);
+        let key = self.space.namespace_key(&name);
         self.batch.put_cf(
             cf(self.db, CF_NAMESPACES),
             key,

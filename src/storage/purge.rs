@@ -17,7 +17,7 @@ use super::apply::Applier;
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_NSMETA, CF_WHEEL};
 use crate::command::Response;
-use crate::keys::{self, Home};
+use crate::keys::{self, Space};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
@@ -48,8 +48,8 @@ impl Applier<'_> {
         drop(iter);
         drop(reader);
         let (lo, hi) = (
-            keys::slot_key_after(namespace, from),
-            keys::slot_key_after(namespace, through),
+            self.space.slot_key_after(namespace, from),
+            self.space.slot_key_after(namespace, through),
         );
         self.batch.delete_range_cf(cf(self.db, CF_WHEEL), &lo, &hi);
         self.batch.delete_range_cf(cf(self.db, CF_LEASES), &lo, &hi);
@@ -71,8 +71,8 @@ impl Applier<'_> {
     ) -> Result<bool> {
         let retention = self.policy(namespace)?.retention_ms as i64;
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(keys::slot_key_after(namespace, through));
-        let start = keys::slot_key_after(namespace, from);
+        opts.set_iterate_upper_bound(self.space.slot_key_after(namespace, through));
+        let start = self.space.slot_key_after(namespace, from);
         let iter = self.db.iterator_cf_opt(
             cf(self.db, CF_LEASES),
             opts,
@@ -101,7 +101,7 @@ impl Applier<'_> {
     /// purge of `namespace`; its namespaces are read from `nsmeta` (replicated), as this entry
     /// left them.
     fn forget_fires(&mut self, namespace: &str) -> Result<()> {
-        let home = Home::of(namespace);
+        let home = self.space.home(namespace);
         let prefix = home.prefix();
         let mut names = Vec::new();
         for item in self.db.prefix_iterator_cf(cf(self.db, CF_NSMETA), prefix) {
@@ -140,6 +140,7 @@ impl Applier<'_> {
 /// Read by the leader's purger; apply checks it again.
 pub fn purgeable_through(
     db: &rocksdb::DB,
+    space: Space,
     namespace: &str,
     from: Slot,
     retention_ms: u64,
@@ -147,8 +148,8 @@ pub fn purgeable_through(
     max_rows: u64,
 ) -> Result<Option<(Slot, u64)>> {
     let mut opts = ReadOptions::default();
-    opts.set_iterate_upper_bound(prefix_end(&keys::namespace_prefix(namespace)));
-    let start = keys::slot_key_after(namespace, from);
+    opts.set_iterate_upper_bound(prefix_end(&space.namespace_prefix(namespace)));
+    let start = space.slot_key_after(namespace, from);
     let iter = db.iterator_cf_opt(
         cf(db, CF_LEASES),
         opts,

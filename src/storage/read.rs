@@ -9,25 +9,32 @@ use rocksdb::{DBRawIterator, IteratorMode, ReadOptions, Snapshot, DB};
 use super::meta::{self, Progress};
 use super::row::Lease;
 use super::{cf, codec, prefix_end, CF_FIRES, CF_LEASES, CF_META, CF_WHEEL};
-use crate::keys::{self, Home};
+use crate::keys::{self, Home, Space};
 use crate::wheel::Slot;
 use crate::{Error, Result};
 
 pub struct Reader<'a> {
     pub db: &'a DB,
+    /// The group read: the keys of every question are its.
+    pub space: Space,
     snap: Option<Snapshot<'a>>,
 }
 
 impl<'a> Reader<'a> {
-    /// Reads the database as it is.
-    pub fn live(db: &'a DB) -> Self {
-        Reader { db, snap: None }
-    }
-
-    /// Reads one snapshot of the database, taken now.
-    pub fn snapshot(db: &'a DB) -> Self {
+    /// Reads group `space`'s state in the database as it is.
+    pub fn live(db: &'a DB, space: Space) -> Self {
         Reader {
             db,
+            space,
+            snap: None,
+        }
+    }
+
+    /// Reads group `space`'s state in one snapshot of the database, taken now.
+    pub fn snapshot(db: &'a DB, space: Space) -> Self {
+        Reader {
+            db,
+            space,
             snap: Some(db.snapshot()),
         }
     }
@@ -60,17 +67,17 @@ impl<'a> Reader<'a> {
     pub fn rows_between(&self, namespace: &str, after: Slot, upto: Slot) -> DBRawIterator<'_> {
         self.iter(
             CF_WHEEL,
-            keys::slot_key_after(namespace, after),
-            Some(keys::slot_key_after(namespace, upto)),
+            self.space.slot_key_after(namespace, after),
+            Some(self.space.slot_key_after(namespace, upto)),
         )
     }
 
     /// The slot of `namespace`'s first row after `after`.
     pub fn first_after(&self, namespace: &str, after: Slot) -> Result<Option<Slot>> {
-        let upper = prefix_end(&keys::namespace_prefix(namespace));
+        let upper = prefix_end(&self.space.namespace_prefix(namespace));
         let iter = self.iter(
             CF_WHEEL,
-            keys::slot_key_after(namespace, after),
+            self.space.slot_key_after(namespace, after),
             Some(upper),
         );
         iter.status()?;
@@ -79,8 +86,8 @@ impl<'a> Reader<'a> {
 
     /// The lease of `namespace` whose range holds `slot`: its end and the lease.
     pub fn lease_covering(&self, namespace: &str, slot: Slot) -> Result<Option<(Slot, Lease)>> {
-        let upper = prefix_end(&keys::namespace_prefix(namespace));
-        let iter = self.iter(CF_LEASES, keys::slot_key(namespace, slot), Some(upper));
+        let upper = prefix_end(&self.space.namespace_prefix(namespace));
+        let iter = self.iter(CF_LEASES, self.space.slot_key(namespace, slot), Some(upper));
         iter.status()?;
         let (Some(k), Some(v)) = (iter.key(), iter.value()) else {
             return Ok(None);
@@ -155,24 +162,31 @@ impl FiredBy {
 /// rows later move on (a nack, a cancel, a redrive) the record stays, read by nothing, and a
 /// replica rewritten from format 5 at a later index never had it (`migrate.rs` copies the
 /// records rows need), so hashing every record would tell two correct replicas apart.
-pub fn needed_fire_records(db: &DB, snap: &Snapshot<'_>) -> Result<BTreeSet<Vec<u8>>> {
-    let progress: Progress = match snap.get_cf(cf(db, CF_META), meta::PROGRESS)? {
+pub fn needed_fire_records(
+    db: &DB,
+    space: Space,
+    snap: &Snapshot<'_>,
+) -> Result<BTreeSet<Vec<u8>>> {
+    let progress = space.meta_key(meta::PROGRESS);
+    let progress: Progress = match snap.get_cf(cf(db, CF_META), progress)? {
         Some(v) => codec::decode(&v)?,
         None => Progress::default(),
     };
     let opts = || {
         let mut opts = ReadOptions::default();
         opts.set_snapshot(snap);
+        opts.set_iterate_upper_bound(prefix_end(&space.prefix()));
         opts
     };
     let mut fires = db.raw_iterator_cf_opt(cf(db, CF_FIRES), opts());
     let mut fired = FiredBy::new(progress.cursor);
     let mut needed = BTreeSet::new();
-    for item in db.iterator_cf_opt(cf(db, CF_WHEEL), opts(), IteratorMode::Start) {
+    let rows = IteratorMode::From(&space.prefix(), rocksdb::Direction::Forward);
+    for item in db.iterator_cf_opt(cf(db, CF_WHEEL), opts(), rows) {
         let (k, _) = item?;
         let (ns, slot) =
             keys::decode_slot_key(&k).ok_or_else(|| Error::Storage("corrupt row key".into()))?;
-        let home = Home::of(&ns);
+        let home = space.home(&ns);
         let seek = || {
             fires.seek(keys::hslot_slot_key(home, slot));
             fires.status()?;

@@ -21,7 +21,7 @@ use super::row::{self, Kind};
 use super::store::{Snap, Store};
 use super::{cf, codec, prefix_end, CF_RECURRING, CF_RECURRING_DUE};
 use crate::command::{Cond, Rejection, Response};
-use crate::keys::{self, Home};
+use crate::keys;
 use crate::recurring::{
     self, Decision, Next, RecurringSpec, RecurringTimer, RecurringView, Status,
 };
@@ -38,7 +38,7 @@ impl Applier<'_> {
         &mut self,
         key: impl Into<KeyRef<'k>>,
     ) -> Result<Option<RecurringTimer>> {
-        let k = key.into().index_key();
+        let k = key.into().index_key(self.space);
         if let Some(staged) = self.recurring_staged.get(&k) {
             return Ok(staged.clone());
         }
@@ -52,9 +52,9 @@ impl Applier<'_> {
         let mut namespaces: Vec<&str> = specs.iter().map(|s| s.key.namespace).collect();
         namespaces.sort_unstable();
         namespaces.dedup();
-        let reader = Reader::live(self.db);
+        let reader = Reader::live(self.db, self.space);
         for ns in namespaces {
-            let prefix = keys::namespace_prefix(ns);
+            let prefix = self.space.namespace_prefix(ns);
             let staged = self.recurring_staged.keys().any(|k| k.starts_with(&prefix));
             let stored = {
                 let iter = reader.iter(CF_RECURRING, prefix.clone(), Some(prefix_end(&prefix)));
@@ -121,7 +121,7 @@ impl Applier<'_> {
     }
 
     fn put_recurring(&mut self, s: &RecurringTimer) {
-        let k = s.spec.key.index_key();
+        let k = s.spec.key.index_key(self.space);
         self.batch
             .put_cf(cf(self.db, CF_RECURRING), &k, codec::encode(s));
         self.recurring_staged.insert(k, Some(s.clone()));
@@ -170,7 +170,7 @@ impl Applier<'_> {
             self.events.scheduled();
             self.batch.put_cf(
                 cf(self.db, CF_RECURRING_DUE),
-                keys::series_due_key(Home::of(&ns), slot),
+                keys::series_due_key(self.space.home(&ns), slot),
                 s.spec.key.name_bytes(),
             );
             s.next = Some(Next {
@@ -191,7 +191,7 @@ impl Applier<'_> {
         let Some(next) = s.next.take() else {
             return Ok(());
         };
-        let home = Home::of(&s.spec.key.namespace);
+        let home = self.space.home(&s.spec.key.namespace);
         self.batch.delete_cf(
             cf(self.db, CF_RECURRING_DUE),
             keys::series_due_key(home, next.slot),
@@ -200,7 +200,7 @@ impl Applier<'_> {
         if let Some((slot, row)) = self.find(&key)? {
             if self.view(&key.namespace, slot, &row)?.state == TimerState::Pending {
                 self.delete_row(&key.namespace, slot);
-                self.set_index(key.index_key(), None);
+                self.set_index(key.index_key(self.space), None);
                 self.count_pending(&key.namespace, -1)?;
                 self.count_stored(&key.namespace, -1)?;
             }
@@ -382,10 +382,9 @@ impl Applier<'_> {
         // Every hash slot's occurrences in (old, new], in slot order: one scan, as format 5's
         // (a cancelled occurrence leaves its entry where no row is; the cursor passing it
         // still moves the series on, whichever rows this entry passed).
-        let group = keys::GROUP_ZERO;
-        let lower = keys::series_due_after(group, old);
-        let upper = keys::series_due_after(group, new);
-        let reader = Reader::live(self.db);
+        let lower = self.space.series_due_after(old);
+        let upper = self.space.series_due_after(new);
+        let reader = Reader::live(self.db, self.space);
         let mut iter = reader.iter(CF_RECURRING_DUE, lower, Some(upper));
         let mut due = Vec::new();
         while let (Some(k), Some(v)) = (iter.key(), iter.value()) {
@@ -456,7 +455,7 @@ impl Applier<'_> {
                 self.count_pending(&ns, 1)?;
                 self.batch.put_cf(
                     cf(self.db, CF_RECURRING_DUE),
-                    keys::series_due_key(Home::of(&ns), at),
+                    keys::series_due_key(self.space.home(&ns), at),
                     key.name_bytes(),
                 );
                 s.next = Some(Next { slot: at, ..due });
@@ -468,7 +467,7 @@ impl Applier<'_> {
                 if let Some(row) = &row {
                     self.events.unfired(now_ms - row.fire_at_ms);
                     self.delete_row(&ns, slot);
-                    self.set_index(occ.index_key(), None);
+                    self.set_index(occ.index_key(self.space), None);
                     self.count_stored(&ns, -1)?;
                     self.rewrote_fired.push(ns);
                     unfired = 1;
@@ -518,7 +517,7 @@ impl Store {
     /// The series at `key` as a client sees it, with its next `upcoming` occurrence times and
     /// the current state of its latest occurrences.
     pub fn recurring(&self, key: &TimerKey, upcoming: usize) -> Result<Option<RecurringView>> {
-        let mut snap = Snap::new(&self.db)?;
+        let mut snap = Snap::new(&self.db, self.space)?;
         recurring_in(&mut snap, key, upcoming)
     }
 
@@ -529,16 +528,16 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<RecurringView>, Option<String>)> {
-        let prefix = keys::namespace_prefix(namespace);
+        let prefix = self.space.namespace_prefix(namespace);
         let start = match after {
             Some(id) => {
-                let mut k = TimerKey::new(namespace, id).index_key();
+                let mut k = TimerKey::new(namespace, id).index_key(self.space);
                 k.push(0);
                 k
             }
             None => prefix.clone(),
         };
-        let mut snap = Snap::new(&self.db)?;
+        let mut snap = Snap::new(&self.db, self.space)?;
         let mut keys = Vec::new();
         let mut iter = snap
             .reader
@@ -574,7 +573,10 @@ fn recurring_in(
     key: &TimerKey,
     upcoming: usize,
 ) -> Result<Option<RecurringView>> {
-    let Some(raw) = snap.reader.get(CF_RECURRING, &key.index_key())? else {
+    let Some(raw) = snap
+        .reader
+        .get(CF_RECURRING, &key.index_key(snap.reader.space))?
+    else {
         return Ok(None);
     };
     let s: RecurringTimer = codec::decode(&raw)?;

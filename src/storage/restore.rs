@@ -30,6 +30,10 @@ use crate::raft_types::{log_id, LogId, StoredMembership};
 use serde::Serialize;
 
 use super::meta::{Progress, BUCKET_MS, LAST_APPLIED, MEMBERSHIP, PROGRESS};
+use crate::keys::{Space, GROUP_ZERO};
+
+/// A backup is group 0's state (a cluster of one group).
+const G0: Space = Space::of(GROUP_ZERO);
 use super::snapshot::Snapshots;
 use super::snapshot_file::RowReader;
 use super::{cf, codec, open_db, CF_META, SM_CFS};
@@ -78,18 +82,18 @@ pub fn inspect(path: &Path) -> Result<BackupSummary> {
         }
         let key = match old {
             true => super::migrate::v5_meta_key(&key),
-            false => Some(key.as_slice()),
+            false => Some(key),
         };
         match key {
-            Some(LAST_APPLIED) => {
+            Some(k) if k == G0.meta_key(LAST_APPLIED) => {
                 let id: Option<LogId> = codec::decode(&value)?;
                 (s.index, s.term) = id.map_or((0, 0), |l| (l.index, l.leader_id.term));
             }
-            Some(PROGRESS) => {
+            Some(k) if k == G0.meta_key(PROGRESS) => {
                 let p: Progress = codec::decode(&value)?;
                 (s.pending, s.timers, s.cursor_ms) = (p.pending, p.stored, p.cursor_ms);
             }
-            Some(BUCKET_MS) => s.bucket_ms = Some(codec::decode(&value)?),
+            Some(k) if k == BUCKET_MS => s.bucket_ms = Some(codec::decode(&value)?),
             _ => {}
         }
     }
@@ -158,7 +162,7 @@ fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>)
     // written, so the directory has one (a state machine without its log is refused at start,
     // `LogEngine::open`).
     drop(super::LogEngine::open(db.clone())?);
-    let snapshots = Snapshots::open(db.clone(), gc, dir.join("snapshot"))?;
+    let snapshots = Snapshots::open(db.clone(), gc, G0, dir.join("snapshot"))?;
     let rows = snapshots.load_rows(backup)?;
     let applied = log_id(0, 0, index);
     let ids: BTreeSet<u64> = voters.keys().copied().collect();
@@ -167,8 +171,12 @@ fn load(backup: &Path, dir: &Path, index: u64, voters: BTreeMap<u64, BasicNode>)
     let membership = StoredMembership::new(Some(applied), membership);
     let meta = cf(&db, CF_META);
     let mut batch = rocksdb::WriteBatch::default();
-    batch.put_cf(meta, LAST_APPLIED, codec::encode(&Some(applied)));
-    batch.put_cf(meta, MEMBERSHIP, codec::encode(&membership));
+    batch.put_cf(
+        meta,
+        G0.meta_key(LAST_APPLIED),
+        codec::encode(&Some(applied)),
+    );
+    batch.put_cf(meta, G0.meta_key(MEMBERSHIP), codec::encode(&membership));
     db.write_opt(batch, &super::synced())?;
     snapshots.build()?;
     tracing::info!(rows, index, "restored backup");

@@ -10,7 +10,6 @@ use rustc_hash::FxHashMap as HashMap;
 use super::apply::Applier;
 use super::{cf, CF_WHEEL};
 use crate::command::{BatchAnswer, Command, Rejection, Response, Scheduled};
-use crate::keys;
 use crate::timer::{KeyRef, SpecRef, Specs, Timer, TimerSpec};
 use crate::Result;
 
@@ -44,10 +43,10 @@ impl Applier<'_> {
             let slot = self.next_slot(spec.when.resolve(now_ms))?;
             self.batch.put_cf(
                 cf(self.db, CF_WHEEL),
-                keys::slot_key(ns, slot),
+                self.space.slot_key(ns, slot),
                 super::row::encode_pending(spec, now_ms),
             );
-            self.set_index(keys::timer_key(ns, spec.key.id), Some(slot));
+            self.set_index(self.space.timer_key(ns, spec.key.id), Some(slot));
             self.placed_at(ns, slot);
         }
         Ok(())

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::meta::{LAST_APPLIED, MEMBERSHIP};
 use super::snapshot_file::{id_of, RowReader, RowWriter, SnapshotFile};
 use super::{cf, codec, CF_META, CF_RAFT, SM_CFS};
-use crate::keys;
+use crate::keys::Space;
 use crate::raft_types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::{Error, Result};
 
@@ -45,7 +45,8 @@ pub type Snapshot = openraft::Snapshot<
     SnapshotFile,
 >;
 
-/// Key in the `raft` family: the id of a snapshot whose install has begun and not finished.
+/// Key in the `raft` family: the id of a snapshot whose install has begun and not finished
+/// (group 0's; another group's has its number after a `/`: [`installing_key`]).
 pub(super) const INSTALLING: &[u8] = b"installing_snapshot";
 const CURRENT: &str = "CURRENT";
 /// Bytes of rows written per (unsynced) WriteBatch while installing.
@@ -70,6 +71,8 @@ pub struct SnapshotStats {
 /// A node's snapshot directory and the lock that keeps builds and installs apart.
 pub struct Snapshots {
     db: Arc<DB>,
+    /// The group whose state these snapshots hold.
+    space: Space,
     /// Pinned while a build reads (see `gc.rs`).
     gc: Arc<super::IndexGc>,
     dir: PathBuf,
@@ -78,11 +81,18 @@ pub struct Snapshots {
 }
 
 impl Snapshots {
-    /// Opens `dir`, finishing an install a crash interrupted and removing partial files.
-    pub fn open(db: Arc<DB>, gc: Arc<super::IndexGc>, dir: PathBuf) -> Result<Arc<Snapshots>> {
+    /// Opens group `space`'s snapshots in `dir`, finishing an install a crash interrupted and
+    /// removing partial files.
+    pub fn open(
+        db: Arc<DB>,
+        gc: Arc<super::IndexGc>,
+        space: Space,
+        dir: PathBuf,
+    ) -> Result<Arc<Snapshots>> {
         std::fs::create_dir_all(&dir)?;
         let snaps = Snapshots {
             db,
+            space,
             gc,
             dir,
             lock: Mutex::new(()),
@@ -129,25 +139,33 @@ impl Snapshots {
         let _pin = self.gc.pin();
         let snap = self.db.snapshot();
         drop(guard);
-        let mut floors = super::store::floors_of(&self.db, &snap);
+        let mut floors = super::digest::floors_of(&self.db, self.space, &snap);
         let mut writer = RowWriter::create(&part)?;
         for (i, name) in SM_CFS.iter().enumerate() {
-            for item in snap.iterator_cf(cf(&self.db, name), IteratorMode::Start) {
-                let (k, v) = item?;
-                // Index entries of purged timers are not part of the state (see `gc.rs`).
-                if *name == super::CF_INDEX && !super::gc::live_row(&k, &v, &mut floors)? {
-                    continue;
+            for (lower, upper) in self.ranges(name) {
+                let from = IteratorMode::From(&lower, rocksdb::Direction::Forward);
+                for item in snap.iterator_cf(cf(&self.db, name), from) {
+                    let (k, v) = item?;
+                    if *k >= *upper {
+                        break;
+                    }
+                    // Index entries of purged timers are not part of the state (see `gc.rs`).
+                    if *name == super::CF_INDEX && !super::gc::live_row(&k, &v, &mut floors)? {
+                        continue;
+                    }
+                    writer.row(i as u8, &k, &v)?;
                 }
-                writer.row(i as u8, &k, &v)?;
             }
         }
         let (rows, bytes) = writer.finish()?;
         let meta_cf = cf(&self.db, CF_META);
-        let last_log_id: Option<LogId> = match snap.get_cf(meta_cf, LAST_APPLIED)? {
+        let last_log_id = snap.get_cf(meta_cf, self.space.meta_key(LAST_APPLIED))?;
+        let last_log_id: Option<LogId> = match last_log_id {
             Some(v) => codec::decode(&v)?,
             None => None,
         };
-        let last_membership: StoredMembership = match snap.get_cf(meta_cf, MEMBERSHIP)? {
+        let last_membership = snap.get_cf(meta_cf, self.space.meta_key(MEMBERSHIP))?;
+        let last_membership: StoredMembership = match last_membership {
             Some(v) => codec::decode(&v)?,
             None => StoredMembership::default(),
         };
@@ -177,8 +195,11 @@ impl Snapshots {
         Ok(meta)
     }
 
-    /// Installs the received snapshot file at `received` (already fsynced); blocking.
+    /// Installs the received snapshot file at `received` (already fsynced); blocking. The file
+    /// is read through once first: one that is damaged or would write outside the group is
+    /// refused before anything (the install mark, `CURRENT`, the state) is touched.
     pub fn install(&self, meta: &SnapshotMeta, received: &Path) -> Result<u64> {
+        self.check_file(received)?;
         let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let raft = cf(&self.db, CF_RAFT);
         // openraft 0.10 installs the current snapshot itself at start when the state machine
@@ -192,8 +213,12 @@ impl Snapshots {
             Some(file) => id_of(file).to_string(),
             None => new_id(meta.last_log_id.map_or(0, |l| l.index)),
         };
-        self.db
-            .put_cf_opt(raft, INSTALLING, codec::encode(&id), &super::synced())?;
+        self.db.put_cf_opt(
+            raft,
+            self.installing(),
+            codec::encode(&id),
+            &super::synced(),
+        )?;
         let file = data_file_name(&id);
         if own.is_none() {
             std::fs::rename(received, self.dir.join(&file))?;
@@ -217,16 +242,18 @@ impl Snapshots {
     pub(super) fn load_rows(&self, path: &Path) -> Result<u64> {
         let db = &self.db;
         let mut reader = RowReader::open(path)?;
-        let families: &[&str] = match reader.format() < super::FORMAT {
+        let old = reader.format() < super::FORMAT;
+        let families: &[&str] = match old {
             true => &super::migrate::V5_CFS,
             false => &SM_CFS,
         };
+        self.check_format(reader.format())?;
         let mut batch = WriteBatch::default();
         // The group's state: its prefix in every family. The node-wide records (`0xFFFF`: the
         // format, the bucket width) stay, so that a crash part-way leaves a directory this
         // build opens (and finishes the install in, `recover`); the file's own are put over
         // them.
-        let group = keys::group_prefix(keys::GROUP_ZERO);
+        let group = self.space.prefix();
         for name in SM_CFS {
             batch.delete_range_cf(
                 cf(db, name),
@@ -254,6 +281,9 @@ impl Snapshots {
             if *name == super::migrate::V5_META && k == super::migrate::V5_FORMAT {
                 continue;
             }
+            if !old {
+                self.check_key(name, &k)?; // checked before the install began, and again
+            }
             batch.put_cf(cf(db, name), k, v);
             rows += 1;
             if batch.size_in_bytes() >= INSTALL_BATCH_BYTES {
@@ -261,12 +291,13 @@ impl Snapshots {
             }
         }
         let raft = cf(db, CF_RAFT);
-        if reader.format() < super::FORMAT {
+        let installing = self.installing();
+        if old {
             db.write(batch)?;
-            super::migrate::rewrite(db, |last| last.delete_cf(raft, INSTALLING))?;
+            super::migrate::rewrite(db, |last| last.delete_cf(raft, &installing))?;
             return Ok(rows);
         }
-        batch.delete_cf(raft, INSTALLING);
+        batch.delete_cf(raft, installing);
         db.write_opt(batch, &super::synced())?;
         Ok(rows)
     }
@@ -274,7 +305,7 @@ impl Snapshots {
     /// Finishes an install that a crash interrupted (see the module invariants).
     fn recover(&self) -> Result<()> {
         let raft = cf(&self.db, CF_RAFT);
-        let Some(v) = self.db.get_cf(raft, INSTALLING)? else {
+        let Some(v) = self.db.get_cf(raft, self.installing())? else {
             return Ok(());
         };
         let id: String = codec::decode(&v)?;
@@ -287,9 +318,77 @@ impl Snapshots {
             }
             // The crash came before the snapshot was kept, so before the state machine was
             // touched: nothing to finish.
-            _ => self.db.delete_cf_opt(raft, INSTALLING, &super::synced())?,
+            _ => self
+                .db
+                .delete_cf_opt(raft, self.installing(), &super::synced())?,
         }
         Ok(())
+    }
+
+    /// Reads the file at `path` through: its rows, checksum and keys must be the group's.
+    fn check_file(&self, path: &Path) -> Result<()> {
+        let mut reader = RowReader::open(path)?;
+        self.check_format(reader.format())?;
+        let old = reader.format() < super::FORMAT;
+        while let Some((i, k, _)) = reader.next_row()? {
+            let families: &[&str] = if old {
+                &super::migrate::V5_CFS
+            } else {
+                &SM_CFS
+            };
+            let name = families.get(i as usize).ok_or_else(|| {
+                Error::Storage(format!("snapshot names unknown column family {i}"))
+            })?;
+            if !old {
+                self.check_key(name, &k)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A file of a format before groups holds a single-group state: group 0's only.
+    fn check_format(&self, format: u32) -> Result<()> {
+        if format < super::FORMAT && self.space.group != crate::keys::GROUP_ZERO {
+            return Err(Error::Storage(format!(
+                "a snapshot of format {format} holds a single-group state, not group {}'s",
+                self.space.group
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every key of a snapshot is the group's (or, for group 0, node-wide): a file that would
+    /// write into another group's state is refused, whoever sent it.
+    fn check_key(&self, family: &str, key: &[u8]) -> Result<()> {
+        let ranges = self.ranges(family);
+        if ranges
+            .iter()
+            .any(|(lo, hi)| lo.as_slice() <= key && key < hi.as_slice())
+        {
+            return Ok(());
+        }
+        Err(Error::Storage(format!(
+            "the snapshot holds a {family} key outside group {}'s state",
+            self.space.group
+        )))
+    }
+
+    /// This group's install mark ([`INSTALLING`]).
+    fn installing(&self) -> Vec<u8> {
+        installing_key(self.space)
+    }
+
+    /// The key ranges `[lower, upper)` of `family` a snapshot of the group holds: its prefix,
+    /// and for group 0 the node-wide records of `meta` (the format and the bucket width, which
+    /// a restore reads from a backup).
+    fn ranges(&self, family: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let group = self.space.prefix();
+        let mut out = vec![(group.to_vec(), super::prefix_end(&group))];
+        if family == CF_META && self.space.group == crate::keys::GROUP_ZERO {
+            let node = crate::keys::group_prefix(crate::keys::NODE_WIDE);
+            out.push((node.to_vec(), super::prefix_end(&node)));
+        }
+        out
     }
 
     fn read_current(&self) -> Result<Option<Current>> {
@@ -330,6 +429,14 @@ impl Snapshots {
             }
         }
         Ok(())
+    }
+}
+
+/// Group `space`'s install mark in the `raft` family.
+pub(super) fn installing_key(space: Space) -> Vec<u8> {
+    match space.group {
+        crate::keys::GROUP_ZERO => INSTALLING.to_vec(),
+        g => format!("installing_snapshot/{g}").into_bytes(),
     }
 }
 

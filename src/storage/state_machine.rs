@@ -46,16 +46,18 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
-    /// Opens the state machine on `store`, keeping snapshots under `data_dir/snapshot`.
+    /// Opens the state machine of `store`'s group, keeping snapshots under
+    /// `data_dir/snapshot` (group 0) or `data_dir/snapshot-<group>`.
     pub fn open(store: Store, data_dir: &Path, signal: Arc<FireSignal>) -> Result<Self> {
         check_bucket_width(&store)?;
+        let space = store.space();
+        let dir = match space.group {
+            crate::keys::GROUP_ZERO => data_dir.join("snapshot"),
+            g => data_dir.join(format!("snapshot-{g}")),
+        };
         // Before the metadata is read: this may finish an install a crash interrupted.
-        let snapshots = Snapshots::open(
-            store.db().clone(),
-            store.gc.clone(),
-            data_dir.join("snapshot"),
-        )?;
-        let meta = SmMeta::load(store.db())?;
+        let snapshots = Snapshots::open(store.db().clone(), store.gc.clone(), space, dir)?;
+        let meta = SmMeta::load(store.db(), space)?;
         let mut sm = StateMachine {
             store,
             meta,
@@ -91,7 +93,7 @@ impl StateMachine {
     /// that just did this writes what one that never did writes, which the apply fuzzer checks
     /// before every entry.
     pub fn reload(&mut self) -> Result<()> {
-        self.meta = SmMeta::load(self.store.db())?;
+        self.meta = SmMeta::load(self.store.db(), self.store.space())?;
         self.store.gc.load(self.store.db())?;
         self.store.reload_heads(self.meta.cursor)?;
         self.store.reload_access()?;
@@ -132,6 +134,7 @@ impl StateMachine {
             EntryPayload::Normal(cmd) => {
                 let mut applier = Applier::new(
                     &db,
+                    self.store.space(),
                     self.store.wheel(),
                     &mut batch,
                     &mut progress,
@@ -163,7 +166,7 @@ impl StateMachine {
         let mut next = self.meta.clone();
         next.progress = progress;
         next.last_applied = Some(entry.log_id);
-        next.stage(&db, &mut batch, membership_changed);
+        next.stage(&db, self.store.space(), &mut batch, membership_changed);
         let keys = batch.len() as u64;
         db.write(batch)?;
         self.meta = next;
@@ -187,14 +190,17 @@ impl StateMachine {
             self.store.set_level(level);
         }
         for (ns, floor) in &after.purged {
-            self.store.gc.advance(ns, *floor);
+            self.store.gc.advance(self.store.space().group, ns, *floor);
         }
         {
             // The heads follow the written state: namespaces the cursor passed are read again,
             // rows placed after it are noted.
             let mut heads = self.store.heads.lock().unwrap_or_else(|p| p.into_inner());
             for ns in &after.visited {
-                heads.set(ns, Reader::live(&db).first_after(ns, progress.cursor)?);
+                heads.set(
+                    ns,
+                    Reader::live(&db, self.store.space()).first_after(ns, progress.cursor)?,
+                );
             }
             for (ns, slot) in &after.placed {
                 if *slot > progress.cursor {
@@ -348,7 +354,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.store.set_width(theirs);
         }
         if crate::sim::planted("install-keeps-caches") {
-            self.meta = SmMeta::load(self.store.db()).map_err(sm_err)?;
+            self.meta = SmMeta::load(self.store.db(), self.store.space()).map_err(sm_err)?;
         } else {
             self.reload().map_err(sm_err)?;
         }

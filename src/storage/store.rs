@@ -17,11 +17,8 @@ use super::heads::Heads;
 use super::meta::{self, NsMeta};
 use super::read::Reader;
 use super::row::{derive, Lease, Lookup, Row};
-use super::{
-    cf, codec, decode, prefix_end, Fnv64, CF_FIRES, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA,
-    CF_WHEEL, SM_CFS,
-};
-use crate::keys::{self, Home};
+use super::{cf, decode, prefix_end, CF_INDEX, CF_META, CF_NAMESPACES, CF_NSMETA, CF_WHEEL};
+use crate::keys::{self, Space};
 use crate::namespace::{Config, Namespace, Policy};
 use crate::timer::{Timer, TimerKey, TimerState};
 use crate::wheel::{Slot, Wheel};
@@ -82,6 +79,8 @@ pub struct StateCounts {
 #[derive(Clone)]
 pub struct Store {
     pub(super) db: Arc<DB>,
+    /// The group whose state this is: every key it reads is under its prefix.
+    pub(super) space: Space,
     /// The cluster's bucket width in ms, recorded in the state machine (`meta/bucket_ms`);
     /// 0 while a joining node has not learned it yet (`adopt_width`).
     width: Arc<AtomicU64>,
@@ -124,9 +123,9 @@ pub(super) struct Snap<'a> {
 }
 
 impl<'a> Snap<'a> {
-    pub(super) fn new(db: &'a DB) -> Result<Snap<'a>> {
-        let reader = Reader::snapshot(db);
-        let progress: meta::Progress = match reader.get(CF_META, meta::PROGRESS)? {
+    pub(super) fn new(db: &'a DB, space: Space) -> Result<Snap<'a>> {
+        let reader = Reader::snapshot(db, space);
+        let progress: meta::Progress = match reader.get(CF_META, &space.meta_key(meta::PROGRESS))? {
             Some(v) => decode(&v)?,
             None => Default::default(),
         };
@@ -142,7 +141,10 @@ impl<'a> Snap<'a> {
         if let Some(m) = self.nsmeta.get(namespace) {
             return Ok(*m);
         }
-        let m = match self.reader.get(CF_NSMETA, &keys::nsmeta_key(namespace))? {
+        let m = match self
+            .reader
+            .get(CF_NSMETA, &self.reader.space.nsmeta_key(namespace))?
+        {
             Some(v) => decode(&v)?,
             None => NsMeta::default(),
         };
@@ -153,12 +155,15 @@ impl<'a> Snap<'a> {
     fn row(&self, namespace: &str, slot: Slot) -> Result<Option<Row>> {
         let raw = self
             .reader
-            .get(CF_WHEEL, &keys::slot_key(namespace, slot))?;
+            .get(CF_WHEEL, &self.reader.space.slot_key(namespace, slot))?;
         raw.map(|v| Row::decode(&v)).transpose()
     }
 
     pub(super) fn timer(&mut self, key: &TimerKey) -> Result<Option<Timer>> {
-        let Some(raw) = self.reader.get(CF_INDEX, &key.index_key())? else {
+        let Some(raw) = self
+            .reader
+            .get(CF_INDEX, &key.index_key(self.reader.space))?
+        else {
             return Ok(None);
         };
         let slot =
@@ -184,13 +189,14 @@ impl Lookup for Snap<'_> {
         self.reader.lease_covering(namespace, slot)
     }
     fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
-        self.reader.fire_record(Home::of(namespace), slot)
+        self.reader
+            .fire_record(self.reader.space.home(namespace), slot)
     }
     fn retention_ms(&mut self, namespace: &str) -> Result<u64> {
         if let Some(r) = self.retention.get(namespace) {
             return Ok(*r);
         }
-        let key = keys::namespace_key(keys::GROUP_ZERO, namespace);
+        let key = self.reader.space.namespace_key(namespace);
         let policy: Policy = match self.reader.get(CF_NAMESPACES, &key)? {
             Some(v) => super::config_of(&v)?.policy,
             None => Policy::default(),
@@ -202,18 +208,39 @@ impl Lookup for Snap<'_> {
 }
 
 impl Store {
-    /// The store of `db`, which was opened with `gc` (see [`super::open_db`]), for a wheel of
-    /// `wheel`'s width.
+    /// Group 0's store of `db`, which was opened with `gc` (see [`super::open_db`]), for a
+    /// wheel of `wheel`'s width.
     pub fn new(db: Arc<DB>, wheel: Wheel, gc: Arc<IndexGc>) -> Self {
         Self::with_width(db, Some(wheel.width_ms()), gc)
     }
 
-    /// The store of `db` whose bucket width is `width_ms`, or, with `None`, whatever its
+    /// Group 0's store of `db` whose bucket width is `width_ms`, or, with `None`, whatever its
     /// database records or the cluster tells it (a node joining with an empty data dir).
     pub fn with_width(db: Arc<DB>, width_ms: Option<u64>, gc: Arc<IndexGc>) -> Self {
+        Self::of(
+            db,
+            Space::of(keys::GROUP_ZERO),
+            Arc::new(AtomicU64::new(width_ms.unwrap_or(0))),
+            gc,
+        )
+    }
+
+    /// The store of group `group` on this store's database: the same database, bucket width
+    /// and index GC (node-wide), its own caches and counters.
+    pub fn group(&self, group: keys::Group) -> Store {
+        Self::of(
+            self.db.clone(),
+            Space::of(group),
+            self.width.clone(),
+            self.gc.clone(),
+        )
+    }
+
+    fn of(db: Arc<DB>, space: Space, width: Arc<AtomicU64>, gc: Arc<IndexGc>) -> Self {
         Store {
             db,
-            width: Arc::new(AtomicU64::new(width_ms.unwrap_or(0))),
+            space,
+            width,
             keys_written: Arc::default(),
             fire_stats: Arc::default(),
             acked: Arc::default(),
@@ -242,6 +269,11 @@ impl Store {
 
     pub fn db(&self) -> &Arc<DB> {
         &self.db
+    }
+
+    /// The group whose state this is.
+    pub fn space(&self) -> Space {
+        self.space
     }
 
     /// The wheel of the cluster's bucket width (of 1 ms while it is not known yet: nothing is
@@ -313,7 +345,7 @@ impl Store {
     /// For the simulator and the fuzzer only: apply must write the same with them.
     pub fn stale_heads(&self) -> Result<()> {
         self.deadline_floor.reset();
-        let cursor = meta::SmMeta::load(&self.db)?.cursor;
+        let cursor = meta::SmMeta::load(&self.db, self.space)?.cursor;
         self.heads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -325,30 +357,30 @@ impl Store {
     /// opened or installed a snapshot).
     pub(super) fn reload_heads(&self, cursor: Slot) -> Result<()> {
         self.deadline_floor.reset();
-        let heads = Heads::load(&self.db, cursor)?;
+        let heads = Heads::load(&self.db, self.space, cursor)?;
         *self.heads.lock().unwrap_or_else(|p| p.into_inner()) = heads;
         Ok(())
     }
 
     /// The timer at `key`, if any.
     pub fn get(&self, key: &TimerKey) -> Result<Option<Timer>> {
-        Snap::new(&self.db)?.timer(key)
+        Snap::new(&self.db, self.space)?.timer(key)
     }
 
     /// One page of `q.namespace`'s timers matching its filter, in id order.
     pub fn list(&self, q: &ListQuery) -> Result<Page> {
         let (namespace, filter, limit) = (q.namespace.as_str(), &q.filter, q.limit);
-        let prefix = keys::namespace_prefix(namespace);
+        let prefix = self.space.namespace_prefix(namespace);
         let start = match q.after.as_deref() {
             // The smallest key strictly after `after`: append a zero byte.
             Some(id) => {
-                let mut k = TimerKey::new(namespace, id).index_key();
+                let mut k = TimerKey::new(namespace, id).index_key(self.space);
                 k.push(0);
                 k
             }
             None => prefix.clone(),
         };
-        let mut snap = Snap::new(&self.db)?;
+        let mut snap = Snap::new(&self.db, self.space)?;
         // The ids first (one more than can be examined, to know whether a page follows),
         // then their timers: deriving a timer reads the same snapshot.
         let unfiltered =
@@ -388,8 +420,8 @@ impl Store {
     /// Counts `namespace`'s timers by state, reading at most `budget` of them (in id order);
     /// also says whether it stopped there. One snapshot, so the counts are of one moment.
     pub fn count_states(&self, namespace: &str, budget: usize) -> Result<StateCounts> {
-        let prefix = keys::namespace_prefix(namespace);
-        let mut snap = Snap::new(&self.db)?;
+        let prefix = self.space.namespace_prefix(namespace);
+        let mut snap = Snap::new(&self.db, self.space)?;
         let mut keys = Vec::new();
         let mut iter = snap
             .reader
@@ -426,10 +458,9 @@ impl Store {
 
     /// A namespace's policy: its own if configured, the default otherwise.
     pub fn namespace(&self, name: &str) -> Result<Namespace> {
-        let raw = self.db.get_cf(
-            cf(&self.db, CF_NAMESPACES),
-            keys::namespace_key(keys::GROUP_ZERO, name),
-        )?;
+        let raw = self
+            .db
+            .get_cf(cf(&self.db, CF_NAMESPACES), self.space.namespace_key(name))?;
         Ok(match raw {
             Some(v) => {
                 let c: Config = super::config_of(&v)?;
@@ -451,13 +482,12 @@ impl Store {
 
     /// Up to `limit` configured namespaces in name order, after `after`.
     pub fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
-        let group = keys::GROUP_ZERO;
         let start = match after {
-            Some(a) => [keys::namespace_key(group, a).as_slice(), &[0]].concat(),
-            None => keys::group_prefix(group).to_vec(),
+            Some(a) => [self.space.namespace_key(a).as_slice(), &[0]].concat(),
+            None => self.space.prefix().to_vec(),
         };
         let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(prefix_end(&keys::group_prefix(group)));
+        opts.set_iterate_upper_bound(prefix_end(&self.space.prefix()));
         let iter = self.db.iterator_cf_opt(
             cf(&self.db, CF_NAMESPACES),
             opts,
@@ -481,7 +511,7 @@ impl Store {
 
     /// The replicated counters and cursors as last applied.
     pub fn meta(&self) -> Result<meta::SmMeta> {
-        meta::SmMeta::load(&self.db)
+        meta::SmMeta::load(&self.db, self.space)
     }
 
     /// Timers fired since the store was opened, and their lateness.
@@ -507,78 +537,6 @@ impl Store {
             .into_iter()
             .map(|(ns, pending, _)| (ns, pending))
             .collect())
-    }
-
-    /// A digest of the whole state machine and the applied index it describes, read from one
-    /// consistent RocksDB snapshot. Equal applied index ⇒ equal digest on every correct replica.
-    pub fn digest(&self) -> Result<(u64, u64)> {
-        let _pin = self.gc.pin();
-        let snap = self.db.snapshot();
-        let mut floors = floors_of(&self.db, &snap);
-        let needed_fires = super::read::needed_fire_records(&self.db, &snap)?;
-        let mut h = Fnv64::new();
-        for name in SM_CFS {
-            h.write(name.as_bytes());
-            let mut opts = ReadOptions::default();
-            opts.set_snapshot(&snap);
-            let iter = self
-                .db
-                .iterator_cf_opt(cf(&self.db, name), opts, IteratorMode::Start);
-            for item in iter {
-                let (k, v) = item?;
-                if name == CF_INDEX && !gc::live_row(&k, &v, &mut floors)? {
-                    continue; // purged: logically gone, physically maybe not yet
-                }
-                if name == CF_FIRES && !needed_fires.contains(&*k) {
-                    continue; // no row reads it (`needed_fire_records`)
-                }
-                h.write(&(k.len() as u64).to_be_bytes());
-                h.write(&k);
-                h.write(&(v.len() as u64).to_be_bytes());
-                h.write(&v);
-            }
-        }
-        let applied = match snap.get_cf(cf(&self.db, CF_META), meta::LAST_APPLIED)? {
-            Some(v) => {
-                codec::decode::<Option<crate::raft_types::LogId>>(&v)?.map_or(0, |l| l.index)
-            }
-            None => 0,
-        };
-        Ok((applied, h.finish()))
-    }
-}
-
-impl Store {
-    /// In a simulation, records this replica's digest after entry `index` when
-    /// [`crate::sim::TRAIL_EVERY`] divides it: the simulator compares the replicas at every
-    /// such index, so a divergence that a later entry heals is still seen.
-    pub(super) fn trail(&self, index: u64) -> Result<()> {
-        if !index.is_multiple_of(crate::sim::TRAIL_EVERY) || !crate::sim::active() {
-            return Ok(());
-        }
-        let (applied, digest) = self.digest()?;
-        debug_assert_eq!(applied, index);
-        crate::sim::trail(&self.db.path().to_string_lossy(), index, digest);
-        Ok(())
-    }
-}
-
-/// Each namespace's purge floor as `snap` has it, read on demand.
-pub(super) fn floors_of<'a>(
-    db: &'a DB,
-    snap: &'a rocksdb::Snapshot<'a>,
-) -> impl FnMut(&str) -> Result<Slot> + 'a {
-    let mut cache: HashMap<String, Slot> = HashMap::new();
-    move |ns: &str| {
-        if let Some(f) = cache.get(ns) {
-            return Ok(*f);
-        }
-        let floor = match snap.get_cf(cf(db, CF_NSMETA), keys::nsmeta_key(ns))? {
-            Some(v) => decode::<NsMeta>(&v)?.purged_to,
-            None => Slot::ZERO,
-        };
-        cache.insert(ns.to_string(), floor);
-        Ok(floor)
     }
 }
 

@@ -6,7 +6,6 @@
 use super::apply::Applier;
 use super::row::{Lease, Row};
 use super::{cf, codec, CF_INDEX, CF_LEASES, CF_WHEEL};
-use crate::keys;
 use crate::wheel::{Slot, MAX_ROWS_PER_ENTRY};
 use crate::{Error, Result};
 
@@ -14,7 +13,7 @@ impl Applier<'_> {
     pub(super) fn put_row(&mut self, namespace: &str, slot: Slot, row: Row) {
         self.batch.put_cf(
             cf(self.db, CF_WHEEL),
-            keys::slot_key(namespace, slot),
+            self.space.slot_key(namespace, slot),
             row.encode(),
         );
         if self.stage {
@@ -24,7 +23,7 @@ impl Applier<'_> {
 
     pub(super) fn delete_row(&mut self, namespace: &str, slot: Slot) {
         self.batch
-            .delete_cf(cf(self.db, CF_WHEEL), keys::slot_key(namespace, slot));
+            .delete_cf(cf(self.db, CF_WHEEL), self.space.slot_key(namespace, slot));
         self.rows.insert(slot, None);
     }
 
@@ -42,7 +41,7 @@ impl Applier<'_> {
     pub(super) fn put_lease(&mut self, namespace: &str, to: Slot, lease: Lease) {
         self.batch.put_cf(
             cf(self.db, CF_LEASES),
-            keys::slot_key(namespace, to),
+            self.space.slot_key(namespace, to),
             codec::encode(&lease),
         );
         self.leases.insert((namespace.to_string(), to), lease);
@@ -51,7 +50,7 @@ impl Applier<'_> {
     /// Puts `row` of `namespace` after the cursor, due at `due_ms`, and indexes it there.
     pub(super) fn place(&mut self, namespace: &str, row: Row, due_ms: i64) -> Result<Slot> {
         let slot = self.next_slot(due_ms)?;
-        let key = keys::timer_key(namespace, &row.body.id);
+        let key = self.space.timer_key(namespace, &row.body.id);
         self.put_row(namespace, slot, row);
         self.set_index(key, Some(slot));
         self.placed_at(namespace, slot);

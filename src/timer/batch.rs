@@ -64,8 +64,8 @@ pub struct SpecRef<'a> {
 
 impl KeyRef<'_> {
     /// Its key in the `index` family, as [`TimerKey::index_key`].
-    pub fn index_key(&self) -> Vec<u8> {
-        crate::keys::timer_key(self.namespace, self.id)
+    pub fn index_key(&self, space: crate::keys::Space) -> Vec<u8> {
+        space.timer_key(self.namespace, self.id)
     }
 
     pub fn to_owned(self) -> TimerKey {

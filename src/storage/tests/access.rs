@@ -24,7 +24,11 @@ async fn access_changes_apply_in_order_and_a_refused_one_writes_nothing() {
     let mut s = Sm::new();
     let stored = |s: &Sm| {
         let db = s.store.db();
-        db.get_cf(cf(db, CF_META), meta::ACCESS).unwrap()
+        db.get_cf(
+            cf(db, CF_META),
+            crate::keys::Space::of(0).meta_key(meta::ACCESS),
+        )
+        .unwrap()
     };
     let r = s.apply(Command::Access(AccessChange::Enable(true))).await;
     assert!(matches!(

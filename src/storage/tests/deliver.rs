@@ -95,7 +95,7 @@ fn all(s: &Sm) -> Vec<Timer> {
 
 /// Rows of `ns` on the wheel, whatever their state (a moved timer must leave none behind).
 fn rows(s: &Sm) -> usize {
-    let prefix = crate::keys::namespace_prefix("ns");
+    let prefix = crate::keys::Space::of(0).namespace_prefix("ns");
     s.store
         .db()
         .prefix_iterator_cf(cf(s.store.db(), CF_WHEEL), &prefix)

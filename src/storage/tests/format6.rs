@@ -13,7 +13,9 @@ use std::path::Path;
 use rocksdb::IteratorMode;
 
 use super::*;
-use crate::keys::{self, Home};
+use crate::keys::{self, Space};
+
+const G0: Space = Space::of(crate::keys::GROUP_ZERO);
 use crate::storage::migrate::{V5_CFS, V5_FORMAT, V5_META};
 use crate::storage::Store;
 use crate::wheel::Slot;
@@ -177,17 +179,13 @@ async fn a_rewrite_cut_short_is_done_again_from_the_start() {
             .chain(SM_CFS)
             .chain(V5_CFS);
         let db = rocksdb::DB::open_cf(&opts, dir.path().join("db"), families).unwrap();
-        db.put_cf(
-            cf(&db, CF_WHEEL),
-            keys::slot_key("ns", Slot::new(1, 1)),
-            b"x",
-        )
-        .unwrap();
-        db.put_cf(cf(&db, CF_META), keys::meta_key(0, b"junk"), b"x")
+        db.put_cf(cf(&db, CF_WHEEL), G0.slot_key("ns", Slot::new(1, 1)), b"x")
+            .unwrap();
+        db.put_cf(cf(&db, CF_META), G0.meta_key(b"junk"), b"x")
             .unwrap();
         db.put_cf(
             cf(&db, CF_FIRES),
-            keys::hslot_slot_key(Home::of("ns"), Slot::new(9, 9)),
+            keys::hslot_slot_key(G0.home("ns"), Slot::new(9, 9)),
             b"x",
         )
         .unwrap();
@@ -197,7 +195,7 @@ async fn a_rewrite_cut_short_is_done_again_from_the_start() {
     same_text(&observe(&sm.store, OBSERVED_AT), EXPECTED);
     let db = sm.store.db();
     assert!(db
-        .get_cf(cf(db, CF_META), keys::meta_key(0, b"junk"))
+        .get_cf(cf(db, CF_META), G0.meta_key(b"junk"))
         .unwrap()
         .is_none());
 }
@@ -267,7 +265,7 @@ async fn a_format_5_snapshot_installs_and_a_format_5_backup_restores() {
 #[tokio::test]
 async fn fires_take_hash_slots_in_slot_order_and_neither_starves() {
     let (a, b) = ("alpha", "beta");
-    assert_ne!(Home::of(a).hslot, Home::of(b).hslot, "two hash slots");
+    assert_ne!(G0.home(a).hslot, G0.home(b).hslot, "two hash slots");
     let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
         now_ms: T0,
         spec: TimerSpec {
@@ -321,7 +319,7 @@ async fn fires_take_hash_slots_in_slot_order_and_neither_starves() {
         .collect();
     assert_eq!(records.len(), 6, "{records:?}");
     for ns in [a, b] {
-        let of_ns = records.iter().filter(|(h, _)| *h == Home::of(ns)).count();
+        let of_ns = records.iter().filter(|(h, _)| *h == G0.home(ns)).count();
         assert_eq!(of_ns, 3, "{ns}");
     }
 }
@@ -374,7 +372,7 @@ async fn a_rewritten_replica_goes_on_as_format_5_would() {
     let extras: Vec<_> = (extra_commands().into_iter().enumerate())
         .map(|(i, c)| entry(first + i as u64, c))
         .collect();
-    assert_ne!(Home::of("alpha").hslot, Home::of("beta").hslot);
+    assert_ne!(G0.home("alpha").hslot, G0.home("beta").hslot);
     let dir = fixture();
     let (_, mut migrated) = open(&dir);
     let r = migrated.apply_entries(extras).await.unwrap();
@@ -475,7 +473,7 @@ pub(super) fn observe(store: &Store, now_ms: i64) -> String {
 #[tokio::test]
 async fn leases_of_one_deadline_expire_in_name_order_whatever_their_hash_slots() {
     let (x, y) = ("x", "y");
-    assert!(Home::of(y).hslot < Home::of(x).hslot, "the test's premise");
+    assert!(G0.home(y).hslot < G0.home(x).hslot, "the test's premise");
     let in_ns = |ns: &str, id: &str| Command::Schedule {
         now_ms: T0,
         spec: TimerSpec {
@@ -559,7 +557,7 @@ fn moved_commands() -> Vec<Command> {
 /// row needs); and they keep one digest as both apply more.
 #[tokio::test]
 async fn replicas_that_came_to_format_6_two_ways_have_one_digest() {
-    assert_ne!(Home::of("ns").hslot, Home::of("other").hslot);
+    assert_ne!(G0.home("ns").hslot, G0.home("other").hslot);
     let dir = fixture_at("format5-moved");
     let (_, mut rewritten) = open(&dir);
     let (_fresh_dir, mut replica) = fresh(moved_commands()).await;

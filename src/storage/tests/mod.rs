@@ -549,6 +549,7 @@ mod deliver;
 mod folded;
 mod format6;
 mod forms;
+mod groups;
 mod log_engine;
 mod misfire;
 mod raft_forms;

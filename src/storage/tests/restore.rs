@@ -16,7 +16,9 @@ fn content(db: &rocksdb::DB) -> Vec<(&'static str, Vec<u8>, Vec<u8>)> {
     for name in SM_CFS {
         for item in db.iterator_cf(cf(db, name), rocksdb::IteratorMode::Start) {
             let (k, v) = item.unwrap();
-            let names_cluster = name == CF_META && (*k == *LAST_APPLIED || *k == *MEMBERSHIP);
+            let g0 = crate::keys::Space::of(0);
+            let names_cluster = name == CF_META
+                && (*k == *g0.meta_key(LAST_APPLIED) || *k == *g0.meta_key(MEMBERSHIP));
             if !names_cluster {
                 rows.push((name, k.to_vec(), v.to_vec()));
             }

@@ -315,14 +315,17 @@ fn trail_divergence() -> Option<String> {
         name.unwrap_or_default()
     };
     let trails = sim::trails();
-    let (index, at) = trails
+    let ((group, index), at) = trails
         .iter()
         .find(|(_, at)| at.windows(2).any(|w| w[0].1 != w[1].1))?;
     let digests: Vec<String> = at
         .iter()
         .map(|(dir, d)| format!("{} {d:016x}", node(dir)))
         .collect();
-    Some(format!("after entry {index}: {}", digests.join(", ")))
+    Some(format!(
+        "after entry {index} of group {group}: {}",
+        digests.join(", ")
+    ))
 }
 
 /// Every node's (id, applied index, digest) once they agree, or after 30 s.

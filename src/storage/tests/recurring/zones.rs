@@ -100,7 +100,7 @@ async fn a_recurring_timer_keeps_its_proposers_zone_rules_and_other_rules_stop_t
 /// fingerprint of other rules for its zone: the row as a build with other rules left it.
 fn stamp_row(s: &Sm, id: &str, tzdb: &str, other_rules: bool) {
     let db = &s.store.db;
-    let k = TimerKey::new("ns", id).index_key();
+    let k = TimerKey::new("ns", id).index_key(crate::keys::Space::of(0));
     let raw = db.get_cf(cf(db, CF_RECURRING), &k).unwrap().unwrap();
     let mut row: crate::recurring::RecurringTimer = codec::decode(&raw).unwrap();
     row.tzdb = tzdb.into();
