@@ -138,6 +138,11 @@ impl Node {
         self.id
     }
 
+    /// The Raft group this is the node's replica of.
+    pub fn group(&self) -> crate::keys::Group {
+        self.store.space().group
+    }
+
     /// This node's settings (read-only).
     pub fn config(&self) -> &Arc<NodeConfig> {
         &self.config

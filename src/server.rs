@@ -29,7 +29,7 @@ use crate::api::pb::{
 use crate::api::services::access::AccessService;
 use crate::api::services::cluster::ClusterService;
 use crate::api::services::namespaces::NamespacesService;
-use crate::api::services::peer::PeerService;
+use crate::api::services::peer::{PeerGroups, PeerService};
 use crate::api::services::timers::TimersService;
 use crate::api::stack::auth::Gate;
 use crate::api::stack::layer::LayerOf;
@@ -57,6 +57,9 @@ pub struct RunningNode {
     /// The hand-over gate and what each peer advertised (tests close the one, read the other).
     pub hold: Hold,
     pub levels: Arc<crate::cluster::Levels>,
+    /// This node's replicas of the data groups (1..=`--groups`; docs/sharding.md §2). Group
+    /// 0's are the fields above.
+    pub groups: Vec<GroupReplica>,
     /// The address the gRPC server listens on.
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
@@ -92,48 +95,30 @@ pub async fn start_with(
     let gc = storage::IndexGc::new();
     let db = open_db_retrying(&config.data_dir, &gc).await?;
     let store = Store::with_width(db.clone(), config.bucket_ms, gc);
-    let signal = Arc::new(FireSignal::default());
-    let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
     // A new node of a new cluster (its data dir records no width, none given): the default. A
     // joining one takes the cluster's from its first peer (`Store::adopt_width`).
     if store.width_ms() == 0 && !config.join {
         store.adopt_width(crate::wheel::DEFAULT_BUCKET_MS, "the default")?;
     }
     let db_owner = db.clone();
-    // The node's one log engine; this build runs one Raft group on it.
-    let log = LogEngine::open(db)?.group(storage::GROUP0);
-    let fsync_delay_ms = log.fsync_delay_ms();
-    let committed = log.committed();
-    let log_handle = log.clone();
-    let snapshots = sm.snapshots();
-    let hold = Hold::default();
+    // The node's one log engine: every group's log (`storage/log_engine.rs`).
+    let engine = LogEngine::open(db)?;
     let levels = Arc::new(crate::cluster::Levels::default());
-    let network = Network {
-        config: config.clone(),
-        store: store.clone(),
-        levels: levels.clone(),
-    };
-    let raft = Raft::new(config.id, Arc::new(config.openraft()?), network, log, sm)
-        .await
-        .map_err(|e| Error::Internal(format!("raft failed to start: {e}")))?;
     let (shutdown, rx) = watch::channel(false);
-    let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
-    let dispatcher = Arc::new(Dispatcher::new(store.clone()));
-    let peer = PeerService::new(raft.clone(), store.clone(), config.clone(), levels.clone());
-    let node = Arc::new(Node::new(Parts {
-        raft: raft.clone(),
-        store: store.clone(),
-        acker: Acker::start(proposer.clone(), config.clock),
-        config: config.clone(),
-        dispatcher: dispatcher.clone(),
-        shutdown: rx.clone(),
-        proposer,
-        hold: hold.clone(),
-        committed,
-        log: log_handle,
-        snapshots,
-        levels: levels.clone(),
-    }));
+    let peers = Arc::new(PeerGroups::default());
+    // Group 0, then the data groups (docs/sharding.md §2): each its own Raft over the shared
+    // log engine and state database.
+    let mut replicas = Vec::new();
+    for group in 0..=config.groups {
+        let store = store.group(group);
+        let replica = open_group(&config, &engine, store, &levels, &rx).await?;
+        peers.add(replica.raft.clone(), replica.store.clone());
+        replicas.push(replica);
+    }
+    let zero = replicas.remove(0);
+    let fsync_delay_ms = engine.fsync_delay_ms();
+    let node = zero.node.clone();
+    let peer = PeerService::new(peers, config.clone(), levels.clone());
 
     let bootstrap_token = config.auth_bootstrap_token()?;
     let mut tasks = Vec::new();
@@ -152,58 +137,13 @@ pub async fn start_with(
             rx.clone(),
         )));
     }
-    bootstrap(&config, &raft).await?;
-    let dispatch = DispatchLoop {
-        id: config.id,
-        raft: raft.clone(),
-        store: store.clone(),
-        clock: config.clock,
-        signal: signal.clone(),
-        dispatcher: dispatcher.clone(),
-        hold: hold.clone(),
-    };
-    tasks.push(tokio::spawn(dispatch.run(rx.clone())));
-    let purger = Purger {
-        id: config.id,
-        raft: raft.clone(),
-        store: store.clone(),
-        clock: config.clock,
-        hold: hold.clone(),
-        floor: config.purge_floor,
-    };
-    tasks.push(tokio::spawn(purger.run(rx.clone())));
+    for replica in std::iter::once(&zero).chain(&replicas) {
+        bootstrap(&config, &replica.raft).await?;
+    }
     let trust = crate::push::trust::Trust::load(config.push_ca.as_deref())?;
-    let guard = crate::push::guard::Guard::of(&config);
-    let pusher = crate::push::worker::PushLoop {
-        pusher: crate::push::pusher::Pusher {
-            node: node.clone(),
-            http: crate::push::http::HttpSender::new(&trust, guard)?,
-            grpc: crate::api::services::receiver::grpc_sender(trust, guard),
-        },
-    };
-    tasks.push(tokio::spawn(pusher.run(rx.clone())));
-    let raiser = crate::cluster::level::LevelRaiser {
-        id: config.id,
-        raft: raft.clone(),
-        store: store.clone(),
-        hold: hold.clone(),
-        levels: levels.clone(),
-        own: config.level,
-    };
-    tasks.push(tokio::spawn(raiser.run(rx.clone())));
-    let driver = FireDriver {
-        id: config.id,
-        raft: raft.clone(),
-        store: store.clone(),
-        clock: config.clock,
-        signal,
-        dispatcher,
-        max_fires_per_entry: config.max_fires_per_entry,
-        fire_early_ms: config.faults.fire_early_ms,
-        hold: hold.clone(),
-        levels: levels.clone(),
-        config: config.clone(),
-    };
+    for replica in std::iter::once(&zero).chain(&replicas) {
+        replica.spawn_workers(&config, &levels, &trust, &rx, &mut tasks)?;
+    }
     tasks.push(tokio::spawn(storage::quiet::run(
         db_owner.clone(),
         rx.clone(),
@@ -212,20 +152,153 @@ pub async fn start_with(
         node.clone(),
         rx.clone(),
     )));
-    tasks.push(tokio::spawn(driver.run(rx)));
     tracing::info!(id = config.id, %addr, "node started");
     Ok(RunningNode {
         node,
-        raft,
-        store,
-        hold,
+        raft: zero.raft,
+        store: zero.store,
+        hold: zero.hold,
         levels,
+        groups: replicas,
         addr,
         shutdown,
         tasks,
         db: db_owner,
         fsync_delay_ms,
     })
+}
+
+/// One group's replica on this node: its door, its Raft, its state, its hand-over gate, and
+/// what its workers need (started by [`GroupReplica::spawn_workers`]).
+pub struct GroupReplica {
+    pub node: Arc<Node>,
+    pub raft: Raft,
+    pub store: Store,
+    pub hold: Hold,
+    signal: Arc<FireSignal>,
+    dispatcher: Arc<Dispatcher>,
+}
+
+/// Opens `store`'s group on this node: its state machine, its log (the engine's region of
+/// the group), its Raft, and its door.
+async fn open_group(
+    config: &Arc<NodeConfig>,
+    engine: &Arc<LogEngine>,
+    store: Store,
+    levels: &Arc<crate::cluster::Levels>,
+    rx: &watch::Receiver<bool>,
+) -> Result<GroupReplica> {
+    let group = store.space().group;
+    let signal = Arc::new(FireSignal::default());
+    let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
+    let log = engine.group(storage::GroupId::from(group));
+    let committed = log.committed();
+    let snapshots = sm.snapshots();
+    let hold = Hold::default();
+    let network = Network {
+        config: config.clone(),
+        store: store.clone(),
+        levels: levels.clone(),
+    };
+    let raft = Raft::new(
+        config.id,
+        Arc::new(config.openraft()?),
+        network,
+        log.clone(),
+        sm,
+    )
+    .await
+    .map_err(|e| Error::Internal(format!("raft of group {group} failed to start: {e}")))?;
+    let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
+    let dispatcher = Arc::new(Dispatcher::new(store.clone()));
+    let node = Arc::new(Node::new(Parts {
+        raft: raft.clone(),
+        store: store.clone(),
+        acker: Acker::start(proposer.clone(), config.clock),
+        config: config.clone(),
+        dispatcher: dispatcher.clone(),
+        shutdown: rx.clone(),
+        proposer,
+        hold: hold.clone(),
+        committed,
+        log,
+        snapshots,
+        levels: levels.clone(),
+    }));
+    Ok(GroupReplica {
+        node,
+        raft,
+        store,
+        hold,
+        signal,
+        dispatcher,
+    })
+}
+
+impl GroupReplica {
+    /// Starts the group's workers, which act while this node leads it: the delivery
+    /// dispatcher, the purger, the pusher, the level raiser and the fire driver.
+    fn spawn_workers(
+        &self,
+        config: &Arc<NodeConfig>,
+        levels: &Arc<crate::cluster::Levels>,
+        trust: &crate::push::trust::Trust,
+        rx: &watch::Receiver<bool>,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) -> Result<()> {
+        let dispatch = DispatchLoop {
+            id: config.id,
+            raft: self.raft.clone(),
+            store: self.store.clone(),
+            clock: config.clock,
+            signal: self.signal.clone(),
+            dispatcher: self.dispatcher.clone(),
+            hold: self.hold.clone(),
+        };
+        tasks.push(tokio::spawn(dispatch.run(rx.clone())));
+        let purger = Purger {
+            id: config.id,
+            raft: self.raft.clone(),
+            store: self.store.clone(),
+            clock: config.clock,
+            hold: self.hold.clone(),
+            floor: config.purge_floor,
+        };
+        tasks.push(tokio::spawn(purger.run(rx.clone())));
+        let guard = crate::push::guard::Guard::of(config);
+        let pusher = crate::push::worker::PushLoop {
+            pusher: crate::push::pusher::Pusher {
+                node: self.node.clone(),
+                http: crate::push::http::HttpSender::new(trust, guard)?,
+                grpc: crate::api::services::receiver::grpc_sender(trust.clone(), guard),
+            },
+        };
+        tasks.push(tokio::spawn(pusher.run(rx.clone())));
+        let raiser = crate::cluster::level::LevelRaiser {
+            id: config.id,
+            raft: self.raft.clone(),
+            store: self.store.clone(),
+            hold: self.hold.clone(),
+            levels: levels.clone(),
+            own: config.level,
+        };
+        tasks.push(tokio::spawn(raiser.run(rx.clone())));
+        let driver = FireDriver {
+            id: config.id,
+            raft: self.raft.clone(),
+            store: self.store.clone(),
+            clock: config.clock,
+            signal: self.signal.clone(),
+            dispatcher: self.dispatcher.clone(),
+            max_fires_per_entry: config.max_fires_per_entry,
+            fire_early_ms: config.faults.fire_early_ms,
+            hold: self.hold.clone(),
+            levels: levels.clone(),
+            config: config.clone(),
+        };
+        tasks.push(tokio::spawn(driver.run(rx.clone())));
+        Ok(())
+    }
 }
 
 /// RocksDB's lock outlives a stopped node for a moment (its syncer thread lets go last), so a
@@ -346,26 +419,39 @@ impl RunningNode {
     /// cluster does not wait out an election timeout for the stop. Bounded; on failure the
     /// stop goes on (the others elect a leader as after a crash).
     pub async fn hand_off(&self) {
-        if self.node.leader() != crate::node::Leader::Me || self.node.other_voters() == 0 {
-            return;
-        }
-        let transfer = self.node.transfer_leader(None);
-        match tokio::time::timeout(HAND_OFF_LIMIT, transfer).await {
-            Ok(Ok(to)) => tracing::info!(to, "stopping: leadership handed over"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "stopping: leadership not handed over"),
-            Err(_) => tracing::warn!("stopping: leadership hand-off took too long"),
-        }
+        let nodes = std::iter::once(&self.node).chain(self.groups.iter().map(|g| &g.node));
+        let leading = nodes.filter(|n| n.leader() == crate::node::Leader::Me);
+        let handed = leading
+            .filter(|n| n.other_voters() > 0)
+            .map(|node| async move {
+                let group = node.group();
+                let transfer = node.transfer_leader(None);
+                match tokio::time::timeout(HAND_OFF_LIMIT, transfer).await {
+                    Ok(Ok(to)) => tracing::info!(group, to, "stopping: leadership handed over"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(group, error = %e, "stopping: leadership not handed over")
+                    }
+                    Err(_) => tracing::warn!(group, "stopping: leadership hand-off took too long"),
+                }
+            });
+        futures::future::join_all(handed).await;
     }
 
     /// Resolves when Raft stops by itself on a fatal error (a full disk, a failed apply): the
     /// node can make no more progress. `timerd` then exits non-zero so a supervisor restarts it.
     pub async fn failed(&self) -> String {
-        let mut metrics = self.raft.metrics();
-        let why = match metrics.wait_until(|m| m.running_state.is_err()).await {
-            Ok(m) => m.running_state.clone().err().map(|e| e.to_string()),
-            Err(_) => None,
-        };
-        why.unwrap_or_else(|| "raft stopped".into())
+        let rafts = std::iter::once(&self.raft).chain(self.groups.iter().map(|g| &g.raft));
+        let watches = rafts.map(|raft| {
+            let mut metrics = raft.metrics();
+            Box::pin(async move {
+                let why = match metrics.wait_until(|m| m.running_state.is_err()).await {
+                    Ok(m) => m.running_state.clone().err().map(|e| e.to_string()),
+                    Err(_) => None,
+                };
+                why.unwrap_or_else(|| "raft stopped".into())
+            })
+        });
+        futures::future::select_all(watches).await.0
     }
 
     /// Stops serving, stops the fire driver and Raft, waits for them, flushes the memtables
@@ -384,26 +470,38 @@ impl RunningNode {
             store,
             hold,
             levels,
+            groups,
             shutdown,
             tasks,
             db,
             ..
         } = self;
         let id = node.id();
+        let nodes: Vec<Arc<Node>> = std::iter::once(node.clone())
+            .chain(groups.iter().map(|g| g.node.clone()))
+            .collect();
         // Acks answered as queued apply first, leading or not, handed over or not (a stop is
         // no failure): queuing stops, the queued ones are proposed, then everything stops.
-        if let Err(unsettled) = node.drain_queued_acks(SHUTDOWN_STEP).await {
-            tracing::warn!(
-                unsettled,
-                "stopping with acks answered as queued not yet applied (their deliveries come \
-                 again)"
-            );
+        let drains = nodes.iter().map(|n| n.drain_queued_acks(SHUTDOWN_STEP));
+        for (n, drained) in nodes.iter().zip(futures::future::join_all(drains).await) {
+            if let Err(unsettled) = drained {
+                tracing::warn!(
+                    group = n.group(),
+                    unsettled,
+                    "stopping with acks answered as queued not yet applied (their deliveries \
+                     come again)"
+                );
+            }
         }
         let _ = shutdown.send(true);
-        match tokio::time::timeout(SHUTDOWN_STEP, raft.shutdown()).await {
-            Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
-            Err(_) => tracing::warn!("raft did not stop within {SHUTDOWN_STEP:?}"),
-            Ok(Ok(())) => {}
+        let rafts = std::iter::once(&raft).chain(groups.iter().map(|g| &g.raft));
+        let stops = rafts.map(|r| tokio::time::timeout(SHUTDOWN_STEP, r.shutdown()));
+        for stopped in futures::future::join_all(stops).await {
+            match stopped {
+                Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown"),
+                Err(_) => tracing::warn!("raft did not stop within {SHUTDOWN_STEP:?}"),
+                Ok(Ok(())) => {}
+            }
         }
         let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
         if tokio::time::timeout(SHUTDOWN_STEP, futures::future::join_all(tasks))
@@ -413,7 +511,7 @@ impl RunningNode {
             tracing::warn!("server tasks did not stop within {SHUTDOWN_STEP:?}; aborting them");
             aborts.iter().for_each(|a| a.abort());
         }
-        drop((node, raft, store, hold, levels));
+        drop((nodes, node, raft, store, hold, levels, groups));
         if wait_sole_owner(&db, SHUTDOWN_STEP).await {
             flush_for_restart(id, &db, started.elapsed());
             // The last reference: RocksDB closes here, on this thread, before we return.

@@ -56,11 +56,17 @@ pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";
 /// The header of a `Hello`: the calling leader's term (`storage/admission.rs`).
 pub const TERM_HEADER: &str = "x-timerdb-term";
 
+/// The header naming the Raft group a peer call is for (docs/sharding.md §2); absent: group
+/// 0, as every call of a build before groups is.
+pub const GROUP_HEADER: &str = "x-timerdb-group";
+
 /// Makes a [`PeerClient`] per target node, dialling the configured override if there is one.
+/// One per group: its calls name the group.
 #[derive(Clone)]
 pub struct Network {
     pub config: std::sync::Arc<crate::config::NodeConfig>,
-    /// This node's state machine: its bucket width goes with every call.
+    /// The group's state machine on this node: the group and the bucket width go with every
+    /// call.
     pub store: crate::storage::Store,
     /// The feature level each peer's answers advertise (`level.rs`).
     pub levels: std::sync::Arc<super::Levels>,
@@ -76,7 +82,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     }
 }
 
-/// A request to a peer, with this node's bucket width, feature level and tzdb version.
+/// A request to a peer for `store`'s group, with this node's bucket width, feature level and
+/// tzdb version.
 fn peer_request<T>(
     msg: T,
     store: &crate::storage::Store,
@@ -85,6 +92,7 @@ fn peer_request<T>(
     let mut request = tonic::Request::new(msg);
     let width = tonic::metadata::MetadataValue::from(store.width_ms());
     request.metadata_mut().insert(BUCKET_MS_HEADER, width);
+    name_group(&mut request, store.space().group);
     super::level::advertise_node(request.metadata_mut(), config);
     request
 }
@@ -122,9 +130,21 @@ pub async fn hello(
     }
 }
 
-/// Asks the node at `addr` to stand for election now, if it follows the leader of `term`
-/// (leadership transfer, see `membership`). Whether it did.
-pub async fn timeout_now(tls: &crate::tls::Tls, addr: &str, term: u64) -> crate::Result<bool> {
+/// Names `group` in a peer call (group 0 is named by no header, as before groups).
+fn name_group<T>(request: &mut tonic::Request<T>, group: crate::keys::Group) {
+    if group != crate::keys::GROUP_ZERO {
+        let group = tonic::metadata::MetadataValue::from(group);
+        request.metadata_mut().insert(GROUP_HEADER, group);
+    }
+}
+
+/// Asks the node at `addr` to stand for election in `group` now, if it follows the group's
+/// leader of `term` (leadership transfer, see `membership`). Whether it did.
+pub async fn timeout_now(
+    tls: &crate::tls::Tls,
+    (addr, group): (&str, crate::keys::Group),
+    term: u64,
+) -> crate::Result<bool> {
     // Before anything is proposed: "not yet", so a forwarder may send the AddNode again.
     let unreachable = |e: String| crate::Error::NotYet(format!("node at {addr}: {e}"));
     let channel = tls
@@ -133,6 +153,7 @@ pub async fn timeout_now(tls: &crate::tls::Tls, addr: &str, term: u64) -> crate:
     let mut request = tonic::Request::new(RaftMessage {
         data: encode(&term),
     });
+    name_group(&mut request, group);
     request.set_timeout(Duration::from_secs(1));
     let reply = RaftClient::new(channel)
         .timeout_now(request)

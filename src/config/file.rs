@@ -53,6 +53,10 @@ pub struct Settings {
     /// it is created; a node joining with an empty data dir takes it without this flag.
     #[arg(long, env = "TIMERDB_BUCKET_MS")]
     pub bucket_ms: Option<u64>,
+    /// Data groups of a new cluster, besides group 0 (docs/sharding.md §2; default 0: one
+    /// group). Every node of a cluster must be started with the same number.
+    #[arg(long, env = "TIMERDB_GROUPS")]
+    pub groups: Option<u16>,
     /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9101); off if unset.
     #[arg(long, env = "TIMERDB_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -177,6 +181,7 @@ impl Settings {
             peers: self.peers.or(lower.peers),
             join: self.join.or(lower.join),
             bucket_ms: self.bucket_ms.or(lower.bucket_ms),
+            groups: self.groups.or(lower.groups),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             log: self.log.or(lower.log),
             log_format: self.log_format.or(lower.log_format),
@@ -245,6 +250,7 @@ impl Settings {
         if self.bucket_ms.is_some() {
             c.bucket_ms = self.bucket_ms;
         }
+        c.groups = self.groups.unwrap_or(0);
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(
             &mut c.raft.election_timeout_min_ms,

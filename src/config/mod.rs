@@ -15,6 +15,8 @@ pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};
 /// Limits on client input. Requests beyond them are refused with a clear status.
 /// The most rows a Fire entry may pass (`--max-fires-per-entry`).
 pub const MAX_FIRES_PER_ENTRY: u32 = 100_000;
+/// The most data groups a cluster may have (`--groups`; docs/sharding.md §7 measures 64).
+pub const MAX_GROUPS: u16 = 256;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -107,6 +109,9 @@ pub struct NodeConfig {
     /// fixed when it is created: a data dir keeps the width it was made with (a different one
     /// given here is refused), a node joining with an empty data dir takes the cluster's.
     pub bucket_ms: Option<u64>,
+    /// Data groups (1..=groups) this node hosts a replica of beside group 0
+    /// (docs/sharding.md §2); 0: one group. The cluster's: every node has the same.
+    pub groups: u16,
     pub limits: Limits,
     pub raft: RaftTiming,
     /// How long a call waits for a leader before failing UNAVAILABLE.
@@ -197,6 +202,7 @@ impl NodeConfig {
             data_dir,
             peers,
             bucket_ms: None,
+            groups: 0,
             limits: Limits::default(),
             raft: RaftTiming::default(),
             leader_wait: Duration::from_secs(5),
@@ -261,6 +267,20 @@ impl NodeConfig {
         if self.bucket_ms == Some(0) {
             return Err(Error::InvalidArgument(
                 "bucket width must be at least 1 ms".into(),
+            ));
+        }
+        if self.groups > MAX_GROUPS {
+            return Err(Error::InvalidArgument(format!(
+                "--groups {} is more than {MAX_GROUPS} (a node hosts at most that many data \
+                 groups)",
+                self.groups
+            )));
+        }
+        if self.groups > 0 && self.join {
+            return Err(Error::InvalidArgument(
+                "--join with --groups: a joining node gets the data groups' replicas moved onto \
+                 it, which this build cannot do yet (docs/sharding.md §12 step 6)"
+                    .into(),
             ));
         }
         // A Fire entry places at most about twice its rows (expired leases' retries, series'

@@ -322,7 +322,8 @@ impl Node {
         let election = lease * 3;
         for attempt in 1..=2 {
             tokio::time::sleep(lease + Duration::from_millis(50)).await;
-            if let Err(e) = network::timeout_now(&self.config.tls, addr, term).await {
+            if let Err(e) = network::timeout_now(&self.config.tls, (addr, self.group()), term).await
+            {
                 tracing::warn!(target, attempt, error = %e, "TimeoutNow failed");
             }
             if let Some(leader) = self.wait_other_leader(election).await {

@@ -143,3 +143,57 @@ async fn a_snapshot_is_not_sent_to_a_build_that_cannot_read_its_format() {
     assert!(peer.accept().is_err(), "nothing was sent to it");
     node.shutdown().await;
 }
+
+/// Step 4 of issue 36: a peer call names its group; one for a group this node hosts no
+/// replica of is refused NOT_FOUND before its body is read (garbage or not), and one for a
+/// group it hosts reaches that group's Raft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_call_for_a_group_this_node_does_not_host_is_refused_unread() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    let addr = node.addr.to_string();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = timerdb_proto::pb::raft_client::RaftClient::new(channel);
+    let call = |group: Option<&str>, data: Vec<u8>| {
+        let mut request = tonic::Request::new(timerdb_proto::pb::RaftMessage { data });
+        if let Some(g) = group {
+            let g = tonic::metadata::MetadataValue::try_from(g).unwrap();
+            request
+                .metadata_mut()
+                .insert(crate::cluster::network::GROUP_HEADER, g);
+        }
+        request
+    };
+    let garbage = vec![0xff; 64];
+    for (group, code) in [
+        (Some("5"), tonic::Code::NotFound),
+        (Some("x"), tonic::Code::InvalidArgument),
+        // Group 0 (named or not) is hosted: its garbage is read, and refused as garbage.
+        (Some("0"), tonic::Code::InvalidArgument),
+        (None, tonic::Code::InvalidArgument),
+    ] {
+        let refused = raw.vote(call(group, garbage.clone())).await.unwrap_err();
+        assert_eq!(refused.code(), code, "{group:?}: {refused:?}");
+    }
+    let refused = raw.vote(call(Some("5"), garbage)).await.unwrap_err();
+    assert!(
+        refused.message().contains("no replica of group 5"),
+        "{refused:?}"
+    );
+
+    // Through the peer client: a group's store names its group in every call.
+    let levels = heard_as(&node, &tonic::metadata::MetadataMap::new());
+    let vote = node.raft.metrics().borrow_watched().vote;
+    let rpc = openraft::raft::VoteRequest::new(vote, None);
+    let option = RPCOption::new(Duration::from_millis(1000));
+    let mut other = PeerClient::new(2, &addr, node.store.group(5), levels.clone());
+    let e = other.vote(rpc.clone(), option.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("no replica of group 5"), "{e}");
+    let mut own = PeerClient::new(2, &addr, node.store.clone(), levels);
+    own.vote(rpc, option).await.expect("group 0's Raft answers");
+    node.shutdown().await;
+}

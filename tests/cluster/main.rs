@@ -11,6 +11,7 @@ mod consumer;
 mod ctl;
 mod delivery;
 mod garbage;
+mod groups;
 mod harness;
 mod http;
 mod http_refusals;

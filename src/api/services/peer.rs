@@ -5,6 +5,11 @@
 //! that does not decode is INVALID_ARGUMENT: only another timerdb node of this build calls here.
 //! A call from a node of another bucket width is FAILED_PRECONDITION, before anything is
 //! decoded or appended (`Store::adopt_width`).
+//!
+//! Every call is for one Raft group, named by its `x-timerdb-group` header (none: group 0, as
+//! builds before groups send): it goes to this node's replica of that group ([`PeerGroups`]).
+//! A call for a group this node hosts no replica of is NOT_FOUND, before its body is decoded
+//! (log-engine.md point 6: a peer's bytes never reach a group they were not meant for).
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::error::RaftError;
@@ -15,8 +20,9 @@ use openraft_legacy::network_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::api::pb::{raft_server, RaftMessage};
-use crate::cluster::network::{BUCKET_MS_HEADER, TERM_HEADER};
+use crate::cluster::network::{BUCKET_MS_HEADER, GROUP_HEADER, TERM_HEADER};
 use crate::cluster::Raft;
+use crate::keys::{Group, GROUP_ZERO};
 use crate::raft_types::{LogId, TypeConfig};
 use crate::storage::Store;
 use crate::storage::{decode, encode};
@@ -25,8 +31,8 @@ use crate::storage::{decode, encode};
 /// transport's far end, not a client of the node's verbs).
 #[derive(Clone)]
 pub struct PeerService {
-    raft: Raft,
-    store: Store,
+    /// This node's replica of each group it hosts.
+    groups: std::sync::Arc<PeerGroups>,
     /// The feature level this node advertises in every answer (with its tzdb version), and
     /// the newest entry forms it takes (`cluster::level`); `join`: while it knows no members
     /// it admits (`storage/admission.rs`).
@@ -36,19 +42,59 @@ pub struct PeerService {
     levels: std::sync::Arc<crate::cluster::Levels>,
 }
 
+/// The group replicas a node hosts, by group: where each peer call goes.
+#[derive(Default)]
+pub struct PeerGroups(std::sync::RwLock<std::collections::BTreeMap<Group, Replica>>);
+
+/// One group's replica: its Raft and its state machine's store.
+#[derive(Clone)]
+struct Replica {
+    raft: Raft,
+    store: Store,
+}
+
+impl PeerGroups {
+    /// Peer calls for `store`'s group go to `raft` from now on.
+    pub fn add(&self, raft: Raft, store: Store) {
+        let group = store.space().group;
+        let mut groups = self.0.write().unwrap_or_else(|p| p.into_inner());
+        groups.insert(group, Replica { raft, store });
+    }
+
+    fn get(&self, group: Group) -> Option<Replica> {
+        let groups = self.0.read().unwrap_or_else(|p| p.into_inner());
+        groups.get(&group).cloned()
+    }
+}
+
 impl PeerService {
     pub fn new(
-        raft: Raft,
-        store: Store,
+        groups: std::sync::Arc<PeerGroups>,
         config: std::sync::Arc<crate::config::NodeConfig>,
         levels: std::sync::Arc<crate::cluster::Levels>,
     ) -> Self {
         PeerService {
-            raft,
-            store,
+            groups,
             config,
             levels,
         }
+    }
+
+    /// The replica a call is for (see the module essay); looked at before the body is.
+    fn replica<T>(&self, req: &Request<T>) -> Result<Replica, Status> {
+        let group = match req.metadata().get(GROUP_HEADER) {
+            None => GROUP_ZERO,
+            Some(v) => (v.to_str().ok().and_then(|v| v.parse().ok()))
+                .ok_or_else(|| Status::invalid_argument(format!("bad {GROUP_HEADER} header")))?,
+        };
+        self.groups.get(group).ok_or_else(|| {
+            Status::not_found(format!("this node hosts no replica of group {group}"))
+        })
+    }
+
+    /// Group 0's replica: the node's own calls (`Hello`) go to it.
+    fn group_zero(&self) -> Result<Replica, Status> {
+        (self.groups.get(GROUP_ZERO)).ok_or_else(|| Status::unavailable("this node is starting"))
     }
 
     /// `value` as the answer, with this node's level.
@@ -80,9 +126,9 @@ impl PeerService {
 
     /// Whether this node holds nothing yet: started with `--join` and no membership known
     /// (`storage/admission.rs` says what it takes from whom then).
-    fn admitting(&self) -> bool {
+    fn admitting(&self, r: &Replica) -> bool {
         self.config.join
-            && (self.raft.metrics().borrow_watched())
+            && (r.raft.metrics().borrow_watched())
                 .membership_config
                 .membership()
                 .nodes()
@@ -94,8 +140,8 @@ impl PeerService {
     /// build before it, which checked nothing: taken by a node that knows its width, refused
     /// by one that does not (a joining node), which could apply none of its entries. A node
     /// that waits to be added takes the width only from a `Hello` ([`PeerService::hello`]).
-    fn check_width<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let mine = self.store.width_ms();
+    fn check_width<T>(&self, r: &Replica, req: &Request<T>) -> Result<(), Status> {
+        let mine = r.store.width_ms();
         let Some(theirs) = width_of(req)? else {
             if mine == 0 {
                 return Err(Status::failed_precondition(format!(
@@ -109,7 +155,7 @@ impl PeerService {
             return Err(not_added());
         }
         // This node knows its width (not 0): nothing is adopted here, only compared.
-        self.store.adopt_width(theirs, &sender(req)).map_err(|e| {
+        r.store.adopt_width(theirs, &sender(req)).map_err(|e| {
             tracing::error!("refused a peer: {e}");
             Status::failed_precondition(e.to_string())
         })
@@ -127,12 +173,13 @@ impl PeerService {
     /// A Vote's or PreVote's request, if this node may answer it at all.
     fn vote_request(
         &self,
+        r: &Replica,
         req: Request<RaftMessage>,
     ) -> Result<openraft::raft::VoteRequest<TypeConfig>, Status> {
-        self.check_width(&req)?;
+        self.check_width(r, &req)?;
         let rpc: openraft::raft::VoteRequest<TypeConfig> = body(req)?;
-        self.check_admitted(rpc.vote.leader_id().term)?;
-        if self.admitting() {
+        self.check_admitted(r, rpc.vote.leader_id().term)?;
+        if self.admitting(r) {
             // A Hello came, entries not yet: this node becomes a learner first, which needs no
             // vote, and a vote it persisted for a removed voter still campaigning (its term
             // climbing past the Hello's) would depose the leader adding it. Nor may a wiped
@@ -147,11 +194,11 @@ impl PeerService {
 
     /// While this node waits to be added: a Raft call only after a `Hello`, and only from a
     /// leader (or candidate) of the `Hello`'s term or later.
-    fn check_admitted(&self, term: u64) -> Result<(), Status> {
-        if !self.admitting() {
+    fn check_admitted(&self, r: &Replica, term: u64) -> Result<(), Status> {
+        if !self.admitting(r) {
             return Ok(());
         }
-        match self.store.admitted() {
+        match r.store.admitted() {
             Err(e) => Err(Status::internal(e.to_string())),
             Ok(None) => Err(not_added()),
             Ok(Some(admitted)) if term < admitted => {
@@ -268,28 +315,31 @@ impl raft_server::Raft for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        self.check_width(&req)?;
+        let r = self.replica(&req)?;
+        self.check_width(&r, &req)?;
         // The headers stay here (no copy per call: this is every heartbeat and append).
         let (metadata, _, msg) = req.into_parts();
         let rpc: AppendEntriesRequest<TypeConfig> = body(Request::new(msg))?;
-        self.check_admitted(rpc.vote.leader_id().term)?;
+        self.check_admitted(&r, rpc.vote.leader_id().term)?;
         check_entries(&rpc)?;
         self.check_level(&rpc)?;
         let leader = rpc.vote.leader_id().node_id;
-        let answer = self.raft.append_entries(rpc).await;
+        let answer = r.raft.append_entries(rpc).await;
         self.levels.heard(leader, &metadata);
         self.reply(&answer)
     }
 
     async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let rpc = self.vote_request(req)?;
-        self.reply(&self.raft.vote(rpc).await)
+        let r = self.replica(&req)?;
+        let rpc = self.vote_request(&r, req)?;
+        self.reply(&r.raft.vote(rpc).await)
     }
 
     async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
         self.check_newer_rpcs()?;
-        let rpc = self.vote_request(req)?;
-        self.reply(&self.raft.pre_vote(rpc).await)
+        let r = self.replica(&req)?;
+        let rpc = self.vote_request(&r, req)?;
+        self.reply(&r.raft.pre_vote(rpc).await)
     }
 
     /// The call `AddNode` makes before it adds this node: may it join (its bucket width)?
@@ -298,7 +348,8 @@ impl raft_server::Raft for PeerService {
         if !req.get_ref().data.is_empty() {
             return Err(Status::invalid_argument("a Hello carries no body"));
         }
-        if self.admitting() {
+        let r = self.group_zero()?;
+        if self.admitting(&r) {
             let width = width_of(&req)?.unwrap_or(0);
             let term = req
                 .metadata()
@@ -307,14 +358,14 @@ impl raft_server::Raft for PeerService {
                 .map(|t| t.ok_or_else(|| Status::invalid_argument(format!("bad {TERM_HEADER}"))))
                 .transpose()?
                 .unwrap_or(0);
-            if width == 0 && self.store.width_ms() == 0 {
-                self.check_width(&req)?;
+            if width == 0 && r.store.width_ms() == 0 {
+                self.check_width(&r, &req)?;
             }
-            self.store
+            r.store
                 .admit(width, term, &sender(&req), self.config.bucket_ms.is_some())
                 .map_err(|e| Status::failed_precondition(e.to_string()))?;
         } else {
-            self.check_width(&req)?;
+            self.check_width(&r, &req)?;
         }
         let mut answer = Response::new(RaftMessage { data: Vec::new() });
         crate::cluster::level::advertise_node(answer.metadata_mut(), &self.config);
@@ -326,15 +377,16 @@ impl raft_server::Raft for PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_newer_rpcs()?;
-        self.check_width(&req)?;
+        let r = self.replica(&req)?;
+        self.check_width(&r, &req)?;
         let rpc: openraft::raft::TransferLeaderRequest<TypeConfig> = body(req)?;
-        if self.admitting() {
+        if self.admitting(&r) {
             // Not a voter yet: it has nobody's lease to drop and may not stand.
             return Err(not_added());
         }
         // openraft acts only on a transfer from the leader this node follows (the same vote).
         let answer: Result<_, RaftError<TypeConfig>> =
-            (self.raft.handle_transfer_leader(rpc).await).map_err(RaftError::Fatal);
+            (r.raft.handle_transfer_leader(rpc).await).map_err(RaftError::Fatal);
         self.reply(&answer)
     }
 
@@ -342,9 +394,10 @@ impl raft_server::Raft for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
+        let r = self.replica(&req)?;
         let term: u64 = body(req)?;
         let current = {
-            let m = self.raft.metrics();
+            let m = r.raft.metrics();
             let m = m.borrow_watched();
             (m.current_term, m.state)
         };
@@ -352,7 +405,7 @@ impl raft_server::Raft for PeerService {
         let stand = current == (term, openraft::ServerState::Follower);
         if stand {
             tracing::info!(term, "TimeoutNow: standing for election");
-            self.raft
+            r.raft
                 .trigger()
                 .elect(false)
                 .await
@@ -365,11 +418,12 @@ impl raft_server::Raft for PeerService {
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        self.check_width(&req)?;
+        let r = self.replica(&req)?;
+        self.check_width(&r, &req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = body(req)?;
-        self.check_admitted(rpc.vote.leader_id().term)?;
+        self.check_admitted(&r, rpc.vote.leader_id().term)?;
         let (mine, committed) = {
-            let m = self.raft.metrics();
+            let m = r.raft.metrics();
             let m = m.borrow_watched();
             (m.vote, m.local_committed)
         };
@@ -381,7 +435,7 @@ impl raft_server::Raft for PeerService {
             return self.reply(&stale);
         }
         check_snapshot(&rpc, committed)?;
-        self.reply(&self.raft.install_snapshot(rpc).await)
+        self.reply(&r.raft.install_snapshot(rpc).await)
     }
 }
 
