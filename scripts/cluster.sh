@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs a local 3-node timerdb cluster on loopback.
 #
-#   scripts/cluster.sh start   [--dir DIR] [--base-port 7101] [--tls]
+#   scripts/cluster.sh start   [--dir DIR] [--base-port 7101] [--tls] [--groups G]
 #                                                                build, start 3 nodes, wait for a leader;
 #                                                                --tls: certificates made in DIR/certs
 #                                                                (scripts/certs.sh), client and peer TLS,
-#                                                                clients must present a certificate (mTLS)
+#                                                                clients must present a certificate (mTLS);
+#                                                                --groups: G data groups beside group 0
+#                                                                (docs/sharding.md), kept for restarts
 #   scripts/cluster.sh status  [--dir DIR]                       every member: role, term, applied, lag
 #   scripts/cluster.sh stop    [--dir DIR]                       SIGTERM every node (clean shutdown)
 #   scripts/cluster.sh kill N  [--dir DIR]                       SIGKILL node N (a crash)
@@ -22,6 +24,7 @@ cmd=${1:-}
 shift || true
 node_arg=""
 TLS=""
+GROUPS=""
 if [[ "$cmd" == kill || "$cmd" == restart ]]; then node_arg=${1:?"$cmd needs a node id (1-3)"}; shift; fi
 DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 BASE_PORT=${TIMERDB_BASE_PORT:-7101}
@@ -30,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --dir) DIR=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
     --tls) TLS=1; shift ;;
+    --groups) GROUPS=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +58,12 @@ if [[ -n "$TLS" ]]; then
   touch "$DIR/tls"
 fi
 CERTS="$DIR/certs"
+# Data groups: chosen at start, remembered in DIR/groups for restarts.
+if [[ -n "$GROUPS" ]]; then echo "$GROUPS" >"$DIR/groups"; fi
+groups_args() {
+  [[ -f "$DIR/groups" ]] || return 0
+  echo "--groups $(cat "$DIR/groups")"
+}
 tls_node_args() {
   [[ -f "$DIR/tls" ]] || return 0
   echo "--tls-cert $CERTS/node-$1.crt --tls-key $CERTS/node-$1.key --client-ca $CERTS/client-ca.crt" \
@@ -75,7 +85,7 @@ start_node() {
   # shellcheck disable=SC2046 # the TLS flags are words
   # --push-allow-private: the local cluster's push receivers run on this machine (loopback).
   nohup "$BIN/timerd" --id "$n" --listen "$(addr "$n")" --data-dir "$DIR/n$n" --peers "$PEERS" \
-    --push-allow-private=true $(tls_node_args "$n") >>"$DIR/n$n.log" 2>&1 &
+    --push-allow-private=true $(tls_node_args "$n") $(groups_args) >>"$DIR/n$n.log" 2>&1 &
   echo $! >"$DIR/n$n.pid"
   echo "node $n started on $(addr "$n") (pid $!, log $DIR/n$n.log)"
 }
@@ -138,5 +148,5 @@ case "$cmd" in
     leader
     ;;
   *)
-    sed -n '2,17p' "$0"; exit 2 ;;
+    sed -n '2,19p' "$0"; exit 2 ;;
 esac

@@ -179,6 +179,63 @@ impl Space {
     }
 }
 
+/// Which group owns each hash slot: the slot map (docs/sharding.md §2, §4). Until hash slots
+/// move (§12 step 6) it is the cluster's map at epoch 1, a function of its number of data
+/// groups: with G of them, group g (1..=G) owns hash slots `[(g-1)·1024/G, g·1024/G)`; with
+/// none, group 0 owns every hash slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotMap {
+    groups: Group,
+}
+
+/// Hash slots there are.
+pub const HASH_SLOTS: u32 = timerdb_client::hash_slot::HASH_SLOTS as u32;
+
+impl SlotMap {
+    /// The map of a cluster of `groups` data groups.
+    pub const fn new(groups: Group) -> SlotMap {
+        SlotMap { groups }
+    }
+
+    /// Its data groups (0: group 0 owns everything).
+    pub fn groups(&self) -> Group {
+        self.groups
+    }
+
+    /// The map's epoch: 1 until hash slots move.
+    pub fn epoch(&self) -> u64 {
+        1
+    }
+
+    /// The group owning `hslot`.
+    pub fn owner(&self, hslot: HSlot) -> Group {
+        match self.groups {
+            0 => GROUP_ZERO,
+            g => (u32::from(hslot) * u32::from(g) / HASH_SLOTS) as Group + 1,
+        }
+    }
+
+    /// The group holding pinned `namespace`'s timers.
+    pub fn group_of(&self, namespace: &str) -> Group {
+        self.owner(hslot_of(namespace))
+    }
+
+    /// The hash slots `group` owns, as `[first, end)`.
+    pub fn owned(&self, group: Group) -> std::ops::Range<u32> {
+        match (self.groups, group) {
+            (0, GROUP_ZERO) => 0..HASH_SLOTS,
+            (0, _) | (_, GROUP_ZERO) => 0..0,
+            (n, g) if g > n => 0..0,
+            (n, g) => {
+                let (n, g) = (u32::from(n), u32::from(g));
+                // The first hash slot h with h·n / 1024 = g - 1, and the first with g.
+                let first = |k: u32| (k * HASH_SLOTS).div_ceil(n);
+                first(g - 1)..first(g)
+            }
+        }
+    }
+}
+
 /// `G`: the prefix of one group's keys in every family.
 pub fn group_prefix(group: Group) -> [u8; 2] {
     group.to_be_bytes()
@@ -382,6 +439,31 @@ mod tests {
         assert!(G0.deadline_bound(10) <= keys[0]);
         assert!(G0.deadline_bound(11) > keys[0]);
         assert!(Space::of(1).deadline_bound(0) > keys[2]);
+    }
+
+    #[test]
+    fn the_slot_map_gives_every_hash_slot_one_owner_and_each_group_one_range() {
+        for groups in [0u16, 1, 3, 7, 8, 64, 255] {
+            let map = SlotMap::new(groups);
+            let mut counts = std::collections::BTreeMap::new();
+            for h in 0..HASH_SLOTS {
+                let owner = map.owner(h as HSlot);
+                assert!(map.owned(owner).contains(&h), "{groups}: {h} → {owner}");
+                *counts.entry(owner).or_insert(0u32) += 1;
+            }
+            let expected: Vec<Group> = match groups {
+                0 => vec![GROUP_ZERO],
+                n => (1..=n).collect(),
+            };
+            assert_eq!(counts.keys().copied().collect::<Vec<_>>(), expected);
+            // Sizes differ by at most one hash slot, and every range is what `owned` says.
+            let (min, max) = (counts.values().min(), counts.values().max());
+            assert!(max.unwrap() - min.unwrap() <= 1, "{groups}: {counts:?}");
+            for (g, n) in counts {
+                assert_eq!(map.owned(g).len() as u32, n);
+            }
+            assert!(groups == 0 || map.owned(GROUP_ZERO).is_empty());
+        }
     }
 
     #[test]

@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{InitializeError, RaftError};
 use openraft::BasicNode;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -24,7 +23,8 @@ use crate::api::http::Transcode;
 use crate::api::pb::access_server::AccessServer;
 use crate::api::pb::namespaces_server::NamespacesServer;
 use crate::api::pb::{
-    cluster_server::ClusterServer, raft_server::RaftServer, timers_server::TimersServer,
+    cluster_server::ClusterServer, groups_server::GroupsServer, raft_server::RaftServer,
+    timers_server::TimersServer,
 };
 use crate::api::services::access::AccessService;
 use crate::api::services::cluster::ClusterService;
@@ -35,16 +35,17 @@ use crate::api::stack::auth::Gate;
 use crate::api::stack::layer::LayerOf;
 use crate::api::stack::limit::{Bound, MAX_REQUESTS_IN_PROGRESS};
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
-use crate::cluster::purger::Purger;
+use crate::cluster::Raft;
 use crate::cluster::MAX_PEER_MESSAGE_BYTES;
-use crate::cluster::{Acker, DispatchLoop, Dispatcher, FireDriver, Network, Proposer, Raft};
 use crate::config::NodeConfig;
 use crate::listen::Listener;
-use crate::node::{Node, Parts};
-use crate::storage::{self, LogEngine, StateMachine, Store};
-use crate::storage::{FireSignal, Hold};
+use crate::node::Node;
+use crate::storage::Hold;
+use crate::storage::{self, LogEngine, Store};
 use crate::tls::Port;
 use crate::{Error, Result};
+pub use groups::GroupReplica;
+use groups::{initialize, members_of, open_group};
 
 /// A started node; call [`RunningNode::shutdown`] to stop it.
 pub struct RunningNode {
@@ -95,11 +96,15 @@ pub async fn start_with(
     let gc = storage::IndexGc::new();
     let db = open_db_retrying(&config.data_dir, &gc).await?;
     let store = Store::with_width(db.clone(), config.bucket_ms, gc);
-    // A new node of a new cluster (its data dir records no width, none given): the default. A
-    // joining one takes the cluster's from its first peer (`Store::adopt_width`).
+    // The width the data dir records comes first (a restart without --bucket-ms keeps it;
+    // one with another is refused). Then a new node of a new cluster (no width recorded, none
+    // given) takes the default; a joining one takes the cluster's from its first peer
+    // (`Store::adopt_width`).
+    store.settle_width()?;
     if store.width_ms() == 0 && !config.join {
         store.adopt_width(crate::wheel::DEFAULT_BUCKET_MS, "the default")?;
     }
+    store.settle_groups(config.groups)?;
     let db_owner = db.clone();
     // The node's one log engine: every group's log (`storage/log_engine.rs`).
     let engine = LogEngine::open(db)?;
@@ -137,8 +142,14 @@ pub async fn start_with(
             rx.clone(),
         )));
     }
-    for replica in std::iter::once(&zero).chain(&replicas) {
-        bootstrap(&config, &replica.raft).await?;
+    bootstrap(&config, &zero.raft).await?;
+    if !replicas.is_empty() {
+        // The data groups start with group 0's members (the same `--peers`, unless group 0
+        // was formed earlier: then its own).
+        let members = members_of(&zero.raft).await?;
+        for replica in &replicas {
+            initialize(&replica.raft, members.clone()).await?;
+        }
     }
     let trust = crate::push::trust::Trust::load(config.push_ca.as_deref())?;
     for replica in std::iter::once(&zero).chain(&replicas) {
@@ -166,139 +177,6 @@ pub async fn start_with(
         db: db_owner,
         fsync_delay_ms,
     })
-}
-
-/// One group's replica on this node: its door, its Raft, its state, its hand-over gate, and
-/// what its workers need (started by [`GroupReplica::spawn_workers`]).
-pub struct GroupReplica {
-    pub node: Arc<Node>,
-    pub raft: Raft,
-    pub store: Store,
-    pub hold: Hold,
-    signal: Arc<FireSignal>,
-    dispatcher: Arc<Dispatcher>,
-}
-
-/// Opens `store`'s group on this node: its state machine, its log (the engine's region of
-/// the group), its Raft, and its door.
-async fn open_group(
-    config: &Arc<NodeConfig>,
-    engine: &Arc<LogEngine>,
-    store: Store,
-    levels: &Arc<crate::cluster::Levels>,
-    rx: &watch::Receiver<bool>,
-) -> Result<GroupReplica> {
-    let group = store.space().group;
-    let signal = Arc::new(FireSignal::default());
-    let sm = StateMachine::open(store.clone(), &config.data_dir, signal.clone())?;
-    let log = engine.group(storage::GroupId::from(group));
-    let committed = log.committed();
-    let snapshots = sm.snapshots();
-    let hold = Hold::default();
-    let network = Network {
-        config: config.clone(),
-        store: store.clone(),
-        levels: levels.clone(),
-    };
-    let raft = Raft::new(
-        config.id,
-        Arc::new(config.openraft()?),
-        network,
-        log.clone(),
-        sm,
-    )
-    .await
-    .map_err(|e| Error::Internal(format!("raft of group {group} failed to start: {e}")))?;
-    let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
-    let dispatcher = Arc::new(Dispatcher::new(store.clone()));
-    let node = Arc::new(Node::new(Parts {
-        raft: raft.clone(),
-        store: store.clone(),
-        acker: Acker::start(proposer.clone(), config.clock),
-        config: config.clone(),
-        dispatcher: dispatcher.clone(),
-        shutdown: rx.clone(),
-        proposer,
-        hold: hold.clone(),
-        committed,
-        log,
-        snapshots,
-        levels: levels.clone(),
-    }));
-    Ok(GroupReplica {
-        node,
-        raft,
-        store,
-        hold,
-        signal,
-        dispatcher,
-    })
-}
-
-impl GroupReplica {
-    /// Starts the group's workers, which act while this node leads it: the delivery
-    /// dispatcher, the purger, the pusher, the level raiser and the fire driver.
-    fn spawn_workers(
-        &self,
-        config: &Arc<NodeConfig>,
-        levels: &Arc<crate::cluster::Levels>,
-        trust: &crate::push::trust::Trust,
-        rx: &watch::Receiver<bool>,
-        tasks: &mut Vec<JoinHandle<()>>,
-    ) -> Result<()> {
-        let dispatch = DispatchLoop {
-            id: config.id,
-            raft: self.raft.clone(),
-            store: self.store.clone(),
-            clock: config.clock,
-            signal: self.signal.clone(),
-            dispatcher: self.dispatcher.clone(),
-            hold: self.hold.clone(),
-        };
-        tasks.push(tokio::spawn(dispatch.run(rx.clone())));
-        let purger = Purger {
-            id: config.id,
-            raft: self.raft.clone(),
-            store: self.store.clone(),
-            clock: config.clock,
-            hold: self.hold.clone(),
-            floor: config.purge_floor,
-        };
-        tasks.push(tokio::spawn(purger.run(rx.clone())));
-        let guard = crate::push::guard::Guard::of(config);
-        let pusher = crate::push::worker::PushLoop {
-            pusher: crate::push::pusher::Pusher {
-                node: self.node.clone(),
-                http: crate::push::http::HttpSender::new(trust, guard)?,
-                grpc: crate::api::services::receiver::grpc_sender(trust.clone(), guard),
-            },
-        };
-        tasks.push(tokio::spawn(pusher.run(rx.clone())));
-        let raiser = crate::cluster::level::LevelRaiser {
-            id: config.id,
-            raft: self.raft.clone(),
-            store: self.store.clone(),
-            hold: self.hold.clone(),
-            levels: levels.clone(),
-            own: config.level,
-        };
-        tasks.push(tokio::spawn(raiser.run(rx.clone())));
-        let driver = FireDriver {
-            id: config.id,
-            raft: self.raft.clone(),
-            store: self.store.clone(),
-            clock: config.clock,
-            signal: self.signal.clone(),
-            dispatcher: self.dispatcher.clone(),
-            max_fires_per_entry: config.max_fires_per_entry,
-            fire_early_ms: config.faults.fire_early_ms,
-            hold: self.hold.clone(),
-            levels: levels.clone(),
-            config: config.clone(),
-        };
-        tasks.push(tokio::spawn(driver.run(rx.clone())));
-        Ok(())
-    }
 }
 
 /// RocksDB's lock outlives a stopped node for a moment (its syncer thread lets go last), so a
@@ -339,10 +217,7 @@ async fn bootstrap(config: &NodeConfig, raft: &Raft) -> Result<()> {
         .iter()
         .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
         .collect();
-    match raft.initialize(members).await {
-        Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
-        Err(e) => Err(Error::Internal(format!("initialize: {e}"))),
-    }
+    initialize(raft, members).await
 }
 
 async fn serve(
@@ -357,6 +232,9 @@ async fn serve(
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
+    let groups = GroupsServer::new(peer.clone())
+        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
     let peer = RaftServer::new(peer)
         .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES);
@@ -404,6 +282,7 @@ async fn serve(
             AccessServer::new(AccessService::new(node.clone())).max_decoding_message_size(small),
         )
         .add_service(peer)
+        .add_service(groups)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         })
@@ -585,5 +464,6 @@ const HAND_OFF_LIMIT: Duration = Duration::from_secs(10);
 /// Bound on each shutdown step (Raft, then the server and driver tasks).
 const SHUTDOWN_STEP: Duration = Duration::from_secs(5);
 
+mod groups;
 #[cfg(test)]
 mod tests;

@@ -48,13 +48,17 @@ use super::MAX_PEER_MESSAGE_BYTES;
 use crate::raft_types::{NodeId, TypeConfig, Vote};
 use crate::storage::Snapshot;
 use crate::storage::{decode, encode};
-use timerdb_proto::pb::{raft_client::RaftClient, RaftMessage};
+use timerdb_proto::pb::{groups_client::GroupsClient, raft_client::RaftClient, RaftMessage};
 
 /// The header every peer call carries: the sender's bucket width in ms (see `raft.proto`).
 pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";
 
 /// The header of a `Hello`: the calling leader's term (`storage/admission.rs`).
 pub const TERM_HEADER: &str = "x-timerdb-term";
+
+/// The header every peer call carries: the number of data groups of the sender's cluster
+/// (docs/sharding.md §2); absent: 0, as builds before groups send.
+pub const GROUPS_HEADER: &str = "x-timerdb-groups";
 
 /// The header naming the Raft group a peer call is for (docs/sharding.md §2); absent: group
 /// 0, as every call of a build before groups is.
@@ -92,6 +96,10 @@ fn peer_request<T>(
     let mut request = tonic::Request::new(msg);
     let width = tonic::metadata::MetadataValue::from(store.width_ms());
     request.metadata_mut().insert(BUCKET_MS_HEADER, width);
+    if config.groups > 0 {
+        let groups = tonic::metadata::MetadataValue::from(config.groups);
+        request.metadata_mut().insert(GROUPS_HEADER, groups);
+    }
     name_group(&mut request, store.space().group);
     super::level::advertise_node(request.metadata_mut(), config);
     request
@@ -155,17 +163,18 @@ pub async fn timeout_now(
     });
     name_group(&mut request, group);
     request.set_timeout(Duration::from_secs(1));
-    let reply = RaftClient::new(channel)
-        .timeout_now(request)
-        .await
-        .map_err(|s| unreachable(s.message().to_string()))?;
+    let reply = match group {
+        crate::keys::GROUP_ZERO => RaftClient::new(channel).timeout_now(request).await,
+        _ => GroupsClient::new(channel).timeout_now(request).await,
+    };
+    let reply = reply.map_err(|s| unreachable(s.message().to_string()))?;
     decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
 }
 
-/// A connection to one peer.
+/// A connection to one peer, for one group.
 pub struct PeerClient {
     target: NodeId,
-    client: Option<RaftClient<Channel>>,
+    client: Option<Client>,
     addr: String,
     store: crate::storage::Store,
     /// Where the target's advertised level goes, and this node's own.
@@ -173,6 +182,13 @@ pub struct PeerClient {
         std::sync::Arc<super::Levels>,
         std::sync::Arc<crate::config::NodeConfig>,
     ),
+}
+
+/// The peer service a group's calls go to: `Raft` for group 0's, `Groups` for a data group's
+/// (which a build before groups does not have: it answers UNIMPLEMENTED).
+enum Client {
+    Raft(RaftClient<Channel>),
+    Groups(GroupsClient<Channel>),
 }
 
 enum Rpc {
@@ -193,15 +209,23 @@ impl PeerClient {
             std::sync::Arc<crate::config::NodeConfig>,
         ),
     ) -> Self {
+        let group = store.space().group;
         let client = levels
             .1
             .tls
             .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .ok()
-            .map(|channel| {
-                RaftClient::new(channel)
-                    .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .map(|channel| match group {
+                crate::keys::GROUP_ZERO => Client::Raft(
+                    RaftClient::new(channel)
+                        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
+                ),
+                _ => Client::Groups(
+                    GroupsClient::new(channel)
+                        .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES),
+                ),
             });
         PeerClient {
             target,
@@ -245,15 +269,24 @@ impl PeerClient {
         };
         let mut request = peer_request(RaftMessage { data }, &self.store, own);
         request.set_timeout(ttl);
-        let reply = match rpc {
-            Rpc::Append => client.append_entries(request).await,
-            Rpc::Vote => client.vote(request).await,
-            Rpc::PreVote => client.pre_vote(request).await,
-            Rpc::TransferLeader => client.transfer_leader(request).await,
-            Rpc::Snapshot => client.install_snapshot(request).await,
+        let reply = match (client, rpc) {
+            (Client::Raft(c), Rpc::Append) => c.append_entries(request).await,
+            (Client::Raft(c), Rpc::Vote) => c.vote(request).await,
+            (Client::Raft(c), Rpc::PreVote) => c.pre_vote(request).await,
+            (Client::Raft(c), Rpc::TransferLeader) => c.transfer_leader(request).await,
+            (Client::Raft(c), Rpc::Snapshot) => c.install_snapshot(request).await,
+            (Client::Groups(c), Rpc::Append) => c.append_entries(request).await,
+            (Client::Groups(c), Rpc::Vote) => c.vote(request).await,
+            (Client::Groups(c), Rpc::PreVote) => c.pre_vote(request).await,
+            (Client::Groups(c), Rpc::TransferLeader) => c.transfer_leader(request).await,
+            (Client::Groups(c), Rpc::Snapshot) => c.install_snapshot(request).await,
         }
         .inspect_err(|s| {
-            self.levels.0.forget(self.target);
+            // What the peer's build advertises is group 0's to hear (its answers carry it); a
+            // data group's failed call says nothing of it (a peer may host no replica yet).
+            if self.store.space().group == crate::keys::GROUP_ZERO {
+                self.levels.0.forget(self.target);
+            }
             if s.code() == tonic::Code::FailedPrecondition {
                 // It will not take part until someone fixes it: say why, loudly.
                 tracing::error!(target = self.target, addr = %self.addr, "peer refuses: {}", s.message());
@@ -479,8 +512,10 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let zero = self.store.space().group == crate::keys::GROUP_ZERO;
         match self.send(Rpc::PreVote, &rpc, option.hard_ttl()).await {
-            Err(s) if s.code() == tonic::Code::Unimplemented => {
+            // Only group 0's: a build without `Groups` has no data group to vote in.
+            Err(s) if zero && s.code() == tonic::Code::Unimplemented => {
                 Ok(VoteResponse::new(rpc.vote, None, true))
             }
             sent => self.lift(decoded(sent)),

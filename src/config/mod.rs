@@ -15,8 +15,9 @@ pub use file::{LogFormat, RaftSettings, Settings, SnapshotSettings};
 /// Limits on client input. Requests beyond them are refused with a clear status.
 /// The most rows a Fire entry may pass (`--max-fires-per-entry`).
 pub const MAX_FIRES_PER_ENTRY: u32 = 100_000;
-/// The most data groups a cluster may have (`--groups`; docs/sharding.md §7 measures 64).
-pub const MAX_GROUPS: u16 = 256;
+/// The most data groups a cluster may have (`--groups`; docs/sharding.md §7 measures 64): a
+/// group's number fits the byte of a fire_index it owns (§5).
+pub const MAX_GROUPS: u16 = 255;
 
 #[derive(Debug, Clone)]
 pub struct Limits {

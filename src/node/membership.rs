@@ -53,6 +53,19 @@ const TARGET_CATCH_UP: Duration = Duration::from_secs(3);
 const QUEUED_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 impl Node {
+    /// A cluster with data groups changes its members by moving each group's replicas
+    /// (docs/sharding.md §6), which this build cannot do yet: changing group 0's alone would
+    /// leave the data groups on the old members, with nothing to repair them.
+    fn check_single_group(&self, what: &str) -> Result<()> {
+        match self.config.groups {
+            0 => Ok(()),
+            g => Err(Error::FailedPrecondition(format!(
+                "cannot {what}: this cluster has {g} data groups, whose replicas this build \
+                 cannot move yet (docs/sharding.md §12 step 6)"
+            ))),
+        }
+    }
+
     /// The members as this node knows them, in id order.
     pub fn members(&self) -> Vec<Member> {
         let metrics = self.raft.metrics();
@@ -68,6 +81,7 @@ impl Node {
     /// Adds node `id` at `addr`: as a learner, which catches up from the log or a snapshot,
     /// then (if `voter`) as a voter. Retrying after any failure is safe.
     pub async fn add_node(&self, id: NodeId, addr: String, voter: bool) -> Result<Vec<Member>> {
+        self.check_single_group("add a member")?;
         check_new_member(id, &addr)?;
         match self.members().into_iter().find(|m| m.0 == id) {
             Some((_, known, _)) if known != addr => {
@@ -170,6 +184,7 @@ impl Node {
     /// first hands leadership over and then answers NotLeader, so the caller's retry runs on
     /// the new leader.
     pub async fn remove_node(&self, id: NodeId) -> Result<Vec<Member>> {
+        self.check_single_group("remove a member")?;
         let members = self.members();
         let Some((_, _, voter)) = members.iter().find(|m| m.0 == id).cloned() else {
             return Err(Error::NotFound(format!(

@@ -20,11 +20,50 @@ use openraft::network::v2::RaftNetworkV2 as _;
 
 /// A one-node cluster on a loopback port with its data in `dir`, for unit tests.
 async fn single_node(dir: &std::path::Path) -> RunningNode {
+    single_node_with(dir, |_| {}).await.unwrap()
+}
+
+/// [`single_node`], its configuration adjusted by `tune` first.
+async fn single_node_with(
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut NodeConfig),
+) -> crate::Result<RunningNode> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let peers = [(1, addr)].into_iter().collect();
-    let config = NodeConfig::new(1, dir.to_path_buf(), peers);
-    start(config, listener).await.unwrap()
+    let mut config = NodeConfig::new(1, dir.to_path_buf(), peers);
+    tune(&mut config);
+    start(config, listener).await
+}
+
+/// Review of step 4b (HIGH 1): a node restarted without `--bucket-ms` keeps the width its data
+/// dir records. (The default was taken before the record was read, and written over it: a
+/// restored backup of 5 ms buckets ran at 1 ms, its timers up to five times early.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_a_width_keeps_the_recorded_one() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node_with(dir.path(), |c| c.bucket_ms = Some(5))
+        .await
+        .unwrap();
+    assert_eq!(node.store.width_ms(), 5);
+    node.shutdown().await;
+    let node = single_node(dir.path()).await;
+    assert_eq!(
+        node.store.width_ms(),
+        5,
+        "the recorded width, not the default"
+    );
+    node.shutdown().await;
+    let node = single_node_with(dir.path(), |c| c.bucket_ms = Some(5))
+        .await
+        .unwrap();
+    node.shutdown().await;
+    let refused = single_node_with(dir.path(), |c| c.bucket_ms = Some(1)).await;
+    let refused = refused.err().expect("another width is refused");
+    assert!(
+        refused.to_string().contains("bucket width 5 ms"),
+        "{refused}"
+    );
 }
 
 /// Regression (found by the chaos harness's disk-full fault): when Raft stopped on a fatal
@@ -157,7 +196,8 @@ async fn a_peer_call_for_a_group_this_node_does_not_host_is_refused_unread() {
         .connect()
         .await
         .unwrap();
-    let mut raw = timerdb_proto::pb::raft_client::RaftClient::new(channel);
+    let mut raw = timerdb_proto::pb::raft_client::RaftClient::new(channel.clone());
+    let mut groups = timerdb_proto::pb::groups_client::GroupsClient::new(channel);
     let call = |group: Option<&str>, data: Vec<u8>| {
         let mut request = tonic::Request::new(timerdb_proto::pb::RaftMessage { data });
         if let Some(g) = group {
@@ -169,21 +209,53 @@ async fn a_peer_call_for_a_group_this_node_does_not_host_is_refused_unread() {
         request
     };
     let garbage = vec![0xff; 64];
+    // Group 0's calls come to `Raft` (naming no group, or 0); a data group's to `Groups`.
     for (group, code) in [
-        (Some("5"), tonic::Code::NotFound),
+        (Some("5"), tonic::Code::InvalidArgument),
         (Some("x"), tonic::Code::InvalidArgument),
         // Group 0 (named or not) is hosted: its garbage is read, and refused as garbage.
         (Some("0"), tonic::Code::InvalidArgument),
         (None, tonic::Code::InvalidArgument),
     ] {
         let refused = raw.vote(call(group, garbage.clone())).await.unwrap_err();
-        assert_eq!(refused.code(), code, "{group:?}: {refused:?}");
+        assert_eq!(refused.code(), code, "Raft {group:?}: {refused:?}");
     }
-    let refused = raw.vote(call(Some("5"), garbage)).await.unwrap_err();
+    let refused = raw
+        .vote(call(Some("5"), garbage.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message().contains("go to timerdb.v1.Groups"),
+        "{refused:?}"
+    );
+    for (group, code) in [
+        (Some("5"), tonic::Code::NotFound),
+        (Some("0"), tonic::Code::InvalidArgument),
+        (None, tonic::Code::InvalidArgument),
+    ] {
+        let refused = groups.vote(call(group, garbage.clone())).await.unwrap_err();
+        assert_eq!(refused.code(), code, "Groups {group:?}: {refused:?}");
+    }
+    let refused = groups
+        .vote(call(Some("5"), garbage.clone()))
+        .await
+        .unwrap_err();
     assert!(
         refused.message().contains("no replica of group 5"),
         "{refused:?}"
     );
+    // A peer of a cluster with another number of data groups is refused, whichever group.
+    let mut other_cluster = call(None, garbage);
+    let groups = tonic::metadata::MetadataValue::from(8u16);
+    let header = crate::cluster::network::GROUPS_HEADER;
+    other_cluster.metadata_mut().insert(header, groups);
+    let refused = raw.vote(other_cluster).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("has 8"), "{refused:?}");
 
     // Through the peer client: a group's store names its group in every call.
     let levels = heard_as(&node, &tonic::metadata::MetadataMap::new());
@@ -195,5 +267,48 @@ async fn a_peer_call_for_a_group_this_node_does_not_host_is_refused_unread() {
     assert!(e.to_string().contains("no replica of group 5"), "{e}");
     let mut own = PeerClient::new(2, &addr, node.store.clone(), levels);
     own.vote(rpc, option).await.expect("group 0's Raft answers");
+    node.shutdown().await;
+}
+
+/// Review of step 4b (HIGH 2): a build before groups ignores the group header, so a data
+/// group's call sent to its `Raft` service would reach its group 0. Data groups' calls go to
+/// `Groups`, which such a build does not have: it answers UNIMPLEMENTED, which is no vote, no
+/// pre-vote grant (as it is for group 0, where it means a build before PreVote) and no append.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_group_call_to_a_build_before_groups_reaches_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    // A stand-in for the older build: this node's group 0 behind the `Raft` service alone.
+    let hosted = Arc::new(crate::api::services::peer::PeerGroups::default());
+    hosted.add(node.raft.clone(), node.store.clone());
+    let levels = Arc::new(crate::cluster::Levels::default());
+    let config = node.node.config().clone();
+    let old = crate::api::services::peer::PeerService::new(hosted, config, levels);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let old_addr = listener.local_addr().unwrap().to_string();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tonic::transport::Server::builder()
+        .add_service(timerdb_proto::pb::raft_server::RaftServer::new(old))
+        .serve_with_incoming(incoming);
+    let server = tokio::spawn(server);
+
+    let heard = heard_as(&node, &tonic::metadata::MetadataMap::new());
+    let vote = node.raft.metrics().borrow_watched().vote;
+    let rpc = openraft::raft::VoteRequest::new(vote, None);
+    let option = RPCOption::new(Duration::from_millis(1000));
+    let mut data = PeerClient::new(2, &old_addr, node.store.group(1), heard.clone());
+    let pre = data.pre_vote(rpc.clone(), option.clone()).await;
+    assert!(
+        pre.is_err(),
+        "UNIMPLEMENTED is no grant for a data group: {pre:?}"
+    );
+    let e = data.vote(rpc.clone(), option.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("Unimplemented"), "{e}");
+    // Group 0's calls still reach it.
+    let mut zero = PeerClient::new(2, &old_addr, node.store.clone(), heard);
+    zero.vote(rpc, option)
+        .await
+        .expect("group 0's Raft answers");
+    server.abort();
     node.shutdown().await;
 }

@@ -82,3 +82,50 @@ impl Store {
         Ok(())
     }
 }
+
+impl Store {
+    /// Takes the bucket width the data dir records, or records the one given; refuses one
+    /// given that differs from the recorded (`StateMachine::open` checks the same, for each
+    /// group). Called at open before anything decides a width, so a restart without
+    /// `--bucket-ms` keeps the cluster's.
+    pub fn settle_width(&self) -> Result<()> {
+        super::state_machine::check_bucket_width(self)
+    }
+
+    /// The number of data groups this data dir belongs to must be `asked` (`--groups`): a new
+    /// data dir records it (synced); one that records another number is refused, as is one
+    /// that holds a single-group cluster's state (no record, entries applied) asked for data
+    /// groups: a running cluster gains groups by moving hash slots (docs/sharding.md §6), not
+    /// by a flag at a restart.
+    pub fn settle_groups(&self, asked: u16) -> Result<()> {
+        let recorded: Option<u16> = match self.db.get_cf(cf(&self.db, CF_META), meta::GROUPS)? {
+            Some(v) => Some(codec::decode(&v)?),
+            None => None,
+        };
+        let holds_state = self.meta()?.last_applied.is_some();
+        let found = match recorded {
+            Some(n) => n,
+            None if holds_state => 0,
+            None => {
+                let mut batch = rocksdb::WriteBatch::default();
+                let meta_cf = cf(&self.db, CF_META);
+                batch.put_cf(meta_cf, meta::GROUPS, codec::encode(&asked));
+                if asked > 0 {
+                    // A build before groups must not open it (it would serve group 0 alone).
+                    let format = codec::encode(&super::SHARDED_FORMAT);
+                    batch.put_cf(meta_cf, meta::FORMAT, format);
+                }
+                self.db.write_opt(batch, &super::synced())?;
+                return Ok(());
+            }
+        };
+        if found != asked {
+            return Err(Error::InvalidArgument(format!(
+                "this data dir belongs to a cluster of {found} data groups, not {asked}: a \
+                 cluster's number of groups is fixed when it is created (start with --groups \
+                 {found})"
+            )));
+        }
+        Ok(())
+    }
+}

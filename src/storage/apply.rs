@@ -501,6 +501,17 @@ impl<'a> Applier<'a> {
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
+    /// The fire_index this entry's Fire gives the timers it fires (docs/sharding.md §5): its
+    /// log index in group 0, `index × 256 + group` in a data group, so that no two groups of a
+    /// cluster give one token (the `webhook-id` and a receiver's dedup key are made of it).
+    /// Stored in the fire record, never recomputed from the group a row lives in later.
+    pub(super) fn fire_token(&self) -> u64 {
+        match self.space.group {
+            crate::keys::GROUP_ZERO => self.index,
+            g => self.index.wrapping_mul(256) | u64::from(g),
+        }
+    }
+
     /// Reads of the database as it is (not of this entry's writes).
     pub(super) fn reader(&self) -> Reader<'a> {
         Reader::live(self.db, self.space)
@@ -531,7 +542,9 @@ impl Lookup for Applier<'_> {
 
     fn fire_at(&mut self, namespace: &str, slot: Slot) -> Result<(u64, i64)> {
         match self.fired {
-            Some((from, to, now_ms)) if from < slot && slot <= to => Ok((self.index, now_ms)),
+            Some((from, to, now_ms)) if from < slot && slot <= to => {
+                Ok((self.fire_token(), now_ms))
+            }
             _ => {
                 let home = self.space.home(namespace);
                 Reader::live(self.db, self.space).fire_record(home, slot)

@@ -176,7 +176,7 @@ impl Applier<'_> {
             self.batch.put_cf(
                 cf(self.db, CF_FIRES),
                 keys::hslot_slot_key(home, new),
-                codec::encode(&(self.index, now_ms)),
+                codec::encode(&(self.fire_token(), now_ms)),
             );
         }
         self.fired = Some((old, new, now_ms));

@@ -34,6 +34,10 @@ pub const ACCESS: &[u8] = b"access";
 /// Node-wide (every group's wheel has the cluster's width).
 pub const BUCKET_MS: &[u8] = b"\xff\xffbucket_ms";
 
+/// Key of the number of data groups of the node's cluster (`--groups`, docs/sharding.md §2):
+/// node-wide, recorded when the data dir is new; absent: a cluster of one group.
+pub const GROUPS: &[u8] = b"\xff\xffgroups";
+
 /// Name of the committed feature level (`level.rs`); absent: 0.
 pub const LEVEL: &[u8] = b"level";
 

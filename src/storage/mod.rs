@@ -215,6 +215,10 @@ pub fn open_db(dir: &Path, gc: &Arc<IndexGc>) -> Result<Arc<DB>> {
 /// is installed or restored.
 /// Data directories of earlier builds carry no format key (their snapshots: `TDBSNAP3`).
 pub const FORMAT: u32 = 6;
+/// The format a data directory of a cluster with data groups records instead of [`FORMAT`]
+/// (`Store::settle_groups`): format 6's encodings, and several groups' state in them, which a
+/// build before groups would take for one group's (it refuses the directory, naming 7).
+pub const SHARDED_FORMAT: u32 = 7;
 /// Formats this build opens: its own, and those it upgrades.
 pub const READS_FORMATS: [u32; 3] = [4, 5, 6];
 
@@ -223,7 +227,7 @@ pub const READS_FORMATS: [u32; 3] = [4, 5, 6];
 fn check_format(db: &DB, dir: &Path) -> Result<()> {
     if let Some(v) = db.get_cf(cf(db, CF_META), meta::FORMAT)? {
         let found: u32 = codec::decode(&v)?;
-        if found == FORMAT {
+        if found == FORMAT || found == SHARDED_FORMAT {
             return Ok(());
         }
         return Err(format_error(dir, &format!("storage format {found}")));

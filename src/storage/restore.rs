@@ -58,6 +58,8 @@ pub struct BackupSummary {
     pub cursor_ms: i64,
     /// The wheel's bucket width; a restored node must use the same.
     pub bucket_ms: Option<u64>,
+    /// The data groups of the backed-up cluster (0: one group, what a backup restores).
+    pub groups: u16,
 }
 
 /// Reads the backup at `path` to its end, checking magic, row count and checksum.
@@ -94,6 +96,7 @@ pub fn inspect(path: &Path) -> Result<BackupSummary> {
                 (s.pending, s.timers, s.cursor_ms) = (p.pending, p.stored, p.cursor_ms);
             }
             Some(k) if k == BUCKET_MS => s.bucket_ms = Some(codec::decode(&value)?),
+            Some(k) if k == super::meta::GROUPS => s.groups = codec::decode(&value)?,
             _ => {}
         }
     }
@@ -132,6 +135,13 @@ pub fn restore(
                  --bucket-ms (the restored cluster keeps the backup's width)"
             )));
         }
+    }
+    if summary.groups > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "the backup is group 0 of a cluster of {} data groups, which hold its timers: a \
+             backup of one group cannot restore such a cluster",
+            summary.groups
+        )));
     }
     if voters.is_empty() {
         return Err(Error::InvalidArgument(

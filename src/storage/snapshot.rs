@@ -261,16 +261,19 @@ impl Snapshots {
                 super::prefix_end(&group).as_slice(),
             );
         }
-        // The format-5 families, the staging area of an older file (`migrate.rs`): emptied,
-        // but for the format a build before format 6 reads (and refuses).
-        for name in super::migrate::V5_CFS {
-            batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 32].as_slice());
+        // The format-5 families, the staging area of an older file (`migrate.rs`, group 0's
+        // alone: another group's install never touches them): emptied, but for the format a
+        // build before format 6 reads (and refuses).
+        if old {
+            for name in super::migrate::V5_CFS {
+                batch.delete_range_cf(cf(db, name), [0u8].as_slice(), [0xffu8; 32].as_slice());
+            }
+            batch.put_cf(
+                cf(db, super::migrate::V5_META),
+                super::migrate::V5_FORMAT,
+                codec::encode(&super::FORMAT),
+            );
         }
-        batch.put_cf(
-            cf(db, super::migrate::V5_META),
-            super::migrate::V5_FORMAT,
-            codec::encode(&super::FORMAT),
-        );
         let mut rows = 0u64;
         while let Some((i, k, v)) = reader.next_row()? {
             let name = families.get(i as usize).ok_or_else(|| {

@@ -241,7 +241,7 @@ struct AfterWrite {
 /// by snapshots). A new node records the width it was started with; a node started without one
 /// takes what its data dir records, or (empty, joining) what its first peer says
 /// (`Store::adopt_width`); one started with a width its data dir contradicts is refused.
-fn check_bucket_width(store: &Store) -> Result<()> {
+pub(super) fn check_bucket_width(store: &Store) -> Result<()> {
     let db = store.db();
     let width = store.width_ms();
     match (recorded_width(store)?, width) {

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use timerdb::api::pb;
 use timerdb::command::Options;
 use timerdb::node::Leader;
 use timerdb::server::RunningNode;
@@ -107,7 +108,10 @@ async fn every_group_elects_replicates_and_fires_on_its_own() {
             let store = replica(c.node(id), g).1;
             loop {
                 let t = store.get(&TimerKey::new(NS, format!("soon-{g}"))).unwrap();
-                if t.as_ref().is_some_and(|t| t.state == TimerState::Fired) {
+                if let Some(t) = t.as_ref().filter(|t| t.state == TimerState::Fired) {
+                    // Its fire_index names its group (docs/sharding.md §5): no two groups
+                    // give one token.
+                    assert_eq!(t.fire_index % 256, u64::from(g), "{t:?}");
                     break;
                 }
                 assert!(Instant::now() < deadline, "group {g} on node {id}: {t:?}");
@@ -147,6 +151,29 @@ async fn every_group_elects_replicates_and_fires_on_its_own() {
     for g in 0..=GROUPS {
         group_converged(&c, g).await;
     }
+    // Members change by moving every group's replicas (step 6): until then a change of group
+    // 0's alone is refused, naming why.
+    let mut admin = c.cluster(follower).await;
+    let add = pb::AddNodeRequest {
+        node_id: 9,
+        addr: "127.0.0.1:1".into(),
+        learner: true,
+    };
+    let refused = admin.add_node(add).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("data groups"), "{refused:?}");
+    let remove = pb::RemoveNodeRequest { node_id: follower };
+    let refused = admin.remove_node(remove).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+
     let back = replica(c.node(follower), 2).1;
     assert!(back
         .get(&TimerKey::new(NS, "while-down"))

@@ -6,8 +6,9 @@
 //! A call from a node of another bucket width is FAILED_PRECONDITION, before anything is
 //! decoded or appended (`Store::adopt_width`).
 //!
-//! Every call is for one Raft group, named by its `x-timerdb-group` header (none: group 0, as
-//! builds before groups send): it goes to this node's replica of that group ([`PeerGroups`]).
+//! Every call is for one Raft group: group 0's come to the `Raft` service (naming no group, as
+//! builds before groups send them), a data group's to `Groups`, naming it in `x-timerdb-group`
+//! (`wire.rs`); each goes to this node's replica of that group ([`PeerGroups`]).
 //! A call for a group this node hosts no replica of is NOT_FOUND, before its body is decoded
 //! (log-engine.md point 6: a peer's bytes never reach a group they were not meant for).
 
@@ -19,11 +20,11 @@ use openraft_legacy::network_v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::api::pb::{raft_server, RaftMessage};
-use crate::cluster::network::{BUCKET_MS_HEADER, GROUP_HEADER, TERM_HEADER};
+use crate::api::pb::RaftMessage;
+use crate::cluster::network::{BUCKET_MS_HEADER, GROUPS_HEADER, GROUP_HEADER, TERM_HEADER};
 use crate::cluster::Raft;
 use crate::keys::{Group, GROUP_ZERO};
-use crate::raft_types::{LogId, TypeConfig};
+use crate::raft_types::TypeConfig;
 use crate::storage::Store;
 use crate::storage::{decode, encode};
 
@@ -45,6 +46,18 @@ pub struct PeerService {
 /// The group replicas a node hosts, by group: where each peer call goes.
 #[derive(Default)]
 pub struct PeerGroups(std::sync::RwLock<std::collections::BTreeMap<Group, Replica>>);
+
+mod checks;
+mod wire;
+
+use checks::{check_entries, check_snapshot};
+
+/// The peer service a call came to: `Raft` (group 0's) or `Groups` (the data groups').
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Raft,
+    Groups,
+}
 
 /// One group's replica: its Raft and its state machine's store.
 #[derive(Clone)]
@@ -80,12 +93,29 @@ impl PeerService {
         }
     }
 
-    /// The replica a call is for (see the module essay); looked at before the body is.
-    fn replica<T>(&self, req: &Request<T>) -> Result<Replica, Status> {
-        let group = match req.metadata().get(GROUP_HEADER) {
-            None => GROUP_ZERO,
-            Some(v) => (v.to_str().ok().and_then(|v| v.parse().ok()))
-                .ok_or_else(|| Status::invalid_argument(format!("bad {GROUP_HEADER} header")))?,
+    /// The replica a call is for (see the module essay); looked at before the body is. Group
+    /// 0's calls come to `Raft`, the data groups' to `Groups`, each naming its group.
+    fn replica<T>(&self, service: Service, req: &Request<T>) -> Result<Replica, Status> {
+        let named: Option<Group> =
+            match req.metadata().get(GROUP_HEADER) {
+                None => None,
+                Some(v) => Some((v.to_str().ok().and_then(|v| v.parse().ok())).ok_or_else(
+                    || Status::invalid_argument(format!("bad {GROUP_HEADER} header")),
+                )?),
+            };
+        let group = match (service, named) {
+            (Service::Raft, None | Some(GROUP_ZERO)) => GROUP_ZERO,
+            (Service::Groups, Some(g)) if g != GROUP_ZERO => g,
+            (Service::Raft, Some(g)) => {
+                return Err(Status::invalid_argument(format!(
+                    "group {g}'s calls go to timerdb.v1.Groups, not Raft"
+                )))
+            }
+            (Service::Groups, _) => {
+                return Err(Status::invalid_argument(format!(
+                    "a timerdb.v1.Groups call names a data group (1 and up) in {GROUP_HEADER}"
+                )))
+            }
         };
         self.groups.get(group).ok_or_else(|| {
             Status::not_found(format!("this node hosts no replica of group {group}"))
@@ -141,6 +171,7 @@ impl PeerService {
     /// by one that does not (a joining node), which could apply none of its entries. A node
     /// that waits to be added takes the width only from a `Hello` ([`PeerService::hello`]).
     fn check_width<T>(&self, r: &Replica, req: &Request<T>) -> Result<(), Status> {
+        self.check_groups(req)?;
         let mine = r.store.width_ms();
         let Some(theirs) = width_of(req)? else {
             if mine == 0 {
@@ -159,6 +190,28 @@ impl PeerService {
             tracing::error!("refused a peer: {e}");
             Status::failed_precondition(e.to_string())
         })
+    }
+
+    /// The sender's cluster must have this node's number of data groups (no header: 0, a
+    /// build before groups): a replica placed or routing by another slot map would serve
+    /// hash slots that are not its group's.
+    fn check_groups<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let theirs: u16 = match req.metadata().get(GROUPS_HEADER) {
+            None => 0,
+            Some(v) => (v.to_str().ok().and_then(|v| v.parse().ok()))
+                .ok_or_else(|| Status::invalid_argument(format!("bad {GROUPS_HEADER} header")))?,
+        };
+        let mine = self.config.groups;
+        if theirs == mine {
+            return Ok(());
+        }
+        let why = format!(
+            "this node's cluster has {mine} data groups and {}'s has {theirs}: one cluster has \
+             one number of groups (start every node with the same --groups)",
+            sender(req)
+        );
+        tracing::error!("refused a peer: {why}");
+        Err(Status::failed_precondition(why))
     }
 
     /// A test's stand-in for a build before PreVote and TransferLeader
@@ -239,83 +292,19 @@ fn sender<T>(req: &Request<T>) -> String {
         .map_or_else(|| "the peer".to_string(), |a| format!("the peer at {a}"))
 }
 
-/// The entries of an AppendEntries follow `prev_log_id` one index at a time, with terms that
-/// never go down and none past the sender's vote. openraft only asserts this in debug builds
-/// (a panic of its core; in release the entries were taken and the log's order broken): bytes
-/// from the network are checked here instead.
-fn check_entries(rpc: &AppendEntriesRequest<TypeConfig>) -> Result<(), Status> {
-    let bad = |why: String| Err(Status::invalid_argument(format!("AppendEntries: {why}")));
-    let (mut index, mut term) = match rpc.prev_log_id {
-        Some(p) => match p.index.checked_add(1) {
-            Some(next) => (next, p.leader_id.term),
-            None => return bad("prev_log_id is the last index there is".into()),
-        },
-        None => (0, 0),
-    };
-    let vote_term = rpc.vote.leader_id().term;
-    for (i, entry) in rpc.entries.iter().enumerate() {
-        let id = entry.log_id;
-        if id.index != index {
-            return bad(format!(
-                "entry {i} has index {}, not {index} (after {:?})",
-                id.index, rpc.prev_log_id
-            ));
-        }
-        if id.leader_id.term < term || id.leader_id.term > vote_term {
-            return bad(format!(
-                "entry {i} has term {}, before the previous entry's {term} or past the vote's \
-                 {vote_term}",
-                id.leader_id.term
-            ));
-        }
-        term = id.leader_id.term;
-        index = match index.checked_add(1) {
-            Some(next) => next,
-            None => return bad("entries past the last index there is".into()),
-        };
-    }
-    Ok(())
-}
-
-/// A snapshot's last log id is within its sender's leadership, and one past this node's commit
-/// is at a later index. openraft 0.10 panics (in release builds too) on a snapshot that breaks
-/// either — a forged or corrupted one — and a panic stops this node's Raft: bytes from the
-/// network are checked here instead. (A commit that moves on between this check and the
-/// install can only meet a snapshot that breaks the second rule if the snapshot is forged.)
-fn check_snapshot(
-    rpc: &InstallSnapshotRequest<TypeConfig>,
-    committed: Option<LogId>,
-) -> Result<(), Status> {
-    let bad = |why: String| Err(Status::invalid_argument(format!("InstallSnapshot: {why}")));
-    let Some(last) = rpc.meta.last_log_id else {
-        return Ok(());
-    };
-    if last.leader_id > rpc.vote.leader_id {
-        return bad(format!(
-            "the snapshot ends at {last}, past the sender's vote {}",
-            rpc.vote
-        ));
-    }
-    if let Some(c) = committed.filter(|c| last > *c && last.index <= c.index) {
-        return bad(format!(
-            "the snapshot ends at {last}, after this node's commit {c} but not at a later index"
-        ));
-    }
-    Ok(())
-}
-
 fn body<T: serde::de::DeserializeOwned>(req: Request<RaftMessage>) -> Result<T, Status> {
     decode(&req.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft message: {e}")))
 }
 
-#[tonic::async_trait]
-impl raft_server::Raft for PeerService {
-    async fn append_entries(
+/// The calls of both peer services (`wire.rs` serves them), for the group each names.
+impl PeerService {
+    pub(super) async fn append_entries(
         &self,
+        service: Service,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let r = self.replica(&req)?;
+        let r = self.replica(service, &req)?;
         self.check_width(&r, &req)?;
         // The headers stay here (no copy per call: this is every heartbeat and append).
         let (metadata, _, msg) = req.into_parts();
@@ -329,25 +318,37 @@ impl raft_server::Raft for PeerService {
         self.reply(&answer)
     }
 
-    async fn vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        let r = self.replica(&req)?;
+    pub(super) async fn vote(
+        &self,
+        service: Service,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        let r = self.replica(service, &req)?;
         let rpc = self.vote_request(&r, req)?;
         self.reply(&r.raft.vote(rpc).await)
     }
 
-    async fn pre_vote(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    pub(super) async fn pre_vote(
+        &self,
+        service: Service,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         self.check_newer_rpcs()?;
-        let r = self.replica(&req)?;
+        let r = self.replica(service, &req)?;
         let rpc = self.vote_request(&r, req)?;
         self.reply(&r.raft.pre_vote(rpc).await)
     }
 
     /// The call `AddNode` makes before it adds this node: may it join (its bucket width)?
     /// A node that waits to be added takes the width and the caller's term from it.
-    async fn hello(&self, req: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+    pub(super) async fn hello(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
         if !req.get_ref().data.is_empty() {
             return Err(Status::invalid_argument("a Hello carries no body"));
         }
+        self.check_groups(&req)?;
         let r = self.group_zero()?;
         if self.admitting(&r) {
             let width = width_of(&req)?.unwrap_or(0);
@@ -372,12 +373,13 @@ impl raft_server::Raft for PeerService {
         Ok(answer)
     }
 
-    async fn transfer_leader(
+    pub(super) async fn transfer_leader(
         &self,
+        service: Service,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_newer_rpcs()?;
-        let r = self.replica(&req)?;
+        let r = self.replica(service, &req)?;
         self.check_width(&r, &req)?;
         let rpc: openraft::raft::TransferLeaderRequest<TypeConfig> = body(req)?;
         if self.admitting(&r) {
@@ -390,11 +392,12 @@ impl raft_server::Raft for PeerService {
         self.reply(&answer)
     }
 
-    async fn timeout_now(
+    pub(super) async fn timeout_now(
         &self,
+        service: Service,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let r = self.replica(&req)?;
+        let r = self.replica(service, &req)?;
         let term: u64 = body(req)?;
         let current = {
             let m = r.raft.metrics();
@@ -414,11 +417,12 @@ impl raft_server::Raft for PeerService {
         self.reply(&stand)
     }
 
-    async fn install_snapshot(
+    pub(super) async fn install_snapshot(
         &self,
+        service: Service,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
-        let r = self.replica(&req)?;
+        let r = self.replica(service, &req)?;
         self.check_width(&r, &req)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = body(req)?;
         self.check_admitted(&r, rpc.vote.leader_id().term)?;
@@ -436,98 +440,6 @@ impl raft_server::Raft for PeerService {
         }
         check_snapshot(&rpc, committed)?;
         self.reply(&r.raft.install_snapshot(rpc).await)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::raft_types::{log_id, Entry, Vote};
-    use openraft::EntryPayload;
-
-    fn append(
-        prev: Option<(u64, u64)>,
-        entries: &[(u64, u64)],
-    ) -> AppendEntriesRequest<TypeConfig> {
-        let id = |(term, index)| log_id(term, 1, index);
-        AppendEntriesRequest {
-            vote: Vote::new_committed(5, 1),
-            prev_log_id: prev.map(id),
-            entries: entries
-                .iter()
-                .map(|e| Entry {
-                    log_id: id(*e),
-                    payload: EntryPayload::Blank,
-                })
-                .collect(),
-            leader_commit: None,
-        }
-    }
-
-    /// Review of issue 33's change: what openraft only debug-asserts is refused, and no index
-    /// arithmetic on a peer's numbers can overflow.
-    #[test]
-    fn entries_that_do_not_follow_their_predecessor_are_refused() {
-        assert!(check_entries(&append(None, &[(1, 0), (1, 1), (3, 2)])).is_ok());
-        assert!(check_entries(&append(Some((2, 7)), &[(2, 8), (5, 9)])).is_ok());
-        assert!(check_entries(&append(Some((2, 7)), &[])).is_ok());
-        for (prev, entries) in [
-            (None, vec![(1, 1)]),
-            (Some((2, 7)), vec![(2, 9)]),
-            (Some((2, 7)), vec![(2, 8), (1, 9)]),
-            (Some((2, 7)), vec![(6, 8)]),
-            (Some((2, u64::MAX)), vec![(2, 0)]),
-            (Some((2, u64::MAX - 1)), vec![(2, u64::MAX), (2, 0)]),
-        ] {
-            let e = check_entries(&append(prev, &entries)).unwrap_err();
-            assert_eq!(
-                e.code(),
-                tonic::Code::InvalidArgument,
-                "{prev:?} {entries:?}"
-            );
-        }
-    }
-
-    fn snapshot(vote_term: u64, last: Option<(u64, u64)>) -> InstallSnapshotRequest<TypeConfig> {
-        InstallSnapshotRequest {
-            vote: Vote::new_committed(vote_term, 1),
-            meta: openraft_legacy::network_v1::SnapshotMeta {
-                last_log_id: last.map(|(term, index)| log_id(term, 1, index)),
-                last_membership: Default::default(),
-                snapshot_id: "s".into(),
-            },
-            offset: 0,
-            data: Vec::new(),
-            done: true,
-        }
-    }
-
-    /// What openraft 0.10 panics on (release builds too) is refused before it gets there.
-    #[test]
-    fn snapshots_past_the_vote_or_the_commit_are_refused() {
-        let committed = Some(log_id(3, 1, 100));
-        for ok in [
-            None,
-            Some((5, 101)),
-            Some((3, 100)),
-            Some((3, 50)),
-            Some((2, 200)),
-        ] {
-            assert!(
-                check_snapshot(&snapshot(5, ok), committed).is_ok(),
-                "{ok:?}"
-            );
-        }
-        assert!(check_snapshot(&snapshot(5, Some((5, 7))), None).is_ok());
-        for bad in [
-            Some((6, 101)),
-            Some((5, 100)),
-            Some((4, 100)),
-            Some((4, 99)),
-        ] {
-            let e = check_snapshot(&snapshot(5, bad), committed).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
-        }
     }
 }
 

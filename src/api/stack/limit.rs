@@ -36,7 +36,9 @@ impl Bound {
 
 /// Whether `path` is exempt: peers and health checks.
 fn exempt(path: &str) -> bool {
-    path.starts_with("/timerdb.v1.Raft/") || path.starts_with("/grpc.health.v1.")
+    path.starts_with("/timerdb.v1.Raft/")
+        || path.starts_with("/timerdb.v1.Groups/")
+        || path.starts_with("/grpc.health.v1.")
 }
 
 /// The request bound as a layer (`LayerOf(Bound)`).

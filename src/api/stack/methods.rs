@@ -202,6 +202,25 @@ pub const RULES: &[Rule] = &[
     ),
     rule("/timerdb.v1.Raft/TimeoutNow", Route::Local, Access::Peer),
     rule("/timerdb.v1.Raft/Hello", Route::Local, Access::Peer),
+    // timerdb.v1.Groups (peers only: the data groups' Raft)
+    rule(
+        "/timerdb.v1.Groups/AppendEntries",
+        Route::Local,
+        Access::Peer,
+    ),
+    rule("/timerdb.v1.Groups/Vote", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Groups/PreVote", Route::Local, Access::Peer),
+    rule(
+        "/timerdb.v1.Groups/InstallSnapshot",
+        Route::Local,
+        Access::Peer,
+    ),
+    rule(
+        "/timerdb.v1.Groups/TransferLeader",
+        Route::Local,
+        Access::Peer,
+    ),
+    rule("/timerdb.v1.Groups/TimeoutNow", Route::Local, Access::Peer),
     // grpc.health.v1 and server reflection
     rule("/grpc.health.v1.Health/Check", Route::Local, Access::Open),
     rule("/grpc.health.v1.Health/Watch", Route::Local, Access::Open),
@@ -233,7 +252,7 @@ const fn ns_in(p: Permission, names: Names) -> Access {
 pub fn message_limit(path: &str) -> usize {
     if path.starts_with("/timerdb.v1.Timers/") {
         crate::api::MAX_CLIENT_MESSAGE_BYTES
-    } else if path.starts_with("/timerdb.v1.Raft/") {
+    } else if path.starts_with("/timerdb.v1.Raft/") || path.starts_with("/timerdb.v1.Groups/") {
         crate::cluster::MAX_PEER_MESSAGE_BYTES
     } else {
         crate::api::MAX_SMALL_MESSAGE_BYTES

@@ -39,15 +39,49 @@ async fn groups_on_one_database_keep_to_their_own_state() {
     let g0_reads = observe(&g0.store, NOW);
     let answers = apply_all(&mut g1, workload()).await;
 
-    // Group 1 answers and reads as a cluster of one group that applied the same log.
-    let (_single_dir, mut single) = {
+    // Group 1 answers and reads as group 1 alone on a database of its own.
+    let (_single_dir, _base, mut single) = {
         let d = TempDir::new().unwrap();
-        let (_, sm) = open(&d);
-        (d, sm)
+        let (_, base) = open(&d);
+        let sm = open_group(&base, d.path(), 1);
+        (d, base, sm)
     };
     assert_eq!(answers, apply_all(&mut single, workload()).await);
     let g1_reads = observe(&g1.store, NOW);
     same_text(&g1_reads, &observe(&single.store, NOW));
+    // And as group 0 would, but for the fire_index: group 1's tokens are `index × 256 + 1`.
+    let (_zero_dir, mut zero_alone) = {
+        let d = TempDir::new().unwrap();
+        let (_, sm) = open(&d);
+        (d, sm)
+    };
+    assert_eq!(
+        answers.len(),
+        apply_all(&mut zero_alone, workload()).await.len()
+    );
+    let mut fired = 0;
+    for (ns, _, _) in g1.store.counts_by_namespace().unwrap() {
+        let query = |store: &crate::storage::Store| {
+            let q = crate::storage::ListQuery {
+                namespace: ns.clone(),
+                filter: Default::default(),
+                limit: 10_000,
+                after: None,
+            };
+            store.list(&q).unwrap().timers
+        };
+        for (one, zero) in query(&g1.store).iter().zip(query(&zero_alone.store)) {
+            assert_eq!(one.key, zero.key);
+            match zero.fire_index {
+                0 => assert_eq!(one.fire_index, 0),
+                i => {
+                    assert_eq!(one.fire_index, i * 256 + 1, "{}", one.key);
+                    fired += 1;
+                }
+            }
+        }
+    }
+    assert!(fired > 100, "{fired} fired timers compared");
     // Group 0 is as it was: its digest, its timers (its `w1` is not group 1's).
     assert_eq!(g0.store.digest().unwrap(), g0_digest);
     same_text(&observe(&g0.store, NOW), &g0_reads);
@@ -111,4 +145,61 @@ async fn a_group_snapshot_installs_into_that_group_only() {
     drop(o2);
     let o2 = open_group(&o0, other.path(), 2);
     assert_eq!(o2.store.digest().unwrap(), o2_digest);
+}
+
+/// The number of data groups is the cluster's, fixed when the data dir is new: another one at
+/// a restart is refused, and so is a single-group state asked to become sharded by a flag.
+#[tokio::test]
+async fn a_data_dir_keeps_its_number_of_groups() {
+    let dir = TempDir::new().unwrap();
+    let (_, sm) = open(&dir);
+    sm.store.settle_groups(4).unwrap();
+    sm.store.settle_groups(4).unwrap();
+    let refused = sm.store.settle_groups(2).unwrap_err();
+    assert!(
+        refused.to_string().contains("cluster of 4 data groups"),
+        "{refused}"
+    );
+    assert!(sm.store.settle_groups(0).is_err());
+    // A build before groups refuses the directory: it records format 7, which this build
+    // opens.
+    let format = sm
+        .store
+        .db()
+        .get_cf(cf(sm.store.db(), CF_META), meta::FORMAT);
+    let format: u32 = decode(&format.unwrap().unwrap()).unwrap();
+    assert_eq!(format, crate::storage::SHARDED_FORMAT);
+    drop(sm);
+    let (_, sm) = open(&dir);
+    sm.store.settle_groups(4).unwrap();
+
+    // A single-group state (entries applied, no record: a build before groups wrote it).
+    let old = TempDir::new().unwrap();
+    let (_, mut sm) = open(&old);
+    apply_all(&mut sm, own_commands()).await;
+    sm.store.settle_groups(0).unwrap();
+    let refused = sm.store.settle_groups(3).unwrap_err();
+    assert!(
+        refused.to_string().contains("cluster of 0 data groups"),
+        "{refused}"
+    );
+}
+
+/// A backup is group 0's state: one of a cluster with data groups holds none of their timers,
+/// and is refused at restore rather than restored as an empty cluster.
+#[tokio::test]
+async fn a_backup_of_a_cluster_with_data_groups_is_not_restored() {
+    let dir = TempDir::new().unwrap();
+    let (_, mut sm) = open(&dir);
+    sm.store.settle_groups(2).unwrap();
+    apply_all(&mut sm, own_commands()).await;
+    let snap = build_snapshot(&mut sm).await;
+    let file = dir.path().join("backup.tdb");
+    std::fs::copy(snap.snapshot.path(), &file).unwrap();
+    assert_eq!(crate::storage::restore::inspect(&file).unwrap().groups, 2);
+    let voters = [(1, openraft::BasicNode::new("127.0.0.1:1"))].into();
+    let target = dir.path().join("restored");
+    let refused = crate::storage::restore::restore(&file, &target, voters, None).unwrap_err();
+    assert!(refused.to_string().contains("2 data groups"), "{refused}");
+    assert!(!target.exists(), "nothing made");
 }

@@ -231,17 +231,23 @@ impl TestCluster {
         ClusterClient::new(self.channel(id).await)
     }
 
-    /// Waits until every running node applied the same index with the same state digest.
+    /// Waits until every running node applied the same index with the same state digest, in
+    /// every group (group 0 and the data groups); returns group 0's.
     pub async fn converged(&self) -> (u64, u64) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let digests: Vec<(u64, u64)> = self
+            let digests: Vec<Vec<(u64, u64)>> = self
                 .running()
                 .iter()
-                .map(|id| self.node(*id).store.digest().unwrap())
+                .map(|id| {
+                    let node = self.node(*id);
+                    let stores =
+                        std::iter::once(&node.store).chain(node.groups.iter().map(|g| &g.store));
+                    stores.map(|s| s.digest().unwrap()).collect()
+                })
                 .collect();
             if digests.windows(2).all(|w| w[0] == w[1]) {
-                return digests[0];
+                return digests[0][0];
             }
             assert!(
                 Instant::now() < deadline,
