@@ -24,7 +24,7 @@ cmd=${1:-}
 shift || true
 node_arg=""
 TLS=""
-GROUPS=""
+DATA_GROUPS=""
 if [[ "$cmd" == kill || "$cmd" == restart ]]; then node_arg=${1:?"$cmd needs a node id (1-3)"}; shift; fi
 DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 BASE_PORT=${TIMERDB_BASE_PORT:-7101}
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --dir) DIR=$2; shift 2 ;;
     --base-port) BASE_PORT=$2; shift 2 ;;
     --tls) TLS=1; shift ;;
-    --groups) GROUPS=$2; shift 2 ;;
+    --groups) DATA_GROUPS=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -59,7 +59,7 @@ if [[ -n "$TLS" ]]; then
 fi
 CERTS="$DIR/certs"
 # Data groups: chosen at start, remembered in DIR/groups for restarts.
-if [[ -n "$GROUPS" ]]; then echo "$GROUPS" >"$DIR/groups"; fi
+if [[ -n "$DATA_GROUPS" ]]; then echo "$DATA_GROUPS" >"$DIR/groups"; fi
 groups_args() {
   [[ -f "$DIR/groups" ]] || return 0
   echo "--groups $(cat "$DIR/groups")"
