@@ -45,7 +45,7 @@ use crate::storage::{self, LogEngine, Store};
 use crate::tls::Port;
 use crate::{Error, Result};
 pub use groups::GroupReplica;
-use groups::{initialize, members_of, open_group};
+use groups::{form_data_groups, initialize, open_group};
 
 /// A started node; call [`RunningNode::shutdown`] to stop it.
 pub struct RunningNode {
@@ -144,12 +144,11 @@ pub async fn start_with(
     }
     bootstrap(&config, &zero.raft).await?;
     if !replicas.is_empty() {
-        // The data groups start with group 0's members (the same `--peers`, unless group 0
-        // was formed earlier: then its own).
-        let members = members_of(&zero.raft).await?;
-        for replica in &replicas {
-            initialize(&replica.raft, members.clone()).await?;
-        }
+        // The data groups start with group 0's voters (the same `--peers`, unless group 0
+        // was formed earlier: then its own), once group 0 knows them: a node that holds a
+        // vote and no entries yet learns them from its leader, maybe much later.
+        let rafts: Vec<Raft> = replicas.iter().map(|r| r.raft.clone()).collect();
+        tasks.push(tokio::spawn(form_data_groups(zero.raft.clone(), rafts)));
     }
     let trust = crate::push::trust::Trust::load(config.push_ca.as_deref())?;
     for replica in std::iter::once(&zero).chain(&replicas) {

@@ -272,12 +272,48 @@ pub fn of(metadata: &tonic::metadata::MetadataMap) -> u32 {
         .unwrap_or(0)
 }
 
+/// The header every peer call carries: the number of data groups of the sender's cluster
+/// (docs/sharding.md §2); absent: 0, as builds before groups send.
+pub const GROUPS_HEADER: &str = "x-timerdb-groups";
+
+/// Whether the peer whose call or answer carries `metadata` (from `who`) belongs to a cluster
+/// of this node's number of data groups (no header: 0, a build before groups). A node takes
+/// no call from, and counts no answer of, a peer placed by another slot map: on the wire both
+/// ways, since a build before groups checks nothing itself.
+pub fn check_groups(
+    metadata: &tonic::metadata::MetadataMap,
+    mine: u16,
+    who: &str,
+) -> Result<(), tonic::Status> {
+    let theirs: u16 = match metadata.get(GROUPS_HEADER) {
+        None => 0,
+        Some(v) => (v.to_str().ok().and_then(|v| v.parse().ok())).ok_or_else(|| {
+            tonic::Status::invalid_argument(format!("bad {GROUPS_HEADER} header"))
+        })?,
+    };
+    if theirs == mine {
+        return Ok(());
+    }
+    let why = format!(
+        "this node's cluster has {mine} data groups and {who}'s has {theirs}: one cluster has \
+         one number of groups (start every node with the same --groups)"
+    );
+    tracing::error!("refused a peer: {why}");
+    Err(tonic::Status::failed_precondition(why))
+}
+
 /// Puts what `config`'s node advertises into `metadata`: its level, tzdb version and peer RPCs
 /// (none beyond the first release's when it plays an older build, `older_peer_rpcs`).
 pub fn advertise_node(metadata: &mut tonic::metadata::MetadataMap, config: &NodeConfig) {
     advertise(metadata, config.level, &config.tzdb);
     let rpcs = if config.older_peer_rpcs { 0 } else { PEER_RPCS };
     metadata.insert(PEER_RPCS_HEADER, tonic::metadata::MetadataValue::from(rpcs));
+    // The cluster's number of data groups (none: 0, as a build before groups sends), which
+    // the other side checks, whichever way the call goes ([`check_groups`]).
+    if config.groups > 0 {
+        let groups = tonic::metadata::MetadataValue::from(config.groups);
+        metadata.insert(GROUPS_HEADER, groups);
+    }
 }
 
 /// Puts `level` and `tzdb` (the build's tzdb version) into `metadata`.

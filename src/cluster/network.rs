@@ -56,10 +56,6 @@ pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";
 /// The header of a `Hello`: the calling leader's term (`storage/admission.rs`).
 pub const TERM_HEADER: &str = "x-timerdb-term";
 
-/// The header every peer call carries: the number of data groups of the sender's cluster
-/// (docs/sharding.md §2); absent: 0, as builds before groups send.
-pub const GROUPS_HEADER: &str = "x-timerdb-groups";
-
 /// The header naming the Raft group a peer call is for (docs/sharding.md §2); absent: group
 /// 0, as every call of a build before groups is.
 pub const GROUP_HEADER: &str = "x-timerdb-group";
@@ -96,10 +92,6 @@ fn peer_request<T>(
     let mut request = tonic::Request::new(msg);
     let width = tonic::metadata::MetadataValue::from(store.width_ms());
     request.metadata_mut().insert(BUCKET_MS_HEADER, width);
-    if config.groups > 0 {
-        let groups = tonic::metadata::MetadataValue::from(config.groups);
-        request.metadata_mut().insert(GROUPS_HEADER, groups);
-    }
     name_group(&mut request, store.space().group);
     super::level::advertise_node(request.metadata_mut(), config);
     request
@@ -125,6 +117,12 @@ pub async fn hello(
     request.set_timeout(Duration::from_secs(5));
     match RaftClient::new(channel).hello(request).await {
         Ok(answer) => {
+            super::level::check_groups(
+                answer.metadata(),
+                config.groups,
+                &format!("node at {addr}"),
+            )
+            .map_err(|s| crate::Error::FailedPrecondition(s.message().to_string()))?;
             levels.heard(id, answer.metadata());
             Ok(super::level::of(answer.metadata()))
         }
@@ -292,6 +290,8 @@ impl PeerClient {
                 tracing::error!(target = self.target, addr = %self.addr, "peer refuses: {}", s.message());
             }
         })?;
+        let node = format!("node {}", self.target);
+        super::level::check_groups(reply.metadata(), own.groups, &node)?;
         self.levels.0.heard(self.target, reply.metadata());
         Ok(reply.into_inner().data)
     }

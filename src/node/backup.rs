@@ -29,6 +29,15 @@ const POLL: Duration = Duration::from_millis(50);
 impl Node {
     /// A snapshot holding every write acknowledged before the call; this node must lead.
     pub async fn backup(&self) -> Result<Snapshot> {
+        if self.config.groups > 0 {
+            // A backup is one group's snapshot: it would hold none of the data groups' state,
+            // and a restore refuses it.
+            return Err(Error::FailedPrecondition(format!(
+                "cannot back up a cluster of {} data groups: a backup holds one group's state \
+                 (backups of every group: docs/sharding.md §12)",
+                self.config.groups
+            )));
+        }
         self.read_barrier().await?;
         let need = self
             .raft

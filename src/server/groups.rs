@@ -170,19 +170,36 @@ pub(super) async fn initialize(
     }
 }
 
-/// The voters of `raft`'s group, once it knows some (within 10 s of its bootstrap).
-pub(super) async fn members_of(raft: &Raft) -> Result<std::collections::BTreeMap<u64, BasicNode>> {
+/// Forms every data group of `rafts` with group 0's voters, once group 0 knows them (a
+/// group already formed is left as it is). Logged, not fatal: a data group that is not formed
+/// here is formed by a member that reaches it first.
+pub(super) async fn form_data_groups(zero: Raft, rafts: Vec<Raft>) {
+    let members = members_of(&zero).await;
+    for raft in rafts {
+        if let Err(e) = initialize(&raft, members.clone()).await {
+            tracing::error!(error = %e, "forming a data group");
+        }
+    }
+}
+
+/// The voters of `raft`'s group, once it knows some.
+async fn members_of(raft: &Raft) -> std::collections::BTreeMap<u64, BasicNode> {
     let mut metrics = raft.metrics();
-    let known = tokio::time::timeout(
-        Duration::from_secs(10),
-        metrics.wait_until(|m| m.membership_config.membership().nodes().next().is_some()),
-    );
-    let m = known
-        .await
-        .map_err(|_| Error::Internal("group 0 knows no members 10 s after its bootstrap".into()))?
-        .map_err(|e| Error::Internal(format!("group 0: {e}")))?;
-    let membership = m.membership_config.membership();
-    Ok((membership.voter_ids())
-        .filter_map(|id| membership.get_node(&id).map(|node| (id, node.clone())))
-        .collect())
+    loop {
+        let known = {
+            let m = metrics.borrow_watched();
+            let membership = m.membership_config.membership();
+            (membership.voter_ids())
+                .filter_map(|id| membership.get_node(&id).map(|node| (id, node.clone())))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        if !known.is_empty() {
+            return known;
+        }
+        tracing::info!("the data groups wait for group 0 to know its members");
+        let wait = tokio::time::timeout(Duration::from_secs(10), metrics.changed());
+        if let Ok(Err(_)) = wait.await {
+            return known; // raft stopped: nothing to form
+        }
+    }
 }

@@ -247,7 +247,7 @@ async fn a_peer_call_for_a_group_this_node_does_not_host_is_refused_unread() {
     // A peer of a cluster with another number of data groups is refused, whichever group.
     let mut other_cluster = call(None, garbage);
     let groups = tonic::metadata::MetadataValue::from(8u16);
-    let header = crate::cluster::network::GROUPS_HEADER;
+    let header = crate::cluster::level::GROUPS_HEADER;
     other_cluster.metadata_mut().insert(header, groups);
     let refused = raw.vote(other_cluster).await.unwrap_err();
     assert_eq!(

@@ -116,9 +116,13 @@ impl Store {
                     batch.put_cf(meta_cf, meta::FORMAT, format);
                 }
                 self.db.write_opt(batch, &super::synced())?;
+                self.sharded
+                    .store(asked > 0, std::sync::atomic::Ordering::Release);
                 return Ok(());
             }
         };
+        self.sharded
+            .store(found > 0, std::sync::atomic::Ordering::Release);
         if found != asked {
             return Err(Error::InvalidArgument(format!(
                 "this data dir belongs to a cluster of {found} data groups, not {asked}: a \

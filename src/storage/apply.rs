@@ -41,6 +41,8 @@ pub(super) struct Applier<'a> {
     pub db: &'a DB,
     /// The group whose log this entry is of: every key it reads or writes is under its prefix.
     pub space: Space,
+    /// Whether the cluster has data groups (`fire_token`).
+    pub sharded: bool,
     pub wheel: Wheel,
     pub batch: &'a mut WriteBatch,
     pub progress: &'a mut Progress,
@@ -123,7 +125,7 @@ pub(super) struct Applier<'a> {
 impl<'a> Applier<'a> {
     pub fn new(
         db: &'a DB,
-        space: Space,
+        (space, sharded): (Space, bool),
         wheel: Wheel,
         batch: &'a mut WriteBatch,
         progress: &'a mut Progress,
@@ -133,6 +135,7 @@ impl<'a> Applier<'a> {
         Applier {
             db,
             space,
+            sharded,
             wheel,
             batch,
             progress,
@@ -501,14 +504,17 @@ impl<'a> Applier<'a> {
         raw.map(|v| codec::decode(&v)).transpose()
     }
 
-    /// The fire_index this entry's Fire gives the timers it fires (docs/sharding.md §5): its
-    /// log index in group 0, `index × 256 + group` in a data group, so that no two groups of a
-    /// cluster give one token (the `webhook-id` and a receiver's dedup key are made of it).
+    /// The fire_index this entry's Fire gives the timers it fires (docs/sharding.md §5): in a
+    /// cluster with data groups `index × 256 + group`, for group 0 too, so that no two groups
+    /// give one token (the `webhook-id` and a receiver's dedup key are made of it); in a
+    /// cluster of one group the log index, as ever. Whether the cluster has data groups is the
+    /// data dir's from its first start, before any entry (`Store::settle_groups`), and the same
+    /// on every member (peers of another number refuse each other), like the bucket width.
     /// Stored in the fire record, never recomputed from the group a row lives in later.
     pub(super) fn fire_token(&self) -> u64 {
-        match self.space.group {
-            crate::keys::GROUP_ZERO => self.index,
-            g => self.index.wrapping_mul(256) | u64::from(g),
+        match (self.sharded, self.space.group) {
+            (false, crate::keys::GROUP_ZERO) => self.index,
+            (_, g) => self.index.wrapping_mul(256) | u64::from(g),
         }
     }
 

@@ -145,7 +145,12 @@ pub(super) fn rewrite(db: &DB, last: impl FnOnce(&mut WriteBatch)) -> Result<u64
     let Writer {
         mut batch, rows, ..
     } = w;
-    batch.put_cf(cf(db, CF_META), meta::FORMAT, codec::encode(&super::FORMAT));
+    // A sharded node's format (7) stays: only a build that knows groups may open it again.
+    let sharded =
+        db.get_cf(cf(db, CF_META), meta::FORMAT)? == Some(codec::encode(&super::SHARDED_FORMAT));
+    if !sharded {
+        batch.put_cf(cf(db, CF_META), meta::FORMAT, codec::encode(&super::FORMAT));
+    }
     for name in V5_CFS {
         batch.delete_range_cf(cf(db, name), [].as_slice(), TOP.as_slice());
     }

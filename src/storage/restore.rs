@@ -138,8 +138,8 @@ pub fn restore(
     }
     if summary.groups > 0 {
         return Err(Error::InvalidArgument(format!(
-            "the backup is group 0 of a cluster of {} data groups, which hold its timers: a \
-             backup of one group cannot restore such a cluster",
+            "the backup is group 0 of a cluster of {} data groups: a backup of one group \
+             cannot restore such a cluster",
             summary.groups
         )));
     }

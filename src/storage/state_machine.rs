@@ -134,7 +134,7 @@ impl StateMachine {
             EntryPayload::Normal(cmd) => {
                 let mut applier = Applier::new(
                     &db,
-                    self.store.space(),
+                    (self.store.space(), self.store.sharded()),
                     self.store.wheel(),
                     &mut batch,
                     &mut progress,

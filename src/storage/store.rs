@@ -81,6 +81,9 @@ pub struct Store {
     pub(super) db: Arc<DB>,
     /// The group whose state this is: every key it reads is under its prefix.
     pub(super) space: Space,
+    /// Whether the node's cluster has data groups (`settle_groups`; node-wide, shared by every
+    /// group's store): then every group's fire_index names its group, group 0's too.
+    pub(super) sharded: Arc<std::sync::atomic::AtomicBool>,
     /// The cluster's bucket width in ms, recorded in the state machine (`meta/bucket_ms`);
     /// 0 while a joining node has not learned it yet (`adopt_width`).
     width: Arc<AtomicU64>,
@@ -113,6 +116,10 @@ pub struct Store {
     /// predecessor's acknowledged entries). Passing an open gate costs a borrow.
     pub apply_hold: crate::storage::Hold,
 }
+
+/// What every group's store of a node shares: the bucket width, and whether the cluster has
+/// data groups.
+type NodeWide = (Arc<AtomicU64>, Arc<std::sync::atomic::AtomicBool>);
 
 /// The state machine seen through one snapshot, for deriving timers.
 pub(super) struct Snap<'a> {
@@ -217,12 +224,9 @@ impl Store {
     /// Group 0's store of `db` whose bucket width is `width_ms`, or, with `None`, whatever its
     /// database records or the cluster tells it (a node joining with an empty data dir).
     pub fn with_width(db: Arc<DB>, width_ms: Option<u64>, gc: Arc<IndexGc>) -> Self {
-        Self::of(
-            db,
-            Space::of(keys::GROUP_ZERO),
-            Arc::new(AtomicU64::new(width_ms.unwrap_or(0))),
-            gc,
-        )
+        let width = Arc::new(AtomicU64::new(width_ms.unwrap_or(0)));
+        let zero = Space::of(keys::GROUP_ZERO);
+        Self::of(db, zero, (width, Arc::default()), gc)
     }
 
     /// The store of group `group` on this store's database: the same database, bucket width
@@ -231,15 +235,18 @@ impl Store {
         Self::of(
             self.db.clone(),
             Space::of(group),
-            self.width.clone(),
+            (self.width.clone(), self.sharded.clone()),
             self.gc.clone(),
         )
     }
 
-    fn of(db: Arc<DB>, space: Space, width: Arc<AtomicU64>, gc: Arc<IndexGc>) -> Self {
+    /// A store of `space` sharing the node-wide `(width, sharded)`.
+    fn of(db: Arc<DB>, space: Space, node: NodeWide, gc: Arc<IndexGc>) -> Self {
+        let (width, sharded) = node;
         Store {
             db,
             space,
+            sharded,
             width,
             keys_written: Arc::default(),
             fire_stats: Arc::default(),
@@ -274,6 +281,11 @@ impl Store {
     /// The group whose state this is.
     pub fn space(&self) -> Space {
         self.space
+    }
+
+    /// Whether the node's cluster has data groups (known once `settle_groups` ran).
+    pub fn sharded(&self) -> bool {
+        self.sharded.load(Ordering::Acquire)
     }
 
     /// The wheel of the cluster's bucket width (of 1 ms while it is not known yet: nothing is

@@ -173,6 +173,17 @@ async fn every_group_elects_replicates_and_fires_on_its_own() {
         tonic::Code::FailedPrecondition,
         "{refused:?}"
     );
+    // A backup is one group's snapshot, which a restore of such a cluster refuses: not taken.
+    let refused = match admin.backup(pb::BackupRequest {}).await {
+        Err(s) => s,
+        Ok(stream) => (stream.into_inner().message().await)
+            .expect_err("a backup of one group of many is refused"),
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
 
     let back = replica(c.node(follower), 2).1;
     assert!(back

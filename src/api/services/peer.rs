@@ -21,7 +21,7 @@ use openraft_legacy::network_v1::{
 use tonic::{Request, Response, Status};
 
 use crate::api::pb::RaftMessage;
-use crate::cluster::network::{BUCKET_MS_HEADER, GROUPS_HEADER, GROUP_HEADER, TERM_HEADER};
+use crate::cluster::network::{BUCKET_MS_HEADER, GROUP_HEADER, TERM_HEADER};
 use crate::cluster::Raft;
 use crate::keys::{Group, GROUP_ZERO};
 use crate::raft_types::TypeConfig;
@@ -192,26 +192,10 @@ impl PeerService {
         })
     }
 
-    /// The sender's cluster must have this node's number of data groups (no header: 0, a
-    /// build before groups): a replica placed or routing by another slot map would serve
-    /// hash slots that are not its group's.
+    /// The sender's cluster must have this node's number of data groups (see
+    /// `level::check_groups`).
     fn check_groups<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        let theirs: u16 = match req.metadata().get(GROUPS_HEADER) {
-            None => 0,
-            Some(v) => (v.to_str().ok().and_then(|v| v.parse().ok()))
-                .ok_or_else(|| Status::invalid_argument(format!("bad {GROUPS_HEADER} header")))?,
-        };
-        let mine = self.config.groups;
-        if theirs == mine {
-            return Ok(());
-        }
-        let why = format!(
-            "this node's cluster has {mine} data groups and {}'s has {theirs}: one cluster has \
-             one number of groups (start every node with the same --groups)",
-            sender(req)
-        );
-        tracing::error!("refused a peer: {why}");
-        Err(Status::failed_precondition(why))
+        crate::cluster::level::check_groups(req.metadata(), self.config.groups, &sender(req))
     }
 
     /// A test's stand-in for a build before PreVote and TransferLeader

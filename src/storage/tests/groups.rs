@@ -185,6 +185,27 @@ async fn a_data_dir_keeps_its_number_of_groups() {
     );
 }
 
+/// In a cluster with data groups every group's fire_index names its group, group 0's too: a
+/// raw group-0 token (index 1281) could otherwise equal group 1's (index 5: 5 × 256 + 1), and
+/// a receiver deduplicating by it would drop a timer.
+#[tokio::test]
+async fn in_a_sharded_cluster_group_0s_tokens_name_it_too() {
+    let dir = TempDir::new().unwrap();
+    let (_, mut g0) = open(&dir);
+    g0.store.settle_groups(2).unwrap();
+    let mut g1 = open_group(&g0, dir.path(), 1);
+    for sm in [&mut g0, &mut g1] {
+        apply_all(sm, vec![schedule("k", T0 + 5), fire(T0 + 10, 100)]).await;
+    }
+    let token = |sm: &StateMachine| {
+        let t = sm.store.get(&TimerKey::new("ns", "k")).unwrap().unwrap();
+        assert_eq!(t.state, crate::timer::TimerState::Fired);
+        t.fire_index
+    };
+    // Both fired by their entry 2.
+    assert_eq!((token(&g0), token(&g1)), (2 * 256, 2 * 256 + 1));
+}
+
 /// A backup is group 0's state: one of a cluster with data groups holds none of their timers,
 /// and is refused at restore rather than restored as an empty cluster.
 #[tokio::test]
