@@ -255,7 +255,8 @@ pub(crate) async fn peer_attack(
     term: u64,
 ) -> Vec<(&'static str, Result<(), tonic::Status>)> {
     use openraft::Vote;
-    let mut raft = RaftClient::new(ch);
+    let mut raft = RaftClient::new(ch.clone());
+    let mut groups = timerdb::api::pb::groups_client::GroupsClient::new(ch);
     let msg = |data: Vec<u8>| pb::RaftMessage { data };
     let vote = openraft::raft::VoteRequest::<timerdb::raft_types::TypeConfig>::new(
         Vote::new(term + 1_000_000, 9),
@@ -284,7 +285,20 @@ pub(crate) async fn peer_attack(
                 .install_snapshot(msg(vec![0xde, 0xad, 0xbe, 0xef]))
                 .await),
         ),
+        // The data groups' peer service is guarded alike (a data group's vote, named).
+        (
+            "Groups/Vote",
+            ok(groups.vote(group_one(msg(enc(&vote)))).await),
+        ),
     ]
+}
+
+/// `msg` naming data group 1.
+fn group_one(msg: pb::RaftMessage) -> tonic::Request<pb::RaftMessage> {
+    let mut request = tonic::Request::new(msg);
+    let one = tonic::metadata::MetadataValue::from(1u16);
+    request.metadata_mut().insert("x-timerdb-group", one);
+    request
 }
 
 /// Waits until every running node sees the same leader and term (a start may take two

@@ -266,14 +266,7 @@ async fn a_format_5_snapshot_installs_and_a_format_5_backup_restores() {
 async fn fires_take_hash_slots_in_slot_order_and_neither_starves() {
     let (a, b) = ("alpha", "beta");
     assert_ne!(G0.home(a).hslot, G0.home(b).hslot, "two hash slots");
-    let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
-        now_ms: T0,
-        spec: TimerSpec {
-            key: TimerKey::new(ns, id),
-            ..spec(id, at, "p")
-        },
-        with: Default::default(),
-    };
+    let in_ns = schedule_in;
     let mut cmds = Vec::new();
     for i in 0..6 {
         cmds.push(in_ns(a, &format!("a{i}"), T0 + 10 + 2 * i));
@@ -515,18 +508,23 @@ async fn leases_of_one_deadline_expire_in_name_order_whatever_their_hash_slots()
     );
 }
 
-/// What the format-5 build applied to write `fixtures/format5-moved`: a Fire passes rows of
-/// two namespaces in two hash slots, then both rows of `ns` are nacked away from behind the
-/// cursor, so `ns`'s hash slot keeps a fire record that no row needs.
-fn moved_commands() -> Vec<Command> {
-    let in_ns = |ns: &str, id: &str, at: i64| Command::Schedule {
+/// A Schedule of `ns/id` due at `at`, made at `T0`.
+fn schedule_in(ns: &str, id: &str, at: i64) -> Command {
+    Command::Schedule {
         now_ms: T0,
         spec: TimerSpec {
             key: TimerKey::new(ns, id),
             ..spec(id, at, "p")
         },
         with: Default::default(),
-    };
+    }
+}
+
+/// What the format-5 build applied to write `fixtures/format5-moved`: a Fire passes rows of
+/// two namespaces in two hash slots, then both rows of `ns` are nacked away from behind the
+/// cursor, so `ns`'s hash slot keeps a fire record that no row needs.
+fn moved_commands() -> Vec<Command> {
+    let in_ns = schedule_in;
     let nack = |id: &str, now_ms: i64| Command::Nack {
         now_ms,
         key: TimerKey::new("ns", id),
