@@ -98,10 +98,7 @@ impl Store {
     /// groups: a running cluster gains groups by moving hash slots (docs/sharding.md §6), not
     /// by a flag at a restart.
     pub fn settle_groups(&self, asked: u16) -> Result<()> {
-        let recorded: Option<u16> = match self.db.get_cf(cf(&self.db, CF_META), meta::GROUPS)? {
-            Some(v) => Some(codec::decode(&v)?),
-            None => None,
-        };
+        let recorded = self.recorded_groups()?;
         let holds_state = self.meta()?.last_applied.is_some();
         let found = match recorded {
             Some(n) => n,
@@ -130,6 +127,24 @@ impl Store {
                  {found})"
             )));
         }
+        Ok(())
+    }
+
+    /// The number of data groups the data dir records (`None`: none recorded).
+    fn recorded_groups(&self) -> Result<Option<u16>> {
+        match self.db.get_cf(cf(&self.db, CF_META), meta::GROUPS)? {
+            Some(v) => Ok(Some(codec::decode(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes whether the cluster has data groups from the data dir's record, as a state
+    /// machine opens: what apply composes fire tokens by (`Applier::fire_token`) comes from
+    /// the data dir itself, whoever opens it, never from a flag.
+    pub(super) fn load_groups(&self) -> Result<()> {
+        let sharded = self.recorded_groups()?.is_some_and(|n| n > 0);
+        self.sharded
+            .store(sharded, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }

@@ -50,6 +50,7 @@ impl StateMachine {
     /// `data_dir/snapshot` (group 0) or `data_dir/snapshot-<group>`.
     pub fn open(store: Store, data_dir: &Path, signal: Arc<FireSignal>) -> Result<Self> {
         check_bucket_width(&store)?;
+        store.load_groups()?;
         let space = store.space();
         let dir = match space.group {
             crate::keys::GROUP_ZERO => data_dir.join("snapshot"),

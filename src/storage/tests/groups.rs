@@ -204,6 +204,18 @@ async fn in_a_sharded_cluster_group_0s_tokens_name_it_too() {
     };
     // Both fired by their entry 2.
     assert_eq!((token(&g0), token(&g1)), (2 * 256, 2 * 256 + 1));
+
+    // Reopened mid-stream (by whatever opens the data dir, `settle_groups` or not), group 0
+    // goes on composing its tokens: the record decides, not the caller.
+    drop((g0, g1));
+    let (_, mut g0) = open(&dir);
+    let more = vec![schedule("k2", T0 + 20), fire(T0 + 30, 100)];
+    let entries: Vec<_> = (more.into_iter().enumerate())
+        .map(|(i, c)| entry(3 + i as u64, c))
+        .collect();
+    g0.apply_entries(entries).await.unwrap();
+    let t = g0.store.get(&TimerKey::new("ns", "k2")).unwrap().unwrap();
+    assert_eq!(t.fire_index, 4 * 256, "{t:?}");
 }
 
 /// A backup is group 0's state: one of a cluster with data groups holds none of their timers,
