@@ -124,17 +124,19 @@ pub async fn start_with(
     let fsync_delay_ms = engine.fsync_delay_ms();
     let node = zero.node.clone();
     let peer = PeerService::new(peers, config.clone(), levels.clone());
+    let doors = std::iter::once(&zero).chain(&replicas);
+    let (nodes, read_indexes) = crate::node::Nodes::new(doors.map(|r| r.node.clone()).collect());
 
     let bootstrap_token = config.auth_bootstrap_token()?;
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(read_indexes)];
     let mut listeners = vec![(Port::Client, listener)];
     listeners.extend(peer_listener.map(|l| (Port::Peer, l)));
     for (port, listener) in listeners {
-        let gate = Gate::new(node.clone(), bootstrap_token.as_deref(), port);
+        let gate = Gate::new(nodes.clone(), bootstrap_token.as_deref(), port);
         let tls = config.tls.clone();
         let incoming = crate::listen::incoming(listener, tls, port, rx.clone());
         tasks.push(tokio::spawn(serve(
-            node.clone(),
+            nodes.clone(),
             peer.clone(),
             gate,
             port,
@@ -220,14 +222,15 @@ async fn bootstrap(config: &NodeConfig, raft: &Raft) -> Result<()> {
 }
 
 async fn serve(
-    node: Arc<Node>,
+    nodes: Arc<crate::node::Nodes>,
     peer: PeerService,
     gate: Gate,
     port: Port,
     incoming: impl tokio_stream::Stream<Item = std::io::Result<crate::listen::Conn>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let router = Arc::new(crate::api::stack::forward::Router::new(node.clone()));
+    let node = nodes.meta().clone();
+    let router = Arc::new(crate::api::stack::forward::Router::new(nodes.clone()));
     let timers = TimersServer::new(TimersService::new(router.clone()))
         .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES);
@@ -262,9 +265,10 @@ async fn serve(
         // Outermost: an HTTP/JSON call becomes the gRPC call it names and goes down the rest.
         .layer(LayerOf(Transcode))
         .layer(crate::api::stack::observe::ObserveLayer)
-        // The layers are each an `api::stack::layer::Around`: the request bound, then auth, then
-        // forwarding to the leader.
+        // The layers are each an `api::stack::layer::Around`: the request bound, the call's
+        // group, auth, then forwarding to the group's leader.
         .layer(LayerOf(Bound::new(MAX_REQUESTS_IN_PROGRESS)))
+        .layer(LayerOf(crate::api::stack::group::Grouping(nodes)))
         .layer(LayerOf(Arc::new(gate)))
         .layer(LayerOf(router))
         .add_service(health)

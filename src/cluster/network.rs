@@ -136,6 +136,26 @@ pub async fn hello(
     }
 }
 
+/// Group 0's read index, from its leader at `addr` (peer `ReadIndex`, `node/groups.rs`).
+pub async fn read_index(
+    config: &crate::config::NodeConfig,
+    addr: &str,
+    store: &crate::storage::Store,
+) -> crate::Result<u64> {
+    let unreachable =
+        |e: String| crate::Error::Unavailable(format!("group 0's leader at {addr}: {e}"));
+    let channel = (config.tls)
+        .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut request = peer_request(RaftMessage { data: Vec::new() }, store, config);
+    request.set_timeout(config.write_timeout);
+    let reply = RaftClient::new(channel)
+        .read_index(request)
+        .await
+        .map_err(|s| unreachable(s.message().to_string()))?;
+    decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
+}
+
 /// Names `group` in a peer call (group 0 is named by no header, as before groups).
 fn name_group<T>(request: &mut tonic::Request<T>, group: crate::keys::Group) {
     if group != crate::keys::GROUP_ZERO {

@@ -22,7 +22,7 @@ use crate::harness::{now_ms, status_text, tried, TestCluster};
 
 /// Sends `authorization: Bearer <token>` (nothing for `None`).
 #[derive(Clone)]
-struct Bearer(Option<String>);
+pub(crate) struct Bearer(Option<String>);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
@@ -34,22 +34,22 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-type Ch = InterceptedService<Channel, Bearer>;
+pub(crate) type Ch = InterceptedService<Channel, Bearer>;
 
-async fn ch(c: &TestCluster, id: u64, token: Option<&str>) -> Ch {
+pub(crate) async fn ch(c: &TestCluster, id: u64, token: Option<&str>) -> Ch {
     InterceptedService::new(c.channel(id).await, Bearer(token.map(str::to_string)))
 }
 
-async fn timers(c: &TestCluster, id: u64, token: Option<&str>) -> TimersClient<Ch> {
+pub(crate) async fn timers(c: &TestCluster, id: u64, token: Option<&str>) -> TimersClient<Ch> {
     TimersClient::new(ch(c, id, token).await)
 }
 
-async fn access(c: &TestCluster, id: u64, token: Option<&str>) -> AccessClient<Ch> {
+pub(crate) async fn access(c: &TestCluster, id: u64, token: Option<&str>) -> AccessClient<Ch> {
     AccessClient::new(ch(c, id, token).await)
 }
 
 /// Creates a key with `roles` through node `id`; returns (key id, token).
-async fn create_key(
+pub(crate) async fn create_key(
     c: &TestCluster,
     id: u64,
     admin: Option<&str>,
@@ -138,7 +138,7 @@ async fn call_empty_status(ch: Ch, path: &str) -> Option<Status> {
 }
 
 /// Turns auth on with a fresh admin key made while it was off; returns the admin token.
-async fn enable(c: &TestCluster, through: u64) -> String {
+pub(crate) async fn enable(c: &TestCluster, through: u64) -> String {
     let (_, admin) = create_key(c, through, None, "ops", &["admin"]).await;
     let on = access(c, through, Some(&admin))
         .await

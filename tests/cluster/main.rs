@@ -28,6 +28,7 @@ mod recurring;
 mod rejoin;
 mod replicas;
 mod retries;
+mod routing;
 mod secure_process;
 mod slow_disk;
 mod slow_link;

@@ -357,6 +357,36 @@ impl PeerService {
         Ok(answer)
     }
 
+    /// Group 0's read index, for a node that judges credentials without leading group 0
+    /// (`node/groups.rs`): given only by group 0's leader, once it confirmed it still leads.
+    pub(super) async fn read_index(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        if !req.get_ref().data.is_empty() {
+            return Err(Status::invalid_argument("a ReadIndex carries no body"));
+        }
+        self.check_groups(&req)?;
+        let r = self.group_zero()?;
+        let read = r
+            .raft
+            .get_read_log_id(openraft::raft::ReadPolicy::ReadIndex);
+        let index = match tokio::time::timeout(self.config.write_timeout, read).await {
+            Ok(Ok((read, _))) => read.index(),
+            Ok(Err(e)) => {
+                return Err(Status::unavailable(format!(
+                    "no read index from this node: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(Status::unavailable(
+                    "this node could not confirm it leads group 0 in time",
+                ))
+            }
+        };
+        self.reply(&index)
+    }
+
     pub(super) async fn transfer_leader(
         &self,
         service: Service,

@@ -1,6 +1,7 @@
 //! Subscribe and Consume: delivery streams that any node accepts and that follow the leader.
 //!
-//! Deliveries are decided on the leader (`cluster::dispatch`), so a stream is served there. Each
+//! Deliveries are decided on the leader of the group holding the namespace's timers
+//! (`cluster::dispatch`; "the leader" below), so a stream is served there. Each
 //! accepted stream gets one task that, for as long as the client keeps it open:
 //! - on the leader, registers a subscription with the local dispatcher and forwards its
 //!   deliveries, until leadership is lost;
@@ -78,8 +79,10 @@ pub fn start(
     credential: Option<Credential>,
     acks: Option<Inbound>,
 ) -> Result<DeliveryStream, Status> {
-    if forwarded && router.node().leader() != Leader::Me {
-        return Err(not_leader(router.node()));
+    // The stream is served by the leader of the group holding the namespace's timers.
+    let node = router.node_of(&req.namespace);
+    if forwarded && node.leader() != Leader::Me {
+        return Err(not_leader(node));
     }
     // Pull and push never share a namespace: the leader pushes this one's timers itself (the
     // dispatcher would grant this stream nothing; say so instead of staying silent).
@@ -150,7 +153,7 @@ struct Pump {
 
 impl Pump {
     async fn run(mut self) {
-        let node = self.router.node().clone();
+        let node = self.router.node_of(&self.req.namespace).clone();
         let mut shutdown = node.shutdown_watch();
         loop {
             if self.tx.is_closed() || *shutdown.borrow() {

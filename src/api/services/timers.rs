@@ -30,12 +30,15 @@ impl TimersService {
         TimersService { router }
     }
 
-    fn node(&self) -> &Node {
-        self.router.node()
+    /// The door of the group the call is for (the grouping layer found it, and the
+    /// forwarding layer sent the call to this node because it leads that group).
+    fn node_for<T>(&self, request: &Request<T>) -> Arc<Node> {
+        let group = crate::api::stack::group::of_request(request);
+        self.router.group(group).clone()
     }
 
     fn limits(&self) -> &Limits {
-        &self.node().config().limits
+        &self.router.node().config().limits
     }
 }
 
@@ -45,9 +48,9 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleRequest>,
     ) -> Result<Response<pb::ScheduleResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.get_ref();
         let (mode, cond) = modes::mode(req)?;
-        let node = self.node();
         let (timer, created): (pb::Timer, bool) = match (req.recurrence.is_some(), mode) {
             (true, mode) => {
                 let spec = recurring::recurring_spec(req, self.limits())?;
@@ -79,11 +82,12 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleBatchRequest>,
     ) -> Result<Response<pb::ScheduleBatchResponse>, Status> {
+        let node = self.node_for(&request);
         // The decoded request goes before the commit is waited for: a leader loading timers
         // holds a few batches in flight, and their protobuf form (grown a timer at a time, so
         // up to twice its length) was most of what they cost while they waited.
         let specs = convert::specs(&request.into_inner(), self.limits())?;
-        let results = self.node().schedule_batch(specs).await?;
+        let results = node.schedule_batch(specs).await?;
         let results = results
             .into_iter()
             .map(|(t, created)| pb::ScheduleResponse {
@@ -98,10 +102,11 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let cond = modes::cond(req.if_state, req.if_revision)?;
-        let timer = self.node().cancel(key, cond).await?;
+        let timer = node.cancel(key, cond).await?;
         Ok(Response::new(pb::CancelResponse {
             timer: Some(timer.into()),
         }))
@@ -111,11 +116,12 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::RescheduleRequest>,
     ) -> Result<Response<pb::RescheduleResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let shift = modes::shift(req.when, self.limits())?;
         let cond = modes::cond(req.if_state, req.if_revision)?;
-        let timer = self.node().reschedule(key, shift, cond).await?;
+        let timer = node.reschedule(key, shift, cond).await?;
         Ok(Response::new(pb::RescheduleResponse {
             timer: Some(timer.into()),
         }))
@@ -125,10 +131,11 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let upcoming = recurring::next_count(req.next_count)?;
-        let timer = self.node().get_with(&key, upcoming).await?;
+        let timer = node.get_with(&key, upcoming).await?;
         Ok(Response::new(pb::GetResponse {
             timer: Some(timer.into()),
         }))
@@ -138,16 +145,16 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
+        let node = self.node_for(&request);
         let query = convert::list_query(request.get_ref(), self.limits())?;
         let (timers, next_after): (Vec<pb::Timer>, _) = if request.get_ref().recurring {
             let after = query.after.as_deref();
-            let (recurring, next_after) = self
-                .node()
+            let (recurring, next_after) = node
                 .list_recurring(&query.namespace, after, query.limit)
                 .await?;
             (recurring.into_iter().map(Into::into).collect(), next_after)
         } else {
-            let Page { timers, next_after } = self.node().list(&query).await?;
+            let Page { timers, next_after } = node.list(&query).await?;
             (timers.into_iter().map(Into::into).collect(), next_after)
         };
         Ok(Response::new(pb::ListResponse {
@@ -222,10 +229,11 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let acked = self.node().ack(key, attempt, req.wait_for_commit).await?;
+        let acked = node.ack(key, attempt, req.wait_for_commit).await?;
         Ok(Response::new(pb::AckResponse {
             timer: Some(acked.timer.into()),
             committed: acked.committed,
@@ -236,8 +244,9 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
+        let node = self.node_for(&request);
         let acks = convert::acks(request.get_ref(), self.limits())?;
-        let results = self.node().ack_batch(acks).await?;
+        let results = node.ack_batch(acks).await?;
         Ok(Response::new(pb::AckBatchResponse {
             results: results.into_iter().map(convert::ack_result).collect(),
         }))
@@ -247,10 +256,11 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::NackRequest>,
     ) -> Result<Response<pb::NackResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
-        let timer = self.node().nack(key, attempt).await?;
+        let timer = node.nack(key, attempt).await?;
         Ok(Response::new(pb::NackResponse {
             timer: Some(timer.into()),
         }))
@@ -260,8 +270,8 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let node = self.node_for(&request);
         let target = convert::redrive_target(request.get_ref(), self.limits())?;
-        let node = self.node();
         Ok(Response::new(match target {
             RedriveTarget::One(key) => pb::RedriveResponse {
                 timers: vec![node.redrive(key).await?.into()],
@@ -278,9 +288,10 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::PauseRequest>,
     ) -> Result<Response<pb::PauseResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().pause_recurring(key, true).await?;
+        let timer = node.pause_recurring(key, true).await?;
         Ok(Response::new(pb::PauseResponse {
             timer: Some(timer.into()),
         }))
@@ -290,9 +301,10 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::PauseRequest>,
     ) -> Result<Response<pb::PauseResponse>, Status> {
+        let node = self.node_for(&request);
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
-        let timer = self.node().pause_recurring(key, false).await?;
+        let timer = node.pause_recurring(key, false).await?;
         Ok(Response::new(pb::PauseResponse {
             timer: Some(timer.into()),
         }))

@@ -31,15 +31,15 @@
 
 use std::sync::Arc;
 
-use prost::Message;
 use tonic::body::Body;
 use tonic::Status;
 
 use crate::api::stack::layer::{Answer, Around, Inner};
 use crate::api::stack::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
+use crate::keys::{Group, GROUP_ZERO};
 use crate::listen::ConnInfo;
-use crate::node::{Leader, Node};
+use crate::node::{Leader, Node, Nodes};
 use crate::tls::Port;
 
 /// Marks a call a follower's gate let on without a principal, for the leader to authorize:
@@ -76,7 +76,10 @@ pub const PRINCIPAL_HEADER: &str = "x-timerdb-principal";
 /// What the layer checks against: the replicated access state, this node's bootstrap token,
 /// and which listener it guards.
 pub struct Gate {
+    /// Group 0's door: the access state, the members, who leads.
     node: Arc<Node>,
+    /// Every group's door: whether a data group's call runs here (`group.rs`).
+    nodes: Arc<Nodes>,
     /// SHA-256 of `--auth-bootstrap-token-file`'s token: an admin on this node only.
     bootstrap: Option<[u8; 32]>,
     port: Port,
@@ -90,9 +93,10 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(node: Arc<Node>, bootstrap_token: Option<&str>, port: Port) -> Gate {
+    pub fn new(nodes: Arc<Nodes>, bootstrap_token: Option<&str>, port: Port) -> Gate {
         Gate {
-            node,
+            node: nodes.meta().clone(),
+            nodes,
             bootstrap: bootstrap_token.map(|t| auth::sha256(t.as_bytes())),
             port,
             catching_up: Arc::new(tokio::sync::Semaphore::new(MAX_CATCHING_UP)),
@@ -307,14 +311,38 @@ impl Gate {
             }
             _ => {}
         }
+        // A data group's call this node runs or stream it serves (it leads the group) is judged
+        // against group 0's state caught up with group 0's leader: this node need not lead
+        // group 0, and a lagging replica would honour a revoked key (`node/groups.rs`).
+        let group = crate::api::stack::group::of(req.extensions());
+        let leader_call = matches!(rule.route, methods::Route::Leader { .. });
+        let runs_here = group != GROUP_ZERO
+            && (self.nodes.group(group)).is_some_and(|n| n.leader() == Leader::Me);
+        if runs_here {
+            self.nodes.meta_caught_up(CATCH_UP).await?;
+        }
         let mut view = self.node.leader_view();
         if view.leads && !view.caught_up {
             self.until_caught_up_as_leader().await?;
             view = self.node.leader_view();
         }
-        // For the router: a call judged elsewhere than on this term's caught-up leader (on a
-        // follower that is elected while the call waits) is looked at again before it runs.
-        req.extensions_mut().insert(JudgedAt(view.judging_term()));
+        // For the router: a call judged elsewhere than where it runs, caught up (on a follower
+        // that is elected while the call waits) is looked at again before it runs.
+        let judged = match group {
+            GROUP_ZERO => view.judging_term(),
+            g => runs_here
+                .then(|| self.nodes.group(g).map(|n| n.leader_view().term))
+                .flatten(),
+        };
+        req.extensions_mut().insert(JudgedAt {
+            group,
+            term: judged,
+        });
+        // Whether this node decides the call: it runs it (leading its group), caught up.
+        let decides = match group {
+            GROUP_ZERO => self.node.leader() == Leader::Me,
+            _ => runs_here,
+        };
         let state = self.node.access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
@@ -322,8 +350,8 @@ impl Gate {
         }
         let conn = req.extensions().get::<ConnInfo>();
         let found = match self.principal(req.headers(), conn, &state) {
-            Err(Unauthenticated::Unknown) if self.node.leader() != Leader::Me => {
-                let place = (matches!(rule.route, methods::Route::Leader { .. })
+            Err(Unauthenticated::Unknown) if !decides => {
+                let place = (leader_call
                     && Self::token_id(req.headers())
                         .is_some_and(|id| !state.keys.contains_key(&id)))
                 .then(|| self.deferring.clone().try_acquire_owned().ok())
@@ -423,50 +451,12 @@ fn refusal(
     names: Names,
     message: &[u8],
 ) -> Result<Option<String>, Status> {
-    let undecodable = |e: prost::DecodeError| {
-        Status::invalid_argument(format!("the request message does not decode: {e}"))
-    };
-    let namespaces: Vec<String> = match names {
-        Names::All => {
-            return Ok((!principal.allows_every(permission)).then(|| "*".to_string()));
-        }
-        Names::Field1 => vec![Named::decode(message).map_err(undecodable)?.namespace],
-        Names::EachOf1 => {
-            let each = EachNamed::decode(message).map_err(undecodable)?.items;
-            let mut names: Vec<String> = each.into_iter().map(|n| n.namespace).collect();
-            names.sort_unstable();
-            names.dedup();
-            names
-        }
-        Names::InnerOf1 => {
-            let inner = Nested::decode(message).map_err(undecodable)?.inner;
-            vec![inner.unwrap_or_default().namespace]
-        }
+    let Some(namespaces) = crate::api::stack::names::namespaces(names, message)? else {
+        return Ok((!principal.allows_every(permission)).then(|| "*".to_string()));
     };
     Ok(namespaces
         .into_iter()
         .find(|ns| !principal.allows(permission, ns)))
-}
-
-/// A request whose field 1 is a namespace (every other field skipped unread).
-#[derive(Clone, PartialEq, prost::Message)]
-struct Named {
-    #[prost(string, tag = "1")]
-    namespace: String,
-}
-
-/// A request whose field 1 is a list of [`Named`].
-#[derive(Clone, PartialEq, prost::Message)]
-struct EachNamed {
-    #[prost(message, repeated, tag = "1")]
-    items: Vec<Named>,
-}
-
-/// A request whose field 1 is a [`Named`].
-#[derive(Clone, PartialEq, prost::Message)]
-struct Nested {
-    #[prost(message, optional, tag = "1")]
-    inner: Option<Named>,
 }
 
 /// The auth layer (`LayerOf(Arc<Gate>)`): [`Gate::check`] before every call.
@@ -499,10 +489,14 @@ impl Around for Arc<Gate> {
     }
 }
 
-/// The term whose caught-up leader this node was when its gate judged a call (None: it was
-/// not one — a follower, a candidate), in the call's extensions for the router.
+/// Where a call was judged, in its extensions for the router: the call's group, and the term
+/// of that group whose leader this node was when its gate judged the call caught up with
+/// group 0 (None: it was not — a follower, a candidate, a leader still applying).
 #[derive(Debug, Clone, Copy)]
-pub struct JudgedAt(pub Option<u64>);
+pub struct JudgedAt {
+    pub group: Group,
+    pub term: Option<u64>,
+}
 
 /// Whether a call's principal, judged by this node's gate when it was not yet this term's
 /// caught-up leader, still holds against the access state it has now applied as leader: auth

@@ -1,7 +1,9 @@
 //! Routing a client call to the leader: one tower layer around every service.
 //!
-//! Each RPC's route is in [`crate::api::stack::methods`]. A `Local` call goes straight to its service. A
-//! `Leader` call runs on this node if it leads; on a follower the unchanged request (method,
+//! Each RPC's route is in [`crate::api::stack::methods`]. A `Local` call goes straight to its
+//! service. A `Leader` call runs on the leader of its group (the grouping layer found it:
+//! [`crate::api::stack::group`]; group 0 for every call of a cluster of one group): on this
+//! node if it leads that group; elsewhere the unchanged request (method,
 //! headers, the message bytes) is sent to the leader's client port, marked with the
 //! `x-timerdb-forwarded` header, and the leader's answer (a message, or a stream of them) comes
 //! back as it is. A node receiving a marked request that is not (or no longer) the leader
@@ -36,14 +38,16 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::api::pb::timers_client::TimersClient;
-use crate::api::stack::auth::{cert_user, AUTHORIZATION, PRINCIPAL_HEADER};
+use crate::api::stack::auth::{cert_user, JudgedAt, AUTHORIZATION, PRINCIPAL_HEADER};
 use crate::api::stack::headers::{
-    not_applied_status, FORWARDED_HEADER, NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER, RETRY_HEADER,
+    not_applied_status, EPOCH_HEADER, FORWARDED_HEADER, NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER,
+    RETRY_HEADER,
 };
 use crate::api::stack::layer::{Answer, Around, Inner};
 use crate::api::stack::methods::{self, Route};
 use crate::api::MAX_CLIENT_MESSAGE_BYTES;
-use crate::node::{Leader, Node};
+use crate::keys::GROUP_ZERO;
+use crate::node::{Leader, Node, Nodes};
 
 /// Pause between attempts while the leader is unknown or changing.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
@@ -77,22 +81,33 @@ pub fn timers(ch: Channel) -> TimersClient<Channel> {
         .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
 }
 
-/// Routes calls to the leader; caches one channel per leader address.
+/// Routes calls to their group's leader; caches one channel per leader address.
 pub struct Router {
-    node: Arc<Node>,
+    nodes: Arc<Nodes>,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
 impl Router {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub fn new(nodes: Arc<Nodes>) -> Self {
         Router {
-            node,
+            nodes,
             channels: Mutex::new(HashMap::new()),
         }
     }
 
+    /// Group 0's door.
     pub fn node(&self) -> &Arc<Node> {
-        &self.node
+        self.nodes.meta()
+    }
+
+    /// Group `g`'s door (group 0's if this node hosts no such group: none is ever routed).
+    pub fn group(&self, g: crate::keys::Group) -> &Arc<Node> {
+        self.nodes.group(g).unwrap_or(self.nodes.meta())
+    }
+
+    /// The door of the group holding `namespace`'s timers.
+    pub fn node_of(&self, namespace: &str) -> &Arc<Node> {
+        self.nodes.of(namespace)
     }
 
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -100,7 +115,7 @@ impl Router {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let channel = (self.node.config().tls)
+        let channel = (self.node().config().tls)
             .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
             .map_err(|e| Status::internal(format!("leader address {addr}: {e}")))?;
         channels.insert(addr.to_string(), channel.clone());
@@ -132,7 +147,11 @@ async fn on_leader<S: Inner>(
     req: http::Request<Body>,
     timeout: Option<Duration>,
 ) -> http::Response<Body> {
-    let node = &router.node;
+    let group = crate::api::stack::group::of(req.extensions());
+    let Some(node) = router.nodes.group(group) else {
+        let msg = format!("this node hosts no replica of group {group}");
+        return Status::internal(msg).into_http();
+    };
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let deferred = req
         .extensions()
@@ -170,10 +189,13 @@ async fn on_leader<S: Inner>(
                 return not_applied_status(msg.into()).into_http();
             }
             Leader::Me => {
-                if let Err(s) = judged_here(node, &parts).await {
+                if let Err(s) = judged_here(&router.nodes, node, &parts).await {
                     return s.into_http();
                 }
-                let req = rebuild(&parts, message.clone(), false, timeout);
+                let mut req = rebuild(&parts, message.clone(), false, timeout);
+                // The handler runs in the group the call was routed to.
+                req.extensions_mut()
+                    .insert(crate::api::stack::group::CallGroup(group));
                 let resp = crate::api::stack::layer::call(inner.clone(), req).await;
                 // Leadership moved under the call: the next leader may take it, if it did
                 // nothing here or may be repeated.
@@ -193,7 +215,13 @@ async fn on_leader<S: Inner>(
                     Ok(c) => c,
                     Err(s) => return s.into_http(),
                 };
-                let req = rebuild(&parts, message.clone(), true, timeout);
+                let epoch = router.nodes.sharded().then(|| router.nodes.map().epoch());
+                let mut req = rebuild(&parts, message.clone(), true, timeout);
+                if let Some(v) =
+                    epoch.and_then(|e| http::HeaderValue::from_str(&e.to_string()).ok())
+                {
+                    req.headers_mut().insert(EPOCH_HEADER, v);
+                }
                 let mut channel = channel;
                 // A channel is a buffer in front of the connection: it takes a call only once
                 // ready. Not ready (no connection): nothing was sent.
@@ -241,17 +269,33 @@ async fn on_leader<S: Inner>(
     }
 }
 
-/// A call this node's gate judged when it was not this term's caught-up leader (a follower,
-/// elected while the call waited for a leader) runs here only once this node has applied its
-/// predecessors' entries and the call's principal still holds against them
-/// (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not bypassed.
-async fn judged_here(node: &Node, parts: &http::request::Parts) -> Result<(), Status> {
-    let Some(crate::api::stack::auth::JudgedAt(judged)) = parts.extensions.get().copied() else {
+/// A call this node's gate judged when it was not this term's caught-up leader of the call's
+/// group (a follower, elected while the call waited for a leader) runs here only once this
+/// node has caught up with group 0 — applied its predecessors' entries, leading group 0; else
+/// group 0's read index (`Nodes::meta_caught_up`) — and the call's principal still holds
+/// against that state (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not
+/// bypassed.
+async fn judged_here(
+    nodes: &Nodes,
+    node: &Node,
+    parts: &http::request::Parts,
+) -> Result<(), Status> {
+    let Some(judged) = parts.extensions.get::<JudgedAt>().copied() else {
         return Ok(()); // not judged by the gate: an open method
     };
     let view = node.leader_view();
-    if view.caught_up && judged == Some(view.term) {
+    // Judged here, leading this term of the call's group (and, in group 0, caught up: a data
+    // group's leader judged once caught up with group 0 by the gate).
+    let same_term = judged.group == node.group() && view.leads && judged.term == Some(view.term);
+    if same_term && (node.group() != GROUP_ZERO || view.caught_up) {
         return Ok(());
+    }
+    if node.group() != GROUP_ZERO {
+        nodes.meta_caught_up(Duration::from_secs(1)).await?;
+        return crate::api::stack::auth::still_holds(
+            parts.extensions.get(),
+            &nodes.meta().access(),
+        );
     }
     if !node.until_applied_own_term(Duration::from_secs(1)).await {
         return Err(not_applied_status(

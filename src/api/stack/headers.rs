@@ -17,6 +17,10 @@ pub const NOT_APPLIED_HEADER: &str = "x-timerdb-not-applied";
 /// On an UNAVAILABLE answer: the call may or may not have happened.
 pub const OUTCOME_UNKNOWN_HEADER: &str = "x-timerdb-outcome-unknown";
 
+/// On a forwarded call: the epoch of the slot map the sender routed it by
+/// (docs/sharding.md §4).
+pub const EPOCH_HEADER: &str = "x-timerdb-epoch";
+
 /// UNAVAILABLE for a call this node refused without doing anything.
 pub fn not_applied_status(msg: String) -> Status {
     let mut s = Status::unavailable(msg);

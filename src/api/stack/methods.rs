@@ -202,6 +202,7 @@ pub const RULES: &[Rule] = &[
     ),
     rule("/timerdb.v1.Raft/TimeoutNow", Route::Local, Access::Peer),
     rule("/timerdb.v1.Raft/Hello", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Raft/ReadIndex", Route::Local, Access::Peer),
     // timerdb.v1.Groups (peers only: the data groups' Raft)
     rule(
         "/timerdb.v1.Groups/AppendEntries",

@@ -40,6 +40,10 @@ impl raft_server::Raft for PeerService {
     async fn hello(&self, req: Request<RaftMessage>) -> Answer {
         PeerService::hello(self, req).await
     }
+
+    async fn read_index(&self, req: Request<RaftMessage>) -> Answer {
+        PeerService::read_index(self, req).await
+    }
 }
 
 #[tonic::async_trait]

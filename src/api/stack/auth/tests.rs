@@ -1,3 +1,5 @@
+use prost::Message;
+
 use super::*;
 
 #[test]

@@ -1,0 +1,108 @@
+//! Which Raft group a call is for (docs/sharding.md §4): one tower layer, before the auth layer
+//! (which judges a call it runs against group 0's state caught up: `node/groups.rs`) and the
+//! forwarding layer (which sends the call to that group's leader).
+//!
+//! A `Timers` call is for the group holding its namespace's timers: the namespaces are read
+//! from the first request message ([`names`]) and looked up in the slot map. A ScheduleBatch or AckBatch whose namespaces lie in two groups is refused
+//! INVALID_ARGUMENT, naming both, before anything is proposed (DESIGN 10): a batch is atomic
+//! within one group's log, and across groups nothing makes it so. Every other call is group
+//! 0's (namespaces, keys, members). The streams (Subscribe, Consume) are served by their
+//! group's leader, which they find themselves (`api/services/subscribe.rs`); their group here
+//! tells the auth layer whether this node is that leader. In a cluster of one group nothing is
+//! read: every call is group 0's.
+//!
+//! A forwarded call carries the sender's slot map epoch ([`EPOCH_HEADER`]); a node whose map
+//! has another epoch refuses it not applied (so the sender may send it again), rather than run
+//! it in a group the sender did not mean.
+
+use std::sync::Arc;
+
+use tonic::body::Body;
+use tonic::Status;
+
+use crate::api::stack::headers::{not_applied_status, EPOCH_HEADER};
+use crate::api::stack::layer::{Answer, Around, Inner};
+use crate::api::stack::methods::{self, Access};
+use crate::api::stack::names;
+use crate::keys::{Group, GROUP_ZERO};
+use crate::node::Nodes;
+
+/// The group a call is for, in its extensions (absent: group 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallGroup(pub Group);
+
+/// The group of the call in `extensions`.
+pub fn of(extensions: &http::Extensions) -> Group {
+    extensions.get::<CallGroup>().map_or(GROUP_ZERO, |g| g.0)
+}
+
+/// The group of `request` (a handler's view of [`of`]).
+pub fn of_request<T>(request: &tonic::Request<T>) -> Group {
+    request
+        .extensions()
+        .get::<CallGroup>()
+        .map_or(GROUP_ZERO, |g| g.0)
+}
+
+/// The grouping layer (`LayerOf(Grouping)`).
+#[derive(Clone)]
+pub struct Grouping(pub Arc<Nodes>);
+
+impl Around for Grouping {
+    fn around<S: Inner>(&self, inner: S, req: http::Request<Body>) -> Answer {
+        let nodes = self.0.clone();
+        Box::pin(async move {
+            match group(&nodes, req).await {
+                Ok(req) => Ok(crate::api::stack::layer::call(inner, req).await),
+                Err(status) => Ok(status.into_http()),
+            }
+        })
+    }
+}
+
+/// `req` with its group in its extensions, or why it is refused.
+async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<Body>, Status> {
+    if !nodes.sharded() {
+        return Ok(req);
+    }
+    if let Some(sent) = req.headers().get(EPOCH_HEADER) {
+        let epoch = nodes.map().epoch();
+        if sent.to_str().ok().and_then(|s| s.parse::<u64>().ok()) != Some(epoch) {
+            return Err(not_applied_status(format!(
+                "the call was routed by slot map epoch {sent:?}, and this node's is {epoch}: \
+                 send it again"
+            )));
+        }
+    }
+    let path = req.uri().path();
+    let Some(rule) = methods::rule_of(path) else {
+        return Ok(req); // refused by the auth layer
+    };
+    let names = match rule.access {
+        Access::Namespace(_, names) if path.starts_with("/timerdb.v1.Timers/") => names,
+        _ => return Ok(req),
+    };
+    let limit = methods::message_limit(path);
+    let (parts, body) = req.into_parts();
+    let first = crate::api::stack::first::first_message(body, limit).await?;
+    let namespaces = names::namespaces(names, &first.message)?.unwrap_or_default();
+    let group = one_group(nodes, &namespaces)?;
+    let mut req = http::Request::from_parts(parts, first.hand_on());
+    req.extensions_mut().insert(CallGroup(group));
+    Ok(req)
+}
+
+/// The one group holding every namespace of `namespaces` (none: the group of the empty
+/// namespace, which the handler refuses), or INVALID_ARGUMENT naming two in different groups.
+fn one_group(nodes: &Nodes, namespaces: &[String]) -> Result<Group, Status> {
+    let first = namespaces.first().map_or("", String::as_str);
+    let group = nodes.group_of(first);
+    match namespaces.iter().find(|ns| nodes.group_of(ns) != group) {
+        None => Ok(group),
+        Some(other) => Err(Status::invalid_argument(format!(
+            "a batch is applied in one Raft group, and its namespaces {first:?} (group {group}) \
+             and {other:?} (group {}) are in two: send one batch per group",
+            nodes.group_of(other)
+        ))),
+    }
+}

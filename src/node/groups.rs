@@ -1,0 +1,200 @@
+//! Every group's door on this node (docs/sharding.md §2, §4): group 0's, which holds the
+//! cluster's namespaces, keys and members, and one per data group, which hold the timers. The
+//! slot map says which group a namespace's timers are in; the API layer asks it here before it
+//! finds a call's leader.
+//!
+//! Credentials are group 0's. A call runs on its group's leader, which need not lead group 0,
+//! and a group-0 follower may not yet have applied a revocation (or SetAuth on) that group 0
+//! already acknowledged: judged from it, the revoked key would be honoured late (issue 33's
+//! rule: never). So before such a node judges a call it runs, it takes group 0's read index
+//! from group 0's leader and waits until its own replica of group 0 has applied it
+//! ([`Nodes::meta_caught_up`]). The read indexes are coalesced, as the proposer batches writes:
+//! one request in flight per node, and each caller waits for one sent after it arrived, so a
+//! burst of calls costs one round trip, and no caller is answered from a request that left
+//! before it came (which could miss a revocation acknowledged in between).
+
+use openraft::async_runtime::WatchReceiver as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::keys::{Group, SlotMap};
+use crate::node::{Leader, Node};
+use crate::{Error, Result};
+
+/// A caller waiting for group 0's read index.
+type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
+
+/// Every group's [`Node`] on this node, and the slot map.
+pub struct Nodes {
+    /// Group g's door at index g.
+    all: Vec<Arc<Node>>,
+    map: SlotMap,
+    /// Callers waiting for group 0's read index ([`Nodes::serve_read_indexes`]).
+    reads: mpsc::UnboundedSender<Waiter>,
+}
+
+/// What [`Nodes::new`] returns besides the doors: the task that asks group 0's leader for read
+/// indexes, to run with the node's other tasks (it ends when the node stops).
+pub type ReadIndexTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+impl Nodes {
+    /// The doors of groups 0..=G, in that order.
+    pub fn new(all: Vec<Arc<Node>>) -> (Arc<Nodes>, ReadIndexTask) {
+        assert!(!all.is_empty(), "group 0 is always there");
+        let groups = Group::try_from(all.len() - 1).expect("at most 255 data groups");
+        let (reads, rx) = mpsc::unbounded_channel();
+        let meta = all[0].clone();
+        let task = Box::pin(serve_read_indexes(meta.clone(), rx, meta.shutdown_watch()));
+        let nodes = Nodes {
+            all,
+            map: SlotMap::new(groups),
+            reads,
+        };
+        (Arc::new(nodes), task)
+    }
+
+    /// Group 0's door: namespaces, keys, members.
+    pub fn meta(&self) -> &Arc<Node> {
+        &self.all[0]
+    }
+
+    /// Whether the cluster has data groups.
+    pub fn sharded(&self) -> bool {
+        self.all.len() > 1
+    }
+
+    /// The slot map this node routes by.
+    pub fn map(&self) -> SlotMap {
+        self.map
+    }
+
+    /// Group `g`'s door, if this node hosts it.
+    pub fn group(&self, g: Group) -> Option<&Arc<Node>> {
+        self.all.get(usize::from(g))
+    }
+
+    /// The group holding `namespace`'s timers.
+    pub fn group_of(&self, namespace: &str) -> Group {
+        self.map.group_of(namespace)
+    }
+
+    /// The door of the group holding `namespace`'s timers.
+    pub fn of(&self, namespace: &str) -> &Arc<Node> {
+        // Every group the map names is hosted here until replicas move (§12 step 6).
+        self.group(self.group_of(namespace)).unwrap_or(self.meta())
+    }
+
+    /// Waits until this node's replica of group 0 has applied every entry group 0 had
+    /// committed when the call began (see the module essay): at once on group 0's caught-up
+    /// leader; on a leader not yet caught up, until it applied an entry of its own term;
+    /// elsewhere, until it applied group 0's read index, coalesced. Not done `within`: a
+    /// not-applied UNAVAILABLE (nothing was done; the call may be sent again).
+    pub async fn meta_caught_up(&self, within: Duration) -> Result<()> {
+        let meta = self.meta();
+        let late = |why: String| {
+            Error::NotYet(format!(
+                "this node could not catch up with group 0's access state (keys, auth) to \
+                 judge the call: {why}; send it again"
+            ))
+        };
+        let view = meta.leader_view();
+        if view.judging_term().is_some() {
+            return Ok(());
+        }
+        if view.leads {
+            return match meta.until_applied_own_term(within).await {
+                true => Ok(()),
+                false => Err(late("it was just elected and is still applying".into())),
+            };
+        }
+        let (tx, rx) = oneshot::channel();
+        self.reads
+            .send(tx)
+            .map_err(|_| late("the node is stopping".into()))?;
+        let deadline = tokio::time::Instant::now() + within;
+        let index = match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(Ok(index))) => index,
+            Ok(Ok(Err(why))) => return Err(late(why)),
+            Ok(Err(_)) => return Err(late("the node is stopping".into())),
+            Err(_) => return Err(late(format!("no read index within {within:?}"))),
+        };
+        match meta.until_applied(index, deadline).await {
+            true => Ok(()),
+            false => Err(late(format!("index {index} not applied within {within:?}"))),
+        }
+    }
+}
+
+/// Answers the callers waiting for group 0's read index: takes every caller waiting, asks
+/// once, answers them all; the callers that come meanwhile wait for the next request.
+async fn serve_read_indexes(
+    meta: Arc<Node>,
+    mut rx: mpsc::UnboundedReceiver<Waiter>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            w = rx.recv() => match w {
+                Some(w) => w,
+                None => return,
+            },
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        let mut waiters = vec![first];
+        while let Ok(w) = rx.try_recv() {
+            waiters.push(w);
+        }
+        let answer = meta.group_read_index().await.map_err(|e| e.to_string());
+        for w in waiters {
+            let _ = w.send(answer.clone());
+        }
+    }
+}
+
+impl Node {
+    /// This group's read index, from its leader: the log index every read that begins now
+    /// must wait for (its leader confirmed it still leads after the call began).
+    pub async fn group_read_index(&self) -> Result<u64> {
+        match self.leader() {
+            Leader::Me => self.local_read_index().await,
+            Leader::Other { addr, .. } => {
+                let store = &self.store;
+                crate::cluster::network::read_index(&self.config, &addr, store).await
+            }
+            Leader::Unknown => Err(Error::Unavailable(format!(
+                "group {} knows no leader",
+                self.group()
+            ))),
+        }
+    }
+
+    /// The read index this node, leading, confirms: the peer `ReadIndex` call answers it.
+    pub async fn local_read_index(&self) -> Result<u64> {
+        let read = self
+            .raft
+            .get_read_log_id(openraft::raft::ReadPolicy::ReadIndex);
+        match tokio::time::timeout(self.config.write_timeout, read).await {
+            Ok(Ok((read, _))) => Ok(read.index()),
+            Ok(Err(e)) => Err(Error::Unavailable(format!(
+                "group {} could not confirm its leader: {e}",
+                self.group()
+            ))),
+            Err(_) => Err(Error::Unavailable(format!(
+                "group {} could not confirm its leader in time",
+                self.group()
+            ))),
+        }
+    }
+
+    /// Waits until this replica has applied `index`, up to `deadline`: whether it did.
+    pub async fn until_applied(&self, index: u64, deadline: tokio::time::Instant) -> bool {
+        let mut metrics = self.raft.metrics();
+        let applied = |m: &crate::raft_types::RaftMetrics| {
+            m.last_applied.as_ref().is_some_and(|l| l.index() >= index)
+        };
+        let waited = tokio::time::timeout_at(deadline, metrics.wait_until(applied)).await;
+        matches!(waited, Ok(Ok(_)))
+    }
+}

@@ -1,0 +1,271 @@
+//! Routing client calls to the group of their namespace (docs/sharding.md §4, §12 step 4c):
+//! in a cluster of data groups any node takes any call and runs it on the leader of the group
+//! holding the namespace's timers; a batch across groups is refused; streams follow their
+//! group's leader; and a data group's leader that does not lead group 0 judges a caller only
+//! once its replica of group 0 has caught up with group 0's leader, so a revoked key is
+//! never honoured late there.
+
+use std::time::{Duration, Instant};
+
+use timerdb::api::pb;
+use timerdb::keys::SlotMap;
+use timerdb::node::Leader;
+use timerdb::timer::{TimerKey, TimerState};
+use tonic::Code;
+
+use crate::auth::{access, create_key, enable, timers};
+use crate::harness::*;
+
+/// A namespace whose timers group `g` holds, in a cluster of `groups` data groups.
+fn namespace_in(groups: u16, g: u16) -> String {
+    let map = SlotMap::new(groups);
+    (0..)
+        .map(|i| format!("ns-{i}"))
+        .find(|ns| map.group_of(ns) == g)
+        .unwrap()
+}
+
+/// The node leading group `g` (0: group 0), once one does.
+async fn leader_of(c: &TestCluster, g: u16) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let leads = |id: &u64| {
+            let n = c.node(*id);
+            let node = match g {
+                0 => &n.node,
+                g => &n.groups[usize::from(g) - 1].node,
+            };
+            node.leader() == Leader::Me
+        };
+        let leaders: Vec<u64> = c.running().into_iter().filter(leads).collect();
+        if let [one] = leaders[..] {
+            return one;
+        }
+        assert!(Instant::now() < deadline, "group {g} has no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Group `g`'s replica of timer `id` in `ns` on node `node`.
+fn held(c: &TestCluster, node: u64, g: u16, ns: &str, id: &str) -> Option<timerdb::timer::Timer> {
+    let n = c.node(node);
+    let store = match g {
+        0 => &n.store,
+        g => &n.groups[usize::from(g) - 1].store,
+    };
+    store.get(&TimerKey::new(ns, id)).unwrap()
+}
+
+fn req(ns: &str, id: &str, at_ms: i64) -> pb::ScheduleRequest {
+    pb::ScheduleRequest {
+        namespace: ns.into(),
+        ..schedule_req(id, at_ms)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_node_runs_a_call_in_the_group_of_its_namespace() {
+    const GROUPS: u16 = 3;
+    let c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let soon = now_ms() + 1_500;
+    let spaces: Vec<String> = (1..=GROUPS).map(|g| namespace_in(GROUPS, g)).collect();
+    // Each namespace's timers, scheduled through every node, land in its group only.
+    for (g, ns) in (1..=GROUPS).zip(&spaces) {
+        for through in c.running() {
+            let mut client = c.client(through).await;
+            let id = format!("later-{through}");
+            client
+                .schedule(req(ns, &id, soon + 3_600_000))
+                .await
+                .unwrap();
+        }
+        let mut client = c.client(u64::from(g) % 3 + 1).await;
+        client.schedule(req(ns, "soon", soon)).await.unwrap();
+    }
+    c.converged().await;
+    for (g, ns) in (1..=GROUPS).zip(&spaces) {
+        for node in c.running() {
+            for other in 0..=GROUPS {
+                let there = held(&c, node, other, ns, "later-1");
+                assert_eq!(
+                    there.is_some(),
+                    other == g,
+                    "{ns} in group {other}, node {node}"
+                );
+            }
+        }
+        // Reads and changes through any node reach the same group.
+        for through in c.running() {
+            let mut client = c.client(through).await;
+            let get = pb::GetRequest {
+                namespace: ns.clone(),
+                id: format!("later-{through}"),
+                ..Default::default()
+            };
+            let t = client.get(get).await.unwrap().into_inner().timer.unwrap();
+            assert_eq!(t.namespace, *ns);
+            let list = pb::ListRequest {
+                namespace: ns.clone(),
+                ..Default::default()
+            };
+            let page = client.list(list).await.unwrap().into_inner();
+            assert_eq!(page.timers.len(), 4, "{ns} through node {through}");
+        }
+        let mut client = c.client(1).await;
+        let cancel = pb::CancelRequest {
+            namespace: ns.clone(),
+            id: "later-2".into(),
+            ..Default::default()
+        };
+        let t = client
+            .cancel(cancel)
+            .await
+            .unwrap()
+            .into_inner()
+            .timer
+            .unwrap();
+        assert_eq!(t.state, pb::TimerState::Cancelled as i32);
+    }
+
+    // A batch is applied in one group: across two it is refused, naming both, and nothing of
+    // it is written; within one it is taken.
+    let mut client = c.client(2).await;
+    let across = pb::ScheduleBatchRequest {
+        timers: vec![req(&spaces[0], "x", soon), req(&spaces[1], "y", soon)],
+    };
+    let refused = client.schedule_batch(across).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    for ns in &spaces[..2] {
+        assert!(refused.message().contains(ns.as_str()), "{refused:?}");
+    }
+    tried("a batch across groups", &status_text(&refused));
+    let within = pb::ScheduleBatchRequest {
+        timers: vec![req(&spaces[2], "x", soon), req(&spaces[2], "y", soon)],
+    };
+    client.schedule_batch(within).await.unwrap();
+    c.converged().await;
+    for node in c.running() {
+        assert!(held(&c, node, 1, &spaces[0], "x").is_none());
+        assert!(held(&c, node, 3, &spaces[2], "y").is_some());
+    }
+
+    // A stream follows its namespace's group leader, from a node that does not lead it: the
+    // delivery is the group's (its fire_index names it), and its ack applies there.
+    for (g, ns) in (1..=GROUPS).zip(&spaces) {
+        let leader = leader_of(&c, g).await;
+        let through = c.running().into_iter().find(|id| *id != leader).unwrap();
+        let mut client = c.client(through).await;
+        let sub = pb::SubscribeRequest {
+            namespace: ns.clone(),
+            consumer: "c".into(),
+            max_in_flight: 10,
+        };
+        let mut stream = client.subscribe(sub).await.unwrap().into_inner();
+        let delivery = loop {
+            let d = tokio::time::timeout(Duration::from_secs(30), stream.message())
+                .await
+                .expect("a delivery within 30 s")
+                .unwrap()
+                .expect("the stream is open");
+            if d.timer.as_ref().unwrap().id == "soon" {
+                break d;
+            }
+        };
+        let timer = delivery.timer.unwrap();
+        assert_eq!(timer.fire_index % 256, u64::from(g), "{timer:?}");
+        let ack = pb::AckRequest {
+            namespace: ns.clone(),
+            id: "soon".into(),
+            attempt: delivery.attempt,
+            wait_for_commit: true,
+        };
+        c.client(leader).await.ack(ack).await.unwrap();
+        for node in c.running() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while held(&c, node, g, ns, "soon").unwrap().state != TimerState::Acked {
+                assert!(Instant::now() < deadline, "{ns}'s ack on node {node}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    c.shutdown().await;
+}
+
+/// Group 0's leader moves off `node`, if it is there.
+async fn not_leading_group_0(c: &TestCluster, node: u64, admin: &str) {
+    while leader_of(c, 0).await == node {
+        let other = c.running().into_iter().find(|id| *id != node).unwrap();
+        let channel = crate::auth::ch(c, other, Some(admin)).await;
+        let mut cluster = pb::cluster_client::ClusterClient::new(channel);
+        let to = pb::TransferLeaderRequest { node_id: other };
+        let _ = cluster.transfer_leader(to).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_group_leader_behind_on_group_0_honours_no_revoked_key_and_knows_a_new_one() {
+    let c = TestCluster::start_with(3, |n| n.groups = 1).await;
+    let ns = namespace_in(1, 1);
+    let admin = enable(&c, c.leader().await).await;
+    let (key, token) = create_key(&c, c.leader().await, Some(&admin), "k", &["schedule:*"]).await;
+    let runs = leader_of(&c, 1).await;
+    not_leading_group_0(&c, runs, &admin).await;
+    c.converged().await;
+    let mut on_runs = timers(&c, runs, Some(&token)).await;
+    on_runs
+        .schedule(req(&ns, "before", now_ms() + 3_600_000))
+        .await
+        .unwrap();
+
+    // The data group's leader stops applying group 0: it has not seen the revocation that
+    // group 0 then acknowledges.
+    let held_back = c.node(runs).store.apply_hold.close();
+    let meta = leader_of(&c, 0).await;
+    access(&c, meta, Some(&admin))
+        .await
+        .revoke_key(pb::RevokeKeyRequest { id: key })
+        .await
+        .unwrap();
+    let other = c
+        .running()
+        .into_iter()
+        .find(|id| ![runs, meta].contains(id))
+        .unwrap();
+    for through in [runs, other] {
+        let mut client = timers(&c, through, Some(&token)).await;
+        let id = format!("after-{through}");
+        let r = client.schedule(req(&ns, &id, now_ms() + 3_600_000)).await;
+        let s = r.expect_err("a revoked key is refused, or the call not run");
+        assert!(
+            matches!(s.code(), Code::Unauthenticated | Code::Unavailable),
+            "through node {through}: {s:?}"
+        );
+        tried(
+            &format!("a revoked key, group 0 behind, through {through}"),
+            &status_text(&s),
+        );
+        assert!(held(&c, runs, 1, &ns, &id).is_none());
+    }
+    drop(held_back);
+    let r = on_runs
+        .schedule(req(&ns, "after", now_ms() + 3_600_000))
+        .await;
+    assert_eq!(r.unwrap_err().code(), Code::Unauthenticated);
+
+    // A key created while the data group's leader is behind works there at once: it waits
+    // for group 0, rather than refuse a key whose creation was acknowledged.
+    let held_back = c.node(runs).store.apply_hold.close();
+    let (_, fresh) = create_key(&c, meta, Some(&admin), "fresh", &["schedule:*"]).await;
+    let mut client = timers(&c, runs, Some(&fresh)).await;
+    let call = tokio::spawn(async move {
+        client
+            .schedule(req(&ns, "fresh", now_ms() + 3_600_000))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(held_back);
+    let created = call.await.unwrap().expect("a new key works at once");
+    assert!(created.into_inner().created);
+    c.shutdown().await;
+}
