@@ -16,7 +16,9 @@
 //! Status); [`health`] whether it serves; [`membership`] adding, removing and handing over to
 //! members; [`backup`] online backups; [`overview`] the leader's view for dashboards;
 //! [`leading`] what a new leader owes before it answers; [`quorum`] refusing at once without
-//! a quorum, and when this node began to lead; [`sample`] the once-a-second gauges.
+//! a quorum, and when this node began to lead; [`sample`] the once-a-second gauges;
+//! [`groups`] every group's door on the node ([`Nodes`]: which group a namespace's calls go
+//! to, and catching up with group 0 before judging credentials).
 //!
 //! The wiring (`server`) builds it from its [`Parts`] and keeps the parts tests look inside
 //! (`RunningNode`).
