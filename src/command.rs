@@ -37,7 +37,8 @@ use crate::wheel::Slot;
 /// of issue 33, none released: level 1 is the set at that issue's resolution. From then on a
 /// form, or a nested variant, added after a release takes a new level; `storage/tests/forms.rs`
 /// pins the bytes of every form so a change to an older one is caught.
-pub const LEVEL: u32 = 1;
+/// 2 added `Policy` (issue 36: policies in the data groups' logs).
+pub const LEVEL: u32 = 2;
 
 /// A request to hand a namespace's fired timers to a subscriber with room for `room` more.
 /// `room` 0 hands out nothing: it only moves the delivery cursor over finished timers.
@@ -238,6 +239,18 @@ pub enum Command {
     /// once every member advertised it, so later leaders propose that level's forms without
     /// having heard every member themselves (`cluster/level.rs`).
     RaiseLevel { level: u32 },
+    /// A namespace's configuration as group 0 holds it at `version` (the log index of group
+    /// 0's entry that last changed it), for the data group owning the namespace's timers
+    /// (docs/sharding.md §2): applied only if newer than the group's copy, so a repeat or an
+    /// older one changes nothing. A data group's apply reads only its own copy (DESIGN 8).
+    Policy {
+        name: String,
+        version: u64,
+        policy: Policy,
+        push: Option<crate::namespace::PushTarget>,
+        /// `Policy`'s encoding leaves the misfire policy out.
+        misfire: crate::namespace::Misfire,
+    },
 }
 
 thread_local! {
@@ -497,6 +510,7 @@ impl Command {
             Command::ConfigureNamespace { .. } => "configure_namespace",
             Command::ZoneRules { change, .. } => change.name(),
             Command::RaiseLevel { .. } => "raise_level",
+            Command::Policy { .. } => "policy",
         }
     }
 }
@@ -527,6 +541,7 @@ impl Command {
             | Command::FireWithZones { .. } => 1,
             // A build below `level` must not take it: it could not read what follows.
             Command::RaiseLevel { level } => (*level).max(1),
+            Command::Policy { .. } => 2,
             Command::Multi(commands) => commands.iter().map(Command::level).max().unwrap_or(0),
             Command::LegacySchedule { .. }
             | Command::ScheduleBatch { .. }

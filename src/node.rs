@@ -18,7 +18,8 @@
 //! [`leading`] what a new leader owes before it answers; [`quorum`] refusing at once without
 //! a quorum, and when this node began to lead; [`sample`] the once-a-second gauges;
 //! [`groups`] every group's door on the node ([`Nodes`]: which group a namespace's calls go
-//! to, and catching up with group 0 before judging credentials).
+//! to, and catching up with group 0 before judging credentials); [`policies`] the data
+//! groups' copies of namespaces' configurations.
 //!
 //! The wiring (`server`) builds it from its [`Parts`] and keeps the parts tests look inside
 //! (`RunningNode`).
@@ -435,6 +436,7 @@ mod local;
 mod membership;
 mod namespaces;
 pub mod overview;
+mod policies;
 mod quorum;
 mod recurring;
 pub mod sample;

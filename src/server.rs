@@ -156,6 +156,9 @@ pub async fn start_with(
     for replica in std::iter::once(&zero).chain(&replicas) {
         replica.spawn_workers(&config, &levels, &trust, &rx, &mut tasks)?;
     }
+    for replica in &replicas {
+        replica.spawn_policy_copier(&config, (&zero.store, nodes.map()), &rx, &mut tasks);
+    }
     tasks.push(tokio::spawn(storage::quiet::run(
         db_owner.clone(),
         rx.clone(),
@@ -268,14 +271,14 @@ async fn serve(
         // The layers are each an `api::stack::layer::Around`: the request bound, the call's
         // group, auth, then forwarding to the group's leader.
         .layer(LayerOf(Bound::new(MAX_REQUESTS_IN_PROGRESS)))
-        .layer(LayerOf(crate::api::stack::group::Grouping(nodes)))
+        .layer(LayerOf(crate::api::stack::group::Grouping(nodes.clone())))
         .layer(LayerOf(Arc::new(gate)))
         .layer(LayerOf(router))
         .add_service(health)
         .add_optional_service(reflection)
         .add_service(timers)
         .add_service(
-            NamespacesServer::new(NamespacesService::new(node.clone()))
+            NamespacesServer::new(NamespacesService::new(nodes.clone()))
                 .max_decoding_message_size(small),
         )
         .add_service(

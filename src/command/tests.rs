@@ -81,12 +81,21 @@ fn the_older_forms_keep_their_place_and_every_newer_one_has_a_level() {
         },
         Command::RaiseLevel { level: 1 },
     ];
-    for cmd in newer {
+    let level_2 = [Command::Policy {
+        name: "ns".into(),
+        version: 3,
+        policy,
+        push: None,
+        misfire,
+    }];
+    let newer = (newer.into_iter().map(|c| (c, 1))).chain(level_2.into_iter().map(|c| (c, 2)));
+    for (cmd, level) in newer {
         assert!(tag(&cmd) >= LEVEL_0_VARIANTS, "{cmd:?}");
-        assert_eq!(cmd.level(), LEVEL);
+        assert_eq!(cmd.level(), level, "{cmd:?}");
         let multi = Command::Multi(vec![older[0].1.clone(), cmd]);
-        assert_eq!(multi.level(), LEVEL, "a Multi is as new as its newest part");
+        assert_eq!(multi.level(), level, "a Multi is as new as its newest part");
     }
+    assert_eq!(LEVEL, 2, "this build's level is its newest form's");
     assert_eq!(Command::Multi(vec![older[0].1.clone()]).level(), 0);
     let above = Command::RaiseLevel { level: LEVEL + 1 };
     assert_eq!(above.level(), LEVEL + 1, "a build below it must refuse it");

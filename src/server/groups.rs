@@ -151,6 +151,33 @@ impl GroupReplica {
     }
 }
 
+impl GroupReplica {
+    /// Starts a data group's policy copier, which acts while this node leads the group: it
+    /// keeps the group's copies of its namespaces' configurations up with `meta`, this node's
+    /// replica of group 0 (`node/policies.rs`).
+    pub(super) fn spawn_policy_copier(
+        &self,
+        config: &Arc<NodeConfig>,
+        (meta, map): (&Store, crate::keys::SlotMap),
+        rx: &watch::Receiver<bool>,
+        tasks: &mut Vec<JoinHandle<()>>,
+    ) {
+        let (id, raft, node, meta) = (
+            config.id,
+            self.raft.clone(),
+            self.node.clone(),
+            meta.clone(),
+        );
+        let rx = rx.clone();
+        tasks.push(tokio::spawn(async move {
+            crate::cluster::workers::while_leader(id, &raft, "policy copier", rx, || {
+                node.copy_policies(&meta, map)
+            })
+            .await
+        }));
+    }
+}
+
 /// Forms `raft`'s group of `members`, unless it was formed already (by this node, or by a
 /// member that reached it first).
 pub(super) async fn initialize(

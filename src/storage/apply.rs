@@ -84,6 +84,8 @@ pub(super) struct Applier<'a> {
     pub(super) policies: HashMap<String, Policy>,
     /// Push targets of the namespaces in `policies` (read or written by this entry).
     pub(super) pushes: HashMap<String, Option<PushTarget>>,
+    /// Namespaces' configuration versions this entry wrote (`namespaces.rs`).
+    pub(super) policy_versions: HashMap<String, u64>,
     pub(super) nsmeta: HashMap<String, NsMeta>,
     /// Rows written by this entry, by slot (slots are unique across namespaces).
     pub(super) rows: HashMap<Slot, Option<Row>>,
@@ -156,6 +158,7 @@ impl<'a> Applier<'a> {
             fired: None,
             policies: HashMap::default(),
             pushes: HashMap::default(),
+            policy_versions: HashMap::default(),
             nsmeta: HashMap::default(),
             rows: HashMap::default(),
             index_staged: HashMap::default(),
@@ -257,7 +260,7 @@ impl<'a> Applier<'a> {
                 misfire,
             } => {
                 policy.misfire = misfire;
-                Ok(self.put_namespace(name, Config { policy, push }))
+                Ok(self.change_namespace(name, Config { policy, push }))
             }
             Command::ConfigureNamespace {
                 name,
@@ -298,7 +301,7 @@ impl<'a> Applier<'a> {
                 // Its encoding carries no misfire policy (SetNamespace does): applied from the
                 // proposer's own copy it must write what a follower decodes.
                 policy.misfire = Default::default();
-                Ok(self.put_namespace(name, Config { policy, push }))
+                Ok(self.change_namespace(name, Config { policy, push }))
             }
             Command::PauseNamespace { name, paused } => self.pause_namespace(name, paused),
             Command::Deliver { now_ms, grants } => self.deliver(now_ms, grants),
@@ -334,6 +337,13 @@ impl<'a> Applier<'a> {
             } => self.purge(now_ms, &namespace, through),
             Command::Access(change) => self.access(change),
             Command::RaiseLevel { level } => self.raise_level(level),
+            Command::Policy {
+                name,
+                version,
+                policy,
+                push,
+                misfire,
+            } => self.copy_policy(name, version, Config { policy, push }, misfire),
             Command::ScheduleRecurring { now_ms, spec } => self.schedule_recurring(now_ms, &spec),
             Command::PauseRecurring {
                 now_ms,

@@ -59,6 +59,7 @@ pub mod meta;
 pub(crate) mod migrate;
 mod misfire;
 mod namespaces;
+mod policies;
 mod purge;
 pub mod quiet;
 mod read;
@@ -339,6 +340,16 @@ pub(crate) fn config_of(bytes: &[u8]) -> Result<crate::namespace::Config> {
         c.policy.misfire = codec::decode(&bytes[read..])?;
     }
     Ok(c)
+}
+
+/// A namespace configuration's version record (`namespaces.rs`): absent is 0.
+pub(crate) fn decode_version(raw: Option<Vec<u8>>) -> Result<u64> {
+    match raw {
+        None => Ok(0),
+        Some(v) => Ok(u64::from_be_bytes(v.as_slice().try_into().map_err(
+            |_| crate::Error::Storage("corrupt namespace configuration version".into()),
+        )?)),
+    }
 }
 
 /// Write options of a write that is durable when it returns.

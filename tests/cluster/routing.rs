@@ -269,3 +269,71 @@ async fn a_data_group_leader_behind_on_group_0_honours_no_revoked_key_and_knows_
     assert!(created.into_inner().created);
     c.shutdown().await;
 }
+
+/// The group-0 replica of namespace `ns`'s configuration and group `g`'s copy on `node`.
+fn policy_on(c: &TestCluster, node: u64, g: u16, ns: &str) -> (u32, bool) {
+    let store = &c.node(node).groups[usize::from(g) - 1].store;
+    let p = store.namespace(ns).unwrap().policy;
+    (p.max_attempts, p.paused)
+}
+
+/// Policies in the data groups' logs (docs/sharding.md §2, step 4d): a namespace's
+/// configuration commits in group 0 and is acknowledged once the group holding its timers
+/// has it, so a data group's timers follow it: here, paused, a fired timer is not delivered
+/// until its namespace is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_policy_reaches_its_group_before_it_is_acknowledged() {
+    const GROUPS: u16 = 2;
+    let c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let ns = namespace_in(GROUPS, 2);
+    let meta = leader_of(&c, 0).await;
+    let through = c.running().into_iter().find(|id| *id != meta).unwrap();
+    let mut admin = c.namespaces(through).await;
+    let policy = pb::NamespacePolicy {
+        max_attempts: 7,
+        ..Default::default()
+    };
+    let put = pb::PutNamespaceRequest {
+        name: ns.clone(),
+        policy: Some(policy),
+    };
+    admin.put_namespace(put).await.unwrap();
+    // Acknowledged by group 0's leader once its replica of group 2 had the copy.
+    assert_eq!(policy_on(&c, meta, 2, &ns), (7, false));
+    let pause = pb::PauseNamespaceRequest { name: ns.clone() };
+    admin.pause_namespace(pause).await.unwrap();
+    assert_eq!(policy_on(&c, meta, 2, &ns), (7, true));
+    c.converged().await;
+    for node in c.running() {
+        assert_eq!(policy_on(&c, node, 2, &ns), (7, true), "node {node}");
+        // Group 1 holds none of the namespace's timers, and no copy.
+        let other = &c.node(node).groups[0].store;
+        assert!(!other.namespace(&ns).unwrap().configured);
+    }
+
+    // Paused in its group: the timer fires there and is not delivered.
+    let mut client = c.client(through).await;
+    client
+        .schedule(req(&ns, "p", now_ms() + 200))
+        .await
+        .unwrap();
+    let sub = pb::SubscribeRequest {
+        namespace: ns.clone(),
+        consumer: "c".into(),
+        max_in_flight: 10,
+    };
+    let mut stream = client.subscribe(sub).await.unwrap().into_inner();
+    let quiet = tokio::time::timeout(Duration::from_millis(1_500), stream.message()).await;
+    assert!(quiet.is_err(), "delivered while paused: {quiet:?}");
+    let fired = held(&c, meta, 2, &ns, "p").unwrap();
+    assert_eq!(fired.state, TimerState::Fired);
+    let resume = pb::PauseNamespaceRequest { name: ns.clone() };
+    admin.resume_namespace(resume).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("delivered once resumed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.timer.unwrap().id, "p");
+    c.shutdown().await;
+}

@@ -9,17 +9,22 @@ use tonic::{Request, Response, Status};
 
 use crate::api::convert::{self, encode_token};
 use crate::api::pb::{self, namespaces_server};
-use crate::node::Node;
+use crate::node::{Node, Nodes};
 use crate::Error;
 
 /// Serves the Namespaces API on one node.
 pub struct NamespacesService {
+    /// Group 0's door: namespaces are configured there.
     node: Arc<Node>,
+    /// Every group's: a change is acknowledged once the group owning the namespace's timers
+    /// has it (`node/policies.rs`).
+    nodes: Arc<Nodes>,
 }
 
 impl NamespacesService {
-    pub fn new(node: Arc<Node>) -> Self {
-        NamespacesService { node }
+    pub fn new(nodes: Arc<Nodes>) -> Self {
+        let node = nodes.meta().clone();
+        NamespacesService { node, nodes }
     }
 
     /// PauseNamespace (`paused`) or ResumeNamespace.
@@ -32,6 +37,7 @@ impl NamespacesService {
         let max = self.node.config().limits.max_namespace_bytes;
         convert::check_name("namespace", &req.name, max)?;
         let ns = self.node.pause_namespace(req.name, paused).await?;
+        self.nodes.namespace_applied(&ns.name).await?;
         Ok(Response::new(pb::PauseNamespaceResponse {
             namespace: Some(ns.into()),
         }))
@@ -51,6 +57,7 @@ impl namespaces_server::Namespaces for NamespacesService {
             check_reach(&self.node, &target.url).await?;
         }
         let ns = self.node.put_namespace(name, policy, push).await?;
+        self.nodes.namespace_applied(&ns.name).await?;
         Ok(Response::new(pb::PutNamespaceResponse {
             namespace: Some(ns.into()),
         }))

@@ -86,7 +86,7 @@ pub fn start(
     }
     // Pull and push never share a namespace: the leader pushes this one's timers itself (the
     // dispatcher would grant this stream nothing; say so instead of staying silent).
-    if let Some(push) = router.node().applied_namespace(&req.namespace)?.push {
+    if let Some(push) = node.applied_namespace(&req.namespace)?.push {
         return Err(Error::FailedPrecondition(format!(
             "namespace {} is delivered by push to {}; remove its push target to subscribe",
             req.namespace, push.url

@@ -44,7 +44,7 @@ fn forms() -> Vec<Command> {
     cmds.push(Command::ConfigureNamespace {
         name: "ns".into(),
         policy,
-        push: Some(push),
+        push: Some(push.clone()),
         misfire,
         keep_secrets: true,
     });
@@ -88,6 +88,20 @@ fn forms() -> Vec<Command> {
         }],
     });
     cmds.push(Command::RaiseLevel { level: 1 });
+    cmds.push(Command::Policy {
+        name: "ns".into(),
+        version: 42,
+        policy,
+        push: Some(push.clone()),
+        misfire,
+    });
+    cmds.push(Command::Policy {
+        name: "other".into(),
+        version: 7,
+        policy: Policy::default(),
+        push: None,
+        misfire: Misfire::default(),
+    });
     // Forms the workload holds only inside a Multi, or only as their newer form.
     for when in [When::At(T0 + 5), When::After(40)] {
         cmds.push(Command::LegacyReschedule {
@@ -193,6 +207,7 @@ fn variant(cmd: &Command) -> usize {
         Command::ZoneRules { .. } => 24,
         Command::FireWithZones { .. } => 25,
         Command::RaiseLevel { .. } => 26,
+        Command::Policy { .. } => 27,
     }
 }
 
@@ -223,7 +238,7 @@ fn every_entry_form_keeps_its_encoding() {
     let all: std::collections::BTreeSet<usize> = forms().iter().map(variant).collect();
     assert_eq!(
         all.len(),
-        27,
+        28,
         "a Command variant has no example in forms(): {all:?}"
     );
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -236,3 +236,87 @@ async fn a_backup_of_a_cluster_with_data_groups_is_not_restored() {
     assert!(refused.to_string().contains("2 data groups"), "{refused}");
     assert!(!target.exists(), "nothing made");
 }
+
+/// Policies in the data groups' logs (docs/sharding.md §2, step 4d): group 0 of a cluster of
+/// data groups versions each namespace change by its entry's index; a data group keeps the
+/// newest copy it is given, so a repeat or an older copy (a second leader's, late) changes
+/// nothing, within one entry too, and the copy survives a snapshot; a cluster of one group
+/// writes no versions (its bytes are as before).
+#[tokio::test]
+async fn a_data_group_keeps_the_newest_copy_of_a_namespace_policy() {
+    use crate::namespace::{Misfire, MisfireAction, Policy};
+    let dir = TempDir::new().unwrap();
+    let (_, mut g0) = open(&dir);
+    g0.store.settle_groups(1).unwrap();
+    let mut g1 = open_group(&g0, dir.path(), 1);
+    let configure = |max_attempts| Command::ConfigureNamespace {
+        name: "ns".into(),
+        policy: Policy {
+            max_attempts,
+            ..Default::default()
+        },
+        push: None,
+        misfire: Misfire::default(),
+        keep_secrets: false,
+    };
+    let pause = Command::PauseNamespace {
+        name: "ns".into(),
+        paused: true,
+    };
+    apply_all(&mut g0, vec![configure(3), pause.clone()]).await;
+    let (ns, version) = g0.store.versioned_namespaces(None, 10).unwrap().remove(0);
+    assert_eq!(
+        (ns.policy.max_attempts, ns.policy.paused, version),
+        (3, true, 2)
+    );
+
+    let skip = Misfire {
+        max_lateness_ms: 1_000,
+        action: MisfireAction::Skip,
+    };
+    let copy = |version, max_attempts| Command::Policy {
+        name: "ns".into(),
+        version,
+        policy: Policy {
+            max_attempts,
+            ..Default::default()
+        },
+        push: None,
+        misfire: skip,
+    };
+    let seen = |sm: &StateMachine| {
+        let ns = sm.store.namespace("ns").unwrap();
+        (
+            ns.policy.max_attempts,
+            sm.store.policy_version("ns").unwrap(),
+        )
+    };
+    apply_all(&mut g1, vec![copy(5, 4)]).await;
+    assert_eq!(seen(&g1), (4, 5));
+    assert_eq!(g1.store.namespace("ns").unwrap().policy.misfire, skip);
+    let late = vec![
+        copy(3, 9),
+        copy(5, 9),
+        Command::Multi(vec![copy(7, 7), copy(6, 6)]),
+    ];
+    let entries: Vec<_> = (late.into_iter().enumerate())
+        .map(|(i, c)| entry(2 + i as u64, c))
+        .collect();
+    g1.apply_entries(entries).await.unwrap();
+    assert_eq!(seen(&g1), (7, 7), "only a newer copy replaces the group's");
+    // A replica from the group's snapshot holds the copy and its version.
+    let snap = build_snapshot(&mut g1).await;
+    let other = TempDir::new().unwrap();
+    let (_, o0) = open(&other);
+    let mut o1 = open_group(&o0, other.path(), 1);
+    o1.install_snapshot(&snap.meta, snap.snapshot)
+        .await
+        .unwrap();
+    assert_eq!(seen(&o1), (7, 7));
+
+    // One group: no versions.
+    let single = TempDir::new().unwrap();
+    let (_, mut alone) = open(&single);
+    apply_all(&mut alone, vec![configure(3), pause]).await;
+    assert_eq!(alone.store.policy_version("ns").unwrap(), 0);
+}
