@@ -268,11 +268,12 @@ async fn serve(
         // Outermost: an HTTP/JSON call becomes the gRPC call it names and goes down the rest.
         .layer(LayerOf(Transcode))
         .layer(crate::api::stack::observe::ObserveLayer)
-        // The layers are each an `api::stack::layer::Around`: the request bound, the call's
-        // group, auth, then forwarding to the group's leader.
+        // The layers are each an `api::stack::layer::Around`: the request bound, auth, the
+        // call's group (read from its message only once auth let it on), then forwarding to
+        // the group's leader.
         .layer(LayerOf(Bound::new(MAX_REQUESTS_IN_PROGRESS)))
-        .layer(LayerOf(crate::api::stack::group::Grouping(nodes.clone())))
         .layer(LayerOf(Arc::new(gate)))
+        .layer(LayerOf(crate::api::stack::group::Grouping(nodes.clone())))
         .layer(LayerOf(router))
         .add_service(health)
         .add_optional_service(reflection)

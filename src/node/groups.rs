@@ -23,6 +23,12 @@ use crate::keys::{Group, SlotMap};
 use crate::node::{Leader, Node};
 use crate::{Error, Result};
 
+/// Pause before asking again for a read index group 0 could not give (no leader known).
+const RETRY_PAUSE: Duration = Duration::from_millis(25);
+/// Longest one read index request may take: its callers wait at most about as long
+/// (`auth::CATCH_UP`), and one that hangs (a paused leader) must not hold the next.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A caller waiting for group 0's read index.
 type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
 
@@ -80,17 +86,25 @@ impl Nodes {
         self.map.group_of(namespace)
     }
 
-    /// The door of the group holding `namespace`'s timers.
-    pub fn of(&self, namespace: &str) -> &Arc<Node> {
-        // Every group the map names is hosted here until replicas move (§12 step 6).
-        self.group(self.group_of(namespace)).unwrap_or(self.meta())
+    /// The door of the group holding `namespace`'s timers. Every group the map names is
+    /// hosted on every node until replicas move (§12 step 6); one that is not is never
+    /// stood in for by another.
+    pub fn of(&self, namespace: &str) -> Result<&Arc<Node>> {
+        let g = self.group_of(namespace);
+        self.group(g).ok_or_else(|| {
+            Error::Internal(format!(
+                "this node hosts no replica of group {g}, which holds namespace \
+                 {namespace:?}'s timers"
+            ))
+        })
     }
 
     /// Waits until this node's replica of group 0 has applied every entry group 0 had
-    /// committed when the call began (see the module essay): at once on group 0's caught-up
-    /// leader; on a leader not yet caught up, until it applied an entry of its own term;
-    /// elsewhere, until it applied group 0's read index, coalesced. Not done `within`: a
-    /// not-applied UNAVAILABLE (nothing was done; the call may be sent again).
+    /// committed when the call began (see the module essay): group 0's read index, coalesced,
+    /// confirmed by a quorum even on group 0's leader (which may have been deposed without
+    /// knowing it), then applied here. While group 0 has no leader, asks again until one is
+    /// known. Not done `within`: a not-applied UNAVAILABLE (nothing was done; the call may be
+    /// sent again).
     pub async fn meta_caught_up(&self, within: Duration) -> Result<()> {
         let meta = self.meta();
         let late = |why: String| {
@@ -99,26 +113,22 @@ impl Nodes {
                  judge the call: {why}; send it again"
             ))
         };
-        let view = meta.leader_view();
-        if view.judging_term().is_some() {
-            return Ok(());
-        }
-        if view.leads {
-            return match meta.until_applied_own_term(within).await {
-                true => Ok(()),
-                false => Err(late("it was just elected and is still applying".into())),
-            };
-        }
-        let (tx, rx) = oneshot::channel();
-        self.reads
-            .send(tx)
-            .map_err(|_| late("the node is stopping".into()))?;
         let deadline = tokio::time::Instant::now() + within;
-        let index = match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(Ok(index))) => index,
-            Ok(Ok(Err(why))) => return Err(late(why)),
-            Ok(Err(_)) => return Err(late("the node is stopping".into())),
-            Err(_) => return Err(late(format!("no read index within {within:?}"))),
+        let index = loop {
+            let (tx, rx) = oneshot::channel();
+            self.reads
+                .send(tx)
+                .map_err(|_| late("the node is stopping".into()))?;
+            match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(Ok(index))) => break index,
+                Ok(Ok(Err(why))) if tokio::time::Instant::now() + RETRY_PAUSE < deadline => {
+                    tracing::debug!(why, "group 0's read index; asking again");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Ok(Err(why))) => return Err(late(why)),
+                Ok(Err(_)) => return Err(late("the node is stopping".into())),
+                Err(_) => return Err(late(format!("no read index within {within:?}"))),
+            }
         };
         match meta.until_applied(index, deadline).await {
             true => Ok(()),
@@ -127,13 +137,15 @@ impl Nodes {
     }
 }
 
-/// Answers the callers waiting for group 0's read index: takes every caller waiting, asks
-/// once, answers them all; the callers that come meanwhile wait for the next request.
+/// Answers the callers waiting for group 0's read index: takes every caller waiting (one
+/// that gave up is dropped), asks once, answers them all; the callers that come meanwhile
+/// wait for the next request. Keeps one connection to group 0's leader.
 async fn serve_read_indexes(
     meta: Arc<Node>,
     mut rx: mpsc::UnboundedReceiver<Waiter>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut channel: Option<(String, tonic::transport::Channel)> = None;
     loop {
         let first = tokio::select! {
             w = rx.recv() => match w {
@@ -146,7 +158,20 @@ async fn serve_read_indexes(
         while let Ok(w) = rx.try_recv() {
             waiters.push(w);
         }
-        let answer = meta.group_read_index().await.map_err(|e| e.to_string());
+        waiters.retain(|w| !w.is_closed());
+        if waiters.is_empty() {
+            continue;
+        }
+        let round = meta.group_read_index(&mut channel);
+        let answer = match tokio::time::timeout(ROUND_TIMEOUT, round).await {
+            Ok(answer) => answer.map_err(|e| e.to_string()),
+            Err(_) => {
+                channel = None; // a leader that does not answer: dial afresh next time
+                Err(format!(
+                    "group 0's leader did not answer within {ROUND_TIMEOUT:?}"
+                ))
+            }
+        };
         for w in waiters {
             let _ = w.send(answer.clone());
         }
@@ -155,13 +180,25 @@ async fn serve_read_indexes(
 
 impl Node {
     /// This group's read index, from its leader: the log index every read that begins now
-    /// must wait for (its leader confirmed it still leads after the call began).
-    pub async fn group_read_index(&self) -> Result<u64> {
+    /// must wait for (its leader confirmed it still leads after the call began). `channel`
+    /// keeps the connection to the leader between calls.
+    async fn group_read_index(
+        &self,
+        channel: &mut Option<(String, tonic::transport::Channel)>,
+    ) -> Result<u64> {
         match self.leader() {
             Leader::Me => self.local_read_index().await,
             Leader::Other { addr, .. } => {
-                let store = &self.store;
-                crate::cluster::network::read_index(&self.config, &addr, store).await
+                let ch = match channel.take() {
+                    Some((at, ch)) if at == addr => ch,
+                    _ => (self.config.tls)
+                        .channel(&addr, |e| e.connect_timeout(Duration::from_secs(1)))
+                        .map_err(|e| {
+                            Error::Unavailable(format!("group 0's leader at {addr}: {e}"))
+                        })?,
+                };
+                *channel = Some((addr.clone(), ch.clone()));
+                crate::cluster::network::read_index(&self.config, (&addr, ch), &self.store).await
             }
             Leader::Unknown => Err(Error::Unavailable(format!(
                 "group {} knows no leader",
@@ -170,12 +207,12 @@ impl Node {
         }
     }
 
-    /// The read index this node, leading, confirms: the peer `ReadIndex` call answers it.
-    pub async fn local_read_index(&self) -> Result<u64> {
+    /// The read index this node, leading, confirms with a quorum.
+    async fn local_read_index(&self) -> Result<u64> {
         let read = self
             .raft
             .get_read_log_id(openraft::raft::ReadPolicy::ReadIndex);
-        match tokio::time::timeout(self.config.write_timeout, read).await {
+        match tokio::time::timeout(ROUND_TIMEOUT, read).await {
             Ok(Ok((read, _))) => Ok(read.index()),
             Ok(Err(e)) => Err(Error::Unavailable(format!(
                 "group {} could not confirm its leader: {e}",

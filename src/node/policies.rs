@@ -98,7 +98,7 @@ impl Nodes {
         }
         let meta = self.meta();
         let want = meta.store.policy_version(name)?;
-        let node = self.of(name);
+        let node = self.of(name)?;
         let mut changes = node.store.namespace_changes();
         let deadline = tokio::time::Instant::now() + meta.config().write_timeout;
         loop {

@@ -208,13 +208,18 @@ async fn a_data_group_leader_behind_on_group_0_honours_no_revoked_key_and_knows_
     let c = TestCluster::start_with(3, |n| n.groups = 1).await;
     let ns = namespace_in(1, 1);
     let admin = enable(&c, c.leader().await).await;
-    let (key, token) = create_key(&c, c.leader().await, Some(&admin), "k", &["schedule:*"]).await;
+    let roles = ["schedule:*", "consume:*"];
+    let (key, token) = create_key(&c, c.leader().await, Some(&admin), "k", &roles).await;
     let runs = leader_of(&c, 1).await;
     not_leading_group_0(&c, runs, &admin).await;
     c.converged().await;
     let mut on_runs = timers(&c, runs, Some(&token)).await;
     on_runs
         .schedule(req(&ns, "before", now_ms() + 3_600_000))
+        .await
+        .unwrap();
+    on_runs
+        .schedule(req(&ns, "due", now_ms() + 500))
         .await
         .unwrap();
 
@@ -247,7 +252,25 @@ async fn a_data_group_leader_behind_on_group_0_honours_no_revoked_key_and_knows_
         );
         assert!(held(&c, runs, 1, &ns, &id).is_none());
     }
+    // A stream opened with the revoked key at the group's leader (whose stale replica still
+    // knows the key) delivers nothing, and ends once it has caught up with group 0.
+    let sub = pb::SubscribeRequest {
+        namespace: ns.clone(),
+        consumer: "late".into(),
+        max_in_flight: 10,
+    };
+    let mut stream = on_runs.subscribe(sub).await.unwrap().into_inner();
+    let quiet = tokio::time::timeout(Duration::from_millis(1_500), stream.message()).await;
+    assert!(
+        quiet.is_err(),
+        "a stream of a revoked key delivered: {quiet:?}"
+    );
     drop(held_back);
+    let ended = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+    let Ok(Err(s)) = ended else {
+        panic!("the stream of a revoked key is still open: {ended:?}");
+    };
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
     let r = on_runs
         .schedule(req(&ns, "after", now_ms() + 3_600_000))
         .await;
@@ -335,5 +358,28 @@ async fn a_namespace_policy_reaches_its_group_before_it_is_acknowledged() {
         .unwrap()
         .unwrap();
     assert_eq!(d.timer.unwrap().id, "p");
+    c.shutdown().await;
+}
+
+/// The grouping layer reads a call's message only once the auth layer let its caller on: a
+/// caller without a key is refused at once, never held while its message (which may never
+/// come) is awaited, nor buffered (review of 4c, HIGH 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_caller_without_a_key_is_refused_before_its_message_is_read() {
+    let c = TestCluster::start_with(3, |n| n.groups = 2).await;
+    enable(&c, c.leader().await).await;
+    for node in c.running() {
+        let mut client = c.client(node).await;
+        // A Consume whose first message never comes.
+        let never = futures::stream::pending::<pb::ConsumeRequest>();
+        let r = tokio::time::timeout(Duration::from_secs(2), client.consume(never)).await;
+        let Ok(Err(s)) = r else {
+            panic!(
+                "node {node} held a keyless call: {:?}",
+                r.map(|r| r.map(|_| ()))
+            );
+        };
+        assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    }
     c.shutdown().await;
 }

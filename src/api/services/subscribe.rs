@@ -76,11 +76,11 @@ pub fn start(
     router: Arc<Router>,
     req: pb::SubscribeRequest,
     forwarded: bool,
-    credential: Option<Credential>,
+    caller: Caller,
     acks: Option<Inbound>,
 ) -> Result<DeliveryStream, Status> {
     // The stream is served by the leader of the group holding the namespace's timers.
-    let node = router.node_of(&req.namespace);
+    let node = router.node_of(&req.namespace)?;
     if forwarded && node.leader() != Leader::Me {
         return Err(not_leader(node));
     }
@@ -98,7 +98,7 @@ pub fn start(
         router,
         req,
         forwarded,
-        credential,
+        caller,
         tx,
         acks,
         carried: Vec::new(),
@@ -114,6 +114,22 @@ fn not_leader(node: &Node) -> Status {
         "node {} is not the leader any more; subscribe again",
         node.id()
     ))
+}
+
+/// Who opened a stream: the credential it relays to the leader, and the principal this node's
+/// gate found.
+pub struct Caller {
+    credential: Option<Credential>,
+    principal: Option<crate::auth::Principal>,
+}
+
+impl Caller {
+    pub fn of<T>(request: &tonic::Request<T>) -> Caller {
+        Caller {
+            credential: crate::api::stack::auth::credential(request),
+            principal: request.extensions().get().cloned(),
+        }
+    }
 }
 
 /// Whether the leader refused a relayed stream's credential.
@@ -137,8 +153,9 @@ struct Pump {
     router: Arc<Router>,
     req: pb::SubscribeRequest,
     forwarded: bool,
-    /// The client's `authorization`, for the leader to authorize the relayed stream again.
-    credential: Option<Credential>,
+    /// Who opened the stream: for the leader to authorize the relayed stream again, and for
+    /// a data group's leader to judge it again before it serves a leg.
+    caller: Caller,
     tx: Sink,
     /// The client's acks (Consume only).
     acks: Option<Inbound>,
@@ -153,7 +170,13 @@ struct Pump {
 
 impl Pump {
     async fn run(mut self) {
-        let node = self.router.node_of(&self.req.namespace).clone();
+        let node = match self.router.node_of(&self.req.namespace) {
+            Ok(node) => node.clone(),
+            Err(status) => {
+                let _ = self.tx.send(Err(status)).await;
+                return;
+            }
+        };
         let mut shutdown = node.shutdown_watch();
         loop {
             if self.tx.is_closed() || *shutdown.borrow() {
@@ -206,8 +229,29 @@ impl Pump {
         }
     }
 
+    /// A data group's leg is served by that group's leader, which need not lead group 0 and
+    /// may have judged the stream (or been elected) before its replica of group 0 applied a
+    /// revocation group 0 acknowledged: before each leg it catches up with group 0 and the
+    /// stream's principal must still hold (as `forward::judged_here` does for a call).
+    async fn judged_again(&self, node: &Node) -> Result<(), Status> {
+        if node.group() == crate::keys::GROUP_ZERO {
+            return Ok(()); // judged by this node's gate, or it ends with its key (`revocable`)
+        }
+        let nodes = self.router.nodes();
+        nodes.meta_caught_up(Duration::from_secs(1)).await?;
+        let access = nodes.meta().access();
+        crate::api::stack::auth::still_holds(self.caller.principal.as_ref(), &access)
+    }
+
     /// Serves the stream from this node's dispatcher while it leads.
     async fn serve_local(&mut self, node: &Arc<Node>, shutdown: &mut watch::Receiver<bool>) -> End {
+        if let Err(refused) = self.judged_again(node).await {
+            if refused.code() == tonic::Code::Unavailable {
+                return End::Moved; // not caught up with group 0 yet: the next leg tries again
+            }
+            let _ = self.tx.send(Err(refused)).await;
+            return End::Done;
+        }
         let max = self.req.max_in_flight as usize;
         let mut sub = node.subscribe(&self.req.namespace, &self.req.consumer, max, false);
         let mut metrics = node.role_watch();
@@ -305,10 +349,10 @@ impl Pump {
                 drop(std::mem::replace(&mut up, mpsc::channel(1).0));
             }
             let outbound = ReceiverStream::new(up_rx);
-            let req = forward::stream_request(outbound, self.credential.clone());
+            let req = forward::stream_request(outbound, self.caller.credential.clone());
             client.consume(req).await
         } else {
-            let req = forward::stream_request(self.req.clone(), self.credential.clone());
+            let req = forward::stream_request(self.req.clone(), self.caller.credential.clone());
             client.subscribe(req).await
         };
         let mut upstream = match opened {

@@ -32,9 +32,9 @@ impl TimersService {
 
     /// The door of the group the call is for (the grouping layer found it, and the
     /// forwarding layer sent the call to this node because it leads that group).
-    fn node_for<T>(&self, request: &Request<T>) -> Arc<Node> {
+    fn node_for<T>(&self, request: &Request<T>) -> Result<Arc<Node>, Status> {
         let group = crate::api::stack::group::of_request(request);
-        self.router.group(group).clone()
+        Ok(self.router.group(group)?.clone())
     }
 
     fn limits(&self) -> &Limits {
@@ -48,7 +48,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleRequest>,
     ) -> Result<Response<pb::ScheduleResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.get_ref();
         let (mode, cond) = modes::mode(req)?;
         let (timer, created): (pb::Timer, bool) = match (req.recurrence.is_some(), mode) {
@@ -82,7 +82,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ScheduleBatchRequest>,
     ) -> Result<Response<pb::ScheduleBatchResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         // The decoded request goes before the commit is waited for: a leader loading timers
         // holds a few batches in flight, and their protobuf form (grown a timer at a time, so
         // up to twice its length) was most of what they cost while they waited.
@@ -102,7 +102,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let cond = modes::cond(req.if_state, req.if_revision)?;
@@ -116,7 +116,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::RescheduleRequest>,
     ) -> Result<Response<pb::RescheduleResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let shift = modes::shift(req.when, self.limits())?;
@@ -131,7 +131,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let upcoming = recurring::next_count(req.next_count)?;
@@ -145,7 +145,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let query = convert::list_query(request.get_ref(), self.limits())?;
         let (timers, next_after): (Vec<pb::Timer>, _) = if request.get_ref().recurring {
             let after = query.after.as_deref();
@@ -170,9 +170,9 @@ impl timers_server::Timers for TimersService {
         request: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = crate::api::stack::auth::credential(&request);
+        let caller = subscribe::Caller::of(&request);
         let req = subscribe::validate(request.into_inner(), self.limits())?;
-        let stream = subscribe::start(self.router.clone(), req, forwarded, credential, None)?;
+        let stream = subscribe::start(self.router.clone(), req, forwarded, caller, None)?;
         Ok(Response::new(stream))
     }
 
@@ -183,7 +183,7 @@ impl timers_server::Timers for TimersService {
         request: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
         let forwarded = forward::is_forwarded(&request);
-        let credential = crate::api::stack::auth::credential(&request);
+        let caller = subscribe::Caller::of(&request);
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("the stream ended before its first message (subscribe)")
@@ -221,7 +221,7 @@ impl timers_server::Timers for TimersService {
                 }
             }
         });
-        let stream = subscribe::start(self.router.clone(), req, forwarded, credential, Some(rx))?;
+        let stream = subscribe::start(self.router.clone(), req, forwarded, caller, Some(rx))?;
         Ok(Response::new(stream))
     }
 
@@ -229,7 +229,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::AckRequest>,
     ) -> Result<Response<pb::AckResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
@@ -244,7 +244,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::AckBatchResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let acks = convert::acks(request.get_ref(), self.limits())?;
         let results = node.ack_batch(acks).await?;
         Ok(Response::new(pb::AckBatchResponse {
@@ -256,7 +256,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::NackRequest>,
     ) -> Result<Response<pb::NackResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let attempt = convert::attempt(req.attempt)?;
@@ -270,7 +270,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let target = convert::redrive_target(request.get_ref(), self.limits())?;
         Ok(Response::new(match target {
             RedriveTarget::One(key) => pb::RedriveResponse {
@@ -288,7 +288,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::PauseRequest>,
     ) -> Result<Response<pb::PauseResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let timer = node.pause_recurring(key, true).await?;
@@ -301,7 +301,7 @@ impl timers_server::Timers for TimersService {
         &self,
         request: Request<pb::PauseRequest>,
     ) -> Result<Response<pb::PauseResponse>, Status> {
-        let node = self.node_for(&request);
+        let node = self.node_for(&request)?;
         let req = request.into_inner();
         let key = convert::key(&req.namespace, &req.id, self.limits())?;
         let timer = node.pause_recurring(key, false).await?;

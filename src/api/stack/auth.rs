@@ -37,7 +37,6 @@ use tonic::Status;
 use crate::api::stack::layer::{Answer, Around, Inner};
 use crate::api::stack::methods::{self, Access, Names, Permission};
 use crate::auth::{self, AccessState, Principal, Unauthenticated};
-use crate::keys::{Group, GROUP_ZERO};
 use crate::listen::ConnInfo;
 use crate::node::{Leader, Node, Nodes};
 use crate::tls::Port;
@@ -232,6 +231,31 @@ impl Gate {
         }
     }
 
+    /// With data groups, a key this node does not know: once its replica of group 0 has
+    /// applied group 0's read index, it holds every key whose creation group 0 acknowledged,
+    /// so the key is looked up again then, and is unknown if still missing. Bounded as
+    /// [`Gate::after_catching_up`] is (its places, and the key ids a whole wait missed).
+    async fn after_reading_group_0(
+        &self,
+        headers: &http::HeaderMap,
+        conn: Option<&ConnInfo>,
+    ) -> Result<Result<Principal, Unauthenticated>, Status> {
+        let first = self.node.access();
+        if !self.worth_waiting(headers, &first) {
+            return Ok(Err(Unauthenticated::Unknown));
+        }
+        let Ok(_place) = self.catching_up.clone().try_acquire_owned() else {
+            return Ok(Err(Unauthenticated::Unknown));
+        };
+        self.nodes.meta_caught_up(CATCH_UP).await?;
+        let state = self.node.access();
+        let found = self.principal(headers, conn, &state);
+        if let Err(Unauthenticated::Unknown) = found {
+            self.remember_unknown(headers, state);
+        }
+        Ok(found)
+    }
+
     /// On a leader that has not yet applied an entry of its own term: waits (within
     /// [`CATCH_UP`]) until it has, so the access state it decides from holds everything its
     /// predecessor acknowledged — a key created, one revoked, auth turned on
@@ -311,38 +335,16 @@ impl Gate {
             }
             _ => {}
         }
-        // A data group's call this node runs or stream it serves (it leads the group) is judged
-        // against group 0's state caught up with group 0's leader: this node need not lead
-        // group 0, and a lagging replica would honour a revoked key (`node/groups.rs`).
-        let group = crate::api::stack::group::of(req.extensions());
-        let leader_call = matches!(rule.route, methods::Route::Leader { .. });
-        let runs_here = group != GROUP_ZERO
-            && (self.nodes.group(group)).is_some_and(|n| n.leader() == Leader::Me);
-        if runs_here {
-            self.nodes.meta_caught_up(CATCH_UP).await?;
-        }
         let mut view = self.node.leader_view();
         if view.leads && !view.caught_up {
             self.until_caught_up_as_leader().await?;
             view = self.node.leader_view();
         }
-        // For the router: a call judged elsewhere than where it runs, caught up (on a follower
-        // that is elected while the call waits) is looked at again before it runs.
-        let judged = match group {
-            GROUP_ZERO => view.judging_term(),
-            g => runs_here
-                .then(|| self.nodes.group(g).map(|n| n.leader_view().term))
-                .flatten(),
-        };
-        req.extensions_mut().insert(JudgedAt {
-            group,
-            term: judged,
-        });
-        // Whether this node decides the call: it runs it (leading its group), caught up.
-        let decides = match group {
-            GROUP_ZERO => self.node.leader() == Leader::Me,
-            _ => runs_here,
-        };
+        // For the router: a call judged elsewhere than on this term's caught-up leader of group
+        // 0 is looked at again before it runs — one that waited at a follower that is then
+        // elected, and every call of a data group (run by that group's leader, which need not
+        // lead group 0: `forward.rs`, `judged_here`).
+        req.extensions_mut().insert(JudgedAt(view.judging_term()));
         let state = self.node.access();
         if !state.enabled {
             req.extensions_mut().insert(Principal::Anyone);
@@ -350,8 +352,16 @@ impl Gate {
         }
         let conn = req.extensions().get::<ConnInfo>();
         let found = match self.principal(req.headers(), conn, &state) {
-            Err(Unauthenticated::Unknown) if !decides => {
-                let place = (leader_call
+            // With data groups a call may run on a node that does not lead group 0, which
+            // cannot leave a key it does not know to a leader: it catches up with group 0 (its
+            // read index, `node/groups.rs`) and looks again. Nothing is let on unauthorized.
+            Err(Unauthenticated::Unknown)
+                if self.node.leader() != Leader::Me && self.nodes.sharded() =>
+            {
+                self.after_reading_group_0(req.headers(), conn).await?
+            }
+            Err(Unauthenticated::Unknown) if self.node.leader() != Leader::Me => {
+                let place = (matches!(rule.route, methods::Route::Leader { .. })
                     && Self::token_id(req.headers())
                         .is_some_and(|id| !state.keys.contains_key(&id)))
                 .then(|| self.deferring.clone().try_acquire_owned().ok())
@@ -489,14 +499,10 @@ impl Around for Arc<Gate> {
     }
 }
 
-/// Where a call was judged, in its extensions for the router: the call's group, and the term
-/// of that group whose leader this node was when its gate judged the call caught up with
-/// group 0 (None: it was not — a follower, a candidate, a leader still applying).
+/// The term whose caught-up leader of group 0 this node was when its gate judged a call
+/// (None: it was not — a follower, a candidate), in the call's extensions for the router.
 #[derive(Debug, Clone, Copy)]
-pub struct JudgedAt {
-    pub group: Group,
-    pub term: Option<u64>,
-}
+pub struct JudgedAt(pub Option<u64>);
 
 /// Whether a call's principal, judged by this node's gate when it was not yet this term's
 /// caught-up leader, still holds against the access state it has now applied as leader: auth

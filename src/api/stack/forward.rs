@@ -95,19 +95,25 @@ impl Router {
         }
     }
 
+    /// Every group's door.
+    pub fn nodes(&self) -> &Arc<Nodes> {
+        &self.nodes
+    }
+
     /// Group 0's door.
     pub fn node(&self) -> &Arc<Node> {
         self.nodes.meta()
     }
 
-    /// Group `g`'s door (group 0's if this node hosts no such group: none is ever routed).
-    pub fn group(&self, g: crate::keys::Group) -> &Arc<Node> {
-        self.nodes.group(g).unwrap_or(self.nodes.meta())
+    /// Group `g`'s door.
+    pub fn group(&self, g: crate::keys::Group) -> Result<&Arc<Node>, Status> {
+        (self.nodes.group(g))
+            .ok_or_else(|| Status::internal(format!("this node hosts no replica of group {g}")))
     }
 
     /// The door of the group holding `namespace`'s timers.
-    pub fn node_of(&self, namespace: &str) -> &Arc<Node> {
-        self.nodes.of(namespace)
+    pub fn node_of(&self, namespace: &str) -> Result<&Arc<Node>, Status> {
+        Ok(self.nodes.of(namespace)?)
     }
 
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, Status> {
@@ -151,6 +157,11 @@ async fn on_leader<S: Inner>(
     let Some(node) = router.nodes.group(group) else {
         let msg = format!("this node hosts no replica of group {group}");
         return Status::internal(msg).into_http();
+    };
+    // Whose leader, in messages: with data groups, the group holding the call's namespace.
+    let of = match group {
+        GROUP_ZERO => "the".to_string(),
+        g => format!("group {g}'s (its namespace's)"),
     };
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let deferred = req
@@ -207,7 +218,7 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Other { id, .. } if forwarded => {
-                let msg = format!("node {} is not the leader (node {id} is)", node.id());
+                let msg = format!("node {} is not {of} leader (node {id} is)", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Other { id, addr } => {
@@ -253,14 +264,14 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Unknown if forwarded => {
-                let msg = format!("node {} knows no leader", node.id());
+                let msg = format!("node {} knows no {of} leader", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Unknown => {}
         }
         if Instant::now() >= deadline {
             let msg = format!(
-                "no leader could serve the request within {:?}: {last}",
+                "no {of} leader could serve the request within {:?}: {last}",
                 node.config().leader_wait
             );
             return Status::unavailable(msg).into_http();
@@ -269,33 +280,29 @@ async fn on_leader<S: Inner>(
     }
 }
 
-/// A call this node's gate judged when it was not this term's caught-up leader of the call's
-/// group (a follower, elected while the call waited for a leader) runs here only once this
-/// node has caught up with group 0 — applied its predecessors' entries, leading group 0; else
-/// group 0's read index (`Nodes::meta_caught_up`) — and the call's principal still holds
-/// against that state (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not
-/// bypassed.
+/// A call this node's gate judged when it was not this term's caught-up leader of group 0 (a
+/// follower, elected while the call waited for a leader) runs here only once this node has
+/// applied its predecessors' entries and the call's principal still holds against them
+/// (`auth::still_holds`): an acknowledged SetAuth(on) or revocation is not bypassed. A data
+/// group's call always is (its group's leader need not lead group 0, and a stale leader of
+/// group 0 may not know it was deposed): this node first applies group 0's read index
+/// (`Nodes::meta_caught_up`).
 async fn judged_here(
     nodes: &Nodes,
     node: &Node,
     parts: &http::request::Parts,
 ) -> Result<(), Status> {
-    let Some(judged) = parts.extensions.get::<JudgedAt>().copied() else {
+    let Some(JudgedAt(judged)) = parts.extensions.get().copied() else {
         return Ok(()); // not judged by the gate: an open method
     };
-    let view = node.leader_view();
-    // Judged here, leading this term of the call's group (and, in group 0, caught up: a data
-    // group's leader judged once caught up with group 0 by the gate).
-    let same_term = judged.group == node.group() && view.leads && judged.term == Some(view.term);
-    if same_term && (node.group() != GROUP_ZERO || view.caught_up) {
-        return Ok(());
-    }
+    let meta = nodes.meta();
     if node.group() != GROUP_ZERO {
         nodes.meta_caught_up(Duration::from_secs(1)).await?;
-        return crate::api::stack::auth::still_holds(
-            parts.extensions.get(),
-            &nodes.meta().access(),
-        );
+        return crate::api::stack::auth::still_holds(parts.extensions.get(), &meta.access());
+    }
+    let view = node.leader_view();
+    if view.caught_up && judged == Some(view.term) {
+        return Ok(());
     }
     if !node.until_applied_own_term(Duration::from_secs(1)).await {
         return Err(not_applied_status(

@@ -1,26 +1,27 @@
-//! Which Raft group a call is for (docs/sharding.md §4): one tower layer, before the auth layer
-//! (which judges a call it runs against group 0's state caught up: `node/groups.rs`) and the
-//! forwarding layer (which sends the call to that group's leader).
+//! Which Raft group a call is for (docs/sharding.md §4): one tower layer, after the auth layer
+//! (so a message is read only once its caller was let on, within the auth layer's bounds) and
+//! before the forwarding layer (which sends the call to that group's leader, where the call is
+//! judged again against group 0's state caught up: `forward.rs`, `judged_here`).
 //!
 //! A `Timers` call is for the group holding its namespace's timers: the namespaces are read
 //! from the first request message ([`names`]) and looked up in the slot map. A ScheduleBatch or AckBatch whose namespaces lie in two groups is refused
 //! INVALID_ARGUMENT, naming both, before anything is proposed (DESIGN 10): a batch is atomic
 //! within one group's log, and across groups nothing makes it so. Every other call is group
 //! 0's (namespaces, keys, members). The streams (Subscribe, Consume) are served by their
-//! group's leader, which they find themselves (`api/services/subscribe.rs`); their group here
-//! tells the auth layer whether this node is that leader. In a cluster of one group nothing is
-//! read: every call is group 0's.
+//! group's leader, which they find themselves (`api/services/subscribe.rs`). In a cluster of
+//! one group nothing is read: every call is group 0's.
 //!
 //! A forwarded call carries the sender's slot map epoch ([`EPOCH_HEADER`]); a node whose map
 //! has another epoch refuses it not applied (so the sender may send it again), rather than run
-//! it in a group the sender did not mean.
+//! it in a group the sender did not mean. (Only a member may mark a call forwarded: the auth
+//! layer checks; a client's epoch header is ignored.)
 
 use std::sync::Arc;
 
 use tonic::body::Body;
 use tonic::Status;
 
-use crate::api::stack::headers::{not_applied_status, EPOCH_HEADER};
+use crate::api::stack::headers::{not_applied_status, EPOCH_HEADER, FORWARDED_HEADER};
 use crate::api::stack::layer::{Answer, Around, Inner};
 use crate::api::stack::methods::{self, Access};
 use crate::api::stack::names;
@@ -65,7 +66,8 @@ async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<
     if !nodes.sharded() {
         return Ok(req);
     }
-    if let Some(sent) = req.headers().get(EPOCH_HEADER) {
+    let forwarded = req.headers().contains_key(FORWARDED_HEADER);
+    if let Some(sent) = req.headers().get(EPOCH_HEADER).filter(|_| forwarded) {
         let epoch = nodes.map().epoch();
         if sent.to_str().ok().and_then(|s| s.parse::<u64>().ok()) != Some(epoch) {
             return Err(not_applied_status(format!(
@@ -78,9 +80,8 @@ async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<
     let Some(rule) = methods::rule_of(path) else {
         return Ok(req); // refused by the auth layer
     };
-    let names = match rule.access {
-        Access::Namespace(_, names) if path.starts_with("/timerdb.v1.Timers/") => names,
-        _ => return Ok(req),
+    let Some(names) = grouped_by(rule.path, rule.access) else {
+        return Ok(req);
     };
     let limit = methods::message_limit(path);
     let (parts, body) = req.into_parts();
@@ -90,6 +91,15 @@ async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<
     let mut req = http::Request::from_parts(parts, first.hand_on());
     req.extensions_mut().insert(CallGroup(group));
     Ok(req)
+}
+
+/// Where the namespaces that decide the group of an RPC are: a Timers call's (every Timers
+/// RPC names its namespaces: a unit test checks), none for every other service's.
+fn grouped_by(path: &str, access: Access) -> Option<methods::Names> {
+    match access {
+        Access::Namespace(_, names) if path.starts_with("/timerdb.v1.Timers/") => Some(names),
+        _ => None,
+    }
 }
 
 /// The one group holding every namespace of `namespaces` (none: the group of the empty
@@ -104,5 +114,27 @@ fn one_group(nodes: &Nodes, namespaces: &[String]) -> Result<Group, Status> {
              and {other:?} (group {}) are in two: send one batch per group",
             nodes.group_of(other)
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Timers RPC without the namespaces it names would run in group 0, whatever its
+    /// namespace's group: every one must say where they are.
+    #[test]
+    fn every_timers_rpc_is_grouped_by_its_namespaces() {
+        let timers = methods::RULES
+            .iter()
+            .filter(|r| r.path.starts_with("/timerdb.v1.Timers/"));
+        for rule in timers {
+            let names = grouped_by(rule.path, rule.access);
+            assert!(
+                names.is_some_and(|n| n != methods::Names::All),
+                "{} names no namespace the grouping layer can read",
+                rule.path
+            );
+        }
     }
 }

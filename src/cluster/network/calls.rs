@@ -50,19 +50,17 @@ pub async fn hello(
     }
 }
 
-/// Group 0's read index, from its leader at `addr` (peer `ReadIndex`, `node/groups.rs`).
+/// Group 0's read index, from its leader at `addr` over `channel` (peer `ReadIndex`,
+/// `node/groups.rs`).
 pub async fn read_index(
     config: &crate::config::NodeConfig,
-    addr: &str,
+    (addr, channel): (&str, tonic::transport::Channel),
     store: &crate::storage::Store,
 ) -> crate::Result<u64> {
     let unreachable =
         |e: String| crate::Error::Unavailable(format!("group 0's leader at {addr}: {e}"));
-    let channel = (config.tls)
-        .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
-        .map_err(|e| unreachable(e.to_string()))?;
     let mut request = peer_request(RaftMessage { data: Vec::new() }, store, config);
-    request.set_timeout(config.write_timeout);
+    request.set_timeout(Duration::from_secs(1));
     let reply = RaftClient::new(channel)
         .read_index(request)
         .await
