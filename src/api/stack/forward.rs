@@ -160,8 +160,8 @@ async fn on_leader<S: Inner>(
     };
     // Whose leader, in messages: with data groups, the group holding the call's namespace.
     let of = match group {
-        GROUP_ZERO => "the".to_string(),
-        g => format!("group {g}'s (its namespace's)"),
+        GROUP_ZERO => String::new(),
+        g => format!(" of group {g} (which holds the call's namespace)"),
     };
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let deferred = req
@@ -218,7 +218,7 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Other { id, .. } if forwarded => {
-                let msg = format!("node {} is not {of} leader (node {id} is)", node.id());
+                let msg = format!("node {} is not the leader{of} (node {id} is)", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Other { id, addr } => {
@@ -264,14 +264,14 @@ async fn on_leader<S: Inner>(
                 }
             }
             Leader::Unknown if forwarded => {
-                let msg = format!("node {} knows no {of} leader", node.id());
+                let msg = format!("node {} knows no leader{of}", node.id());
                 return not_applied_status(msg).into_http();
             }
             Leader::Unknown => {}
         }
         if Instant::now() >= deadline {
             let msg = format!(
-                "no {of} leader could serve the request within {:?}: {last}",
+                "no leader{of} could serve the request within {:?}: {last}",
                 node.config().leader_wait
             );
             return Status::unavailable(msg).into_http();
