@@ -24,8 +24,12 @@ use crate::namespace::Namespace;
 use crate::storage::Store;
 use crate::{Error, Result};
 
-/// How often a data group's leader compares its copies with group 0's without being woken.
+/// How often a data group's leader compares its copies with group 0's without being woken
+/// (only if the last pass failed: a copy it proposed may not have applied).
 const RECHECK: Duration = Duration::from_secs(5);
+/// How often it looks again while the group cannot take `Policy` yet (level below 2): the
+/// level raiser commits it a moment after every member is heard.
+const LEVEL_RECHECK: Duration = Duration::from_millis(250);
 /// Namespaces read per page of group 0's.
 const PAGE: usize = 1000;
 /// Copies proposed at once (the proposer batches them into shared entries).
@@ -36,25 +40,50 @@ impl Node {
     /// configurations up with `meta`, this node's replica of group 0 (see the module essay).
     pub async fn copy_policies(&self, meta: &Store, map: SlotMap) {
         let mut changes = meta.namespace_changes();
+        // Whether the last pass copied everything group 0 held then: within one leadership
+        // the group's copies change only through this leader, so until group 0 changes
+        // again there is nothing to read.
+        let mut done = false;
+        let mut changed = true;
         loop {
             changes.borrow_and_update();
-            if let Err(e) = self.copy_once(meta, map).await {
-                tracing::warn!(group = self.group(), error = %e, "copying namespace policies");
+            if changed || !done {
+                done = match self.copy_once(meta, map).await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        let group = self.group();
+                        tracing::warn!(group, error = %e, "copying namespace policies");
+                        false
+                    }
+                };
             }
-            let _ = tokio::time::timeout(RECHECK, changes.changed()).await;
+            let wait = match self.cluster_level() < 2 {
+                true => LEVEL_RECHECK,
+                false => RECHECK,
+            };
+            changed = match tokio::time::timeout(wait, changes.changed()).await {
+                Ok(Ok(())) => true,
+                Err(_) => false,
+                Ok(Err(_)) => {
+                    // The store is gone (the node is stopping): no wake-ups any more.
+                    tokio::time::sleep(wait).await;
+                    true
+                }
+            };
         }
     }
 
-    /// One pass over group 0's namespaces: proposes every copy this group lacks.
-    async fn copy_once(&self, meta: &Store, map: SlotMap) -> Result<()> {
+    /// One pass over group 0's namespaces: proposes every copy this group lacks. Whether it
+    /// could (false: the group cannot take `Policy` yet).
+    async fn copy_once(&self, meta: &Store, map: SlotMap) -> Result<bool> {
         if self.cluster_level() < 2 {
-            return Ok(()); // a member cannot read `Policy` yet: the level raiser comes first
+            return Ok(false); // a member cannot read `Policy` yet: the level raiser comes first
         }
         let mut after: Option<String> = None;
         loop {
             let page = meta.versioned_namespaces(after.as_deref(), PAGE)?;
             let Some((last, _)) = page.last() else {
-                return Ok(());
+                return Ok(true);
             };
             after = Some(last.name.clone());
             let mut stale = Vec::new();
@@ -74,12 +103,15 @@ impl Node {
     }
 }
 
-/// The `Policy` entry carrying `ns` at `version`.
+/// The `Policy` entry carrying `ns` at `version` (its misfire policy in its own field:
+/// `Policy`'s encoding leaves it out, so the entry is as its followers decode it).
 fn copy_of(ns: &Namespace, version: u64) -> Command {
+    let mut policy = ns.policy;
+    policy.misfire = Default::default();
     Command::Policy {
         name: ns.name.clone(),
         version,
-        policy: ns.policy,
+        policy,
         push: ns.push.clone(),
         misfire: ns.policy.misfire,
     }
@@ -110,11 +142,23 @@ impl Nodes {
                 .await
                 .is_err()
             {
+                let why = match node.store.committed_level() < 2 {
+                    true => {
+                        "a member has not shown it reads a data group's copy of a \
+                             namespace (feature level 2: a build before it, or a member not \
+                             heard from)"
+                    }
+                    false => {
+                        "its leader has not copied it there yet (it copies what its \
+                              replica of group 0 holds)"
+                    }
+                };
                 return Err(Error::OutcomeUnknown(format!(
-                    "namespace {name:?}'s change is committed, and group {group}, which holds \
-                     its timers, did not apply it within {:?}: it will (GetNamespace shows the \
-                     change); until then that group's timers follow the namespace's previous \
-                     configuration",
+                    "namespace {name:?}'s change is committed in group 0 (GetNamespace shows \
+                     it), and this node's replica of group {group}, which holds its timers, \
+                     did not have it within {:?}: {why}. Until group {group} has it, its \
+                     timers follow the namespace's previous configuration; send the call \
+                     again to wait for it",
                     meta.config().write_timeout
                 )));
             }

@@ -46,7 +46,11 @@ impl Store {
                 .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
             let c: Config = super::config_of(&v)?;
             let key = self.space.meta_key(&version_name(&name));
+            // A row configured before its group versioned changes (a cluster of data groups
+            // made by a build before 4d) counts as version 1: below every entry's index, and
+            // above a data group's "none", so it is copied.
             let version = super::decode_version(snapshot.get_cf(cf(&self.db, CF_META), key)?)?;
+            let version = version.max(1);
             let ns = Namespace {
                 name,
                 policy: c.policy,

@@ -368,6 +368,7 @@ async fn a_namespace_policy_reaches_its_group_before_it_is_acknowledged() {
 async fn a_caller_without_a_key_is_refused_before_its_message_is_read() {
     let c = TestCluster::start_with(3, |n| n.groups = 2).await;
     enable(&c, c.leader().await).await;
+    c.converged().await; // every node has applied auth on (off, anyone may call)
     for node in c.running() {
         let mut client = c.client(node).await;
         // A Consume whose first message never comes.
@@ -380,6 +381,40 @@ async fn a_caller_without_a_key_is_refused_before_its_message_is_read() {
             );
         };
         assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    }
+    c.shutdown().await;
+}
+
+/// A member that cannot read a data group's copy of a namespace (a build before it: feature
+/// level 1) keeps the copy from being proposed; a namespace change is then answered with an
+/// unknown outcome that says why, not acknowledged (review of 4d, MED 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_change_a_member_cannot_copy_is_not_acknowledged_and_says_why() {
+    let c = TestCluster::start_with(3, |n| {
+        n.groups = 1;
+        if n.id == 3 {
+            n.level = 1;
+        }
+    })
+    .await;
+    let ns = namespace_in(1, 1);
+    let mut admin = c.namespaces(c.leader().await).await;
+    let put = pb::PutNamespaceRequest {
+        name: ns.clone(),
+        policy: Some(pb::NamespacePolicy::default()),
+    };
+    let s = admin.put_namespace(put).await.unwrap_err();
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    assert!(s.message().contains("feature level 2"), "{s:?}");
+    tried("a namespace change a member cannot copy", &status_text(&s));
+    for node in c.running() {
+        assert!(
+            !c.node(node).groups[0]
+                .store
+                .namespace(&ns)
+                .unwrap()
+                .configured
+        );
     }
     c.shutdown().await;
 }

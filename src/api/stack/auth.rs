@@ -517,14 +517,17 @@ pub fn still_holds(principal: Option<&Principal>, state: &AccessState) -> Result
         Some(Principal::Key(k)) => match state.keys.get(&k.id) {
             Some(now) if now == k => Ok(()),
             Some(_) => Err(crate::api::stack::headers::not_applied_status(
-                "the call's API key changed while the call waited for a leader: send it again"
+                "the call's API key changed after this node first judged the call (it waited \
+                 for a leader, or this node had not yet applied the change): send it again"
                     .into(),
             )),
             None => Err(Status::unauthenticated(Unauthenticated::Unknown.message())),
         },
         // Judged while auth was off, its credentials were not read: judged afresh on a resend.
         Some(Principal::Anyone) | None => Err(crate::api::stack::headers::not_applied_status(
-            "auth was turned on while the call waited for a leader: send it again".into(),
+            "auth was turned on after this node first judged the call (it waited for a leader, \
+             or this node had not yet applied the change): send it again"
+                .into(),
         )),
     }
 }

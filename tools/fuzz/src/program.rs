@@ -247,9 +247,22 @@ pub fn steps(input: &[u8]) -> Vec<Step> {
                         MisfireAction::Fire,
                     ][usize::from(b.next()) % 3],
                 };
-                // Both the old entry (its paused flag as proposed) and today's (the paused
-                // flag kept as it is when the entry applies).
-                if lateness % 2 == 0 {
+                // The old entry (its paused flag as proposed), today's (the paused flag kept
+                // as it is when the entry applies), and a data group's copy (applied if newer
+                // than the copy it has).
+                if lateness % 3 == 2 {
+                    Command::Policy {
+                        name,
+                        version: u64::from(b.next() % 8),
+                        policy: Policy {
+                            paused: b.next() % 2 == 0,
+                            max_attempts: 1 + u32::from(b.next() % 4),
+                            ..Policy::default()
+                        },
+                        push: None,
+                        misfire,
+                    }
+                } else if lateness % 2 == 0 {
                     Command::SetNamespace {
                         name,
                         policy: Policy::default(),
