@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rocksdb::{Direction, IteratorMode, ReadOptions, DB};
+use rocksdb::DB;
 
 use super::gc::{self, IndexGc};
 use super::heads::Heads;
@@ -492,33 +492,11 @@ impl Store {
         })
     }
 
-    /// Up to `limit` configured namespaces in name order, after `after`.
+    /// Up to `limit` configured namespaces in name order, after `after` (read as
+    /// `versioned_namespaces` reads them, `policies.rs`).
     pub fn namespaces(&self, after: Option<&str>, limit: usize) -> Result<Vec<Namespace>> {
-        let start = match after {
-            Some(a) => [self.space.namespace_key(a).as_slice(), &[0]].concat(),
-            None => self.space.prefix().to_vec(),
-        };
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(prefix_end(&self.space.prefix()));
-        let iter = self.db.iterator_cf_opt(
-            cf(&self.db, CF_NAMESPACES),
-            opts,
-            IteratorMode::From(&start, Direction::Forward),
-        );
-        let mut out = Vec::new();
-        for item in iter.take(limit) {
-            let (k, v) = item?;
-            let name = keys::decode_namespace_key(&k)
-                .ok_or_else(|| Error::Storage("corrupt namespace name".into()))?;
-            let c: Config = super::config_of(&v)?;
-            out.push(Namespace {
-                name,
-                policy: c.policy,
-                push: c.push,
-                configured: true,
-            });
-        }
-        Ok(out)
+        let page = self.versioned_namespaces(after, limit)?;
+        Ok(page.into_iter().map(|(ns, _)| ns).collect())
     }
 
     /// The replicated counters and cursors as last applied.
