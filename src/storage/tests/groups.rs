@@ -314,6 +314,17 @@ async fn a_data_group_keeps_the_newest_copy_of_a_namespace_policy() {
         .unwrap();
     assert_eq!(seen(&o1), (7, 7));
 
+    // Reopened mid-stream (without `settle_groups`), group 0 goes on versioning: whether it
+    // does is the data dir's record, the same on every replica, not the opener's choice.
+    drop((g0, g1, o1, o0));
+    let (_, mut g0) = open(&dir);
+    let resume = Command::PauseNamespace {
+        name: "ns".into(),
+        paused: false,
+    };
+    g0.apply_entries(vec![entry(3, resume)]).await.unwrap();
+    assert_eq!(g0.store.policy_version("ns").unwrap(), 3);
+
     // One group: no versions.
     let single = TempDir::new().unwrap();
     let (_, mut alone) = open(&single);
