@@ -32,8 +32,13 @@ const PUSH_SECONDS: &str = "timerdb_push_latency_seconds";
 /// (`rate`, `concurrency`).
 pub const DISPATCH_THROTTLED: &str = "timerdb_dispatch_throttled_total";
 /// Writes openraft refused because the leader's quorum lease had lapsed, tried again
-/// (`cluster::propose::client_write`): a count that climbs shows followers answering late.
+/// (`cluster::propose::client_write`): a count that climbs shows followers answering late, or
+/// resting groups woken (`cluster::rest`: one or two each).
 pub const LEASE_RETRIES: &str = "timerdb_raft_lease_retries_total";
+/// Data groups this node leads that rest (`cluster::rest`): no heartbeats, tickers parked.
+pub const GROUPS_RESTING: &str = "timerdb_groups_resting";
+/// Data groups this node follows and holds for their resting leader (election timer parked).
+pub const GROUPS_HELD: &str = "timerdb_groups_held";
 
 /// Serves `/metrics` over HTTP at `addr`; call once per process, inside the runtime.
 pub fn serve(addr: SocketAddr) -> Result<()> {

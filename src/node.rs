@@ -88,6 +88,8 @@ pub struct Node {
     writes: std::sync::atomic::AtomicU64,
     /// Whether this node leads without having heard from a quorum lately ([`quorum_watch`]).
     quorum_lost: tokio::sync::watch::Receiver<bool>,
+    /// True while this node leads the group resting (`cluster::rest`).
+    resting: tokio::sync::watch::Receiver<bool>,
     /// When this node began to lead, per term ([`quorum_watch`] notes it): the schedule-rate
     /// buckets fill from then.
     tenure: Arc<quorum::Tenure>,
@@ -107,6 +109,9 @@ pub struct Parts {
     pub committed: Arc<std::sync::atomic::AtomicU64>,
     pub log: crate::storage::LogStore,
     pub snapshots: Arc<crate::storage::Snapshots>,
+    /// True while this node leads the group resting (`cluster::rest`): silence from the
+    /// followers is then no lost quorum.
+    pub resting: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.
@@ -116,7 +121,11 @@ impl Node {
     /// A node of `parts`; starts the task that watches its quorum.
     pub fn new(parts: Parts) -> Node {
         let tenure = Arc::new(quorum::Tenure::default());
-        let quorum_lost = quorum_watch(&parts.raft, parts.config.clock, tenure.clone());
+        let quorum_lost = quorum_watch(
+            &parts.raft,
+            (parts.config.clock, parts.resting.clone()),
+            tenure.clone(),
+        );
         Node {
             id: parts.config.id,
             raft: parts.raft,
@@ -135,6 +144,7 @@ impl Node {
             writes: Default::default(),
             quorum_lost,
             tenure,
+            resting: parts.resting,
         }
     }
 

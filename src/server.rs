@@ -61,6 +61,8 @@ pub struct RunningNode {
     /// This node's replicas of the data groups (1..=`--groups`; docs/sharding.md §2). Group
     /// 0's are the fields above.
     pub groups: Vec<GroupReplica>,
+    /// Which of them rest here, as leader or follower (`cluster::rest`).
+    pub rest: Arc<crate::cluster::rest::Rest>,
     /// The address the gRPC server listens on.
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
@@ -123,7 +125,13 @@ pub async fn start_with(
     let zero = replicas.remove(0);
     let fsync_delay_ms = engine.fsync_delay_ms();
     let node = zero.node.clone();
-    let peer = PeerService::new(peers, config.clone(), levels.clone());
+    // Which data groups rest (docs/sharding.md §7): group 0 never does.
+    let rest = Arc::new(crate::cluster::rest::Rest::new(
+        config.id,
+        config.rest_after,
+        (replicas.iter()).map(|r| (r.store.space().group, r.raft.clone(), r.resting.clone())),
+    ));
+    let peer = PeerService::new(peers, config.clone(), levels.clone(), rest.clone());
     let doors = std::iter::once(&zero).chain(&replicas);
     let (nodes, read_indexes) = crate::node::Nodes::new(doors.map(|r| r.node.clone()).collect());
 
@@ -159,6 +167,12 @@ pub async fn start_with(
     for replica in &replicas {
         replica.spawn_policy_copier(&config, (&zero.store, nodes.map()), &rx, &mut tasks);
     }
+    tasks.push(tokio::spawn(crate::cluster::rest::run(
+        rest.clone(),
+        (zero.raft.clone(), zero.store.clone()),
+        config.clone(),
+        rx.clone(),
+    )));
     tasks.push(tokio::spawn(storage::quiet::run(
         db_owner.clone(),
         rx.clone(),
@@ -175,6 +189,7 @@ pub async fn start_with(
         hold: zero.hold,
         levels,
         groups: replicas,
+        rest,
         addr,
         shutdown,
         tasks,

@@ -327,6 +327,11 @@ impl Dispatcher {
         }
     }
 
+    /// Whether any subscription is open here (else the dispatch loop waits for one).
+    pub fn has_subscriptions(&self) -> bool {
+        !self.lock().subs.is_empty()
+    }
+
     /// Delivery `attempt` of `key` was settled (an Ack or Nack the state machine accepted, a
     /// push answered): the subscription holding that very delivery has room again. Only that
     /// attempt: an ack of an older one (a stale ack, the delivery made again elsewhere since)

@@ -215,6 +215,8 @@ pub struct LevelRaiser {
 
 /// How often the raiser looks.
 const RAISE_PERIOD: Duration = Duration::from_millis(250);
+/// How often it looks once the committed level is this build's own.
+const SETTLED_PERIOD: Duration = Duration::from_secs(5);
 
 impl LevelRaiser {
     /// Runs until `shutdown` turns true, raising the level while this node leads.
@@ -228,7 +230,16 @@ impl LevelRaiser {
     async fn lead(&self) {
         loop {
             self.raise().await;
-            tokio::time::sleep(RAISE_PERIOD).await;
+            // At this build's own level nothing is left to raise (no member can advertise
+            // more than this leader's build commits): look seldom (an idle data group's
+            // wake-ups, docs/sharding.md §7).
+            let settled = self.store.committed_level() >= self.own;
+            tokio::time::sleep(if settled {
+                SETTLED_PERIOD
+            } else {
+                RAISE_PERIOD
+            })
+            .await;
         }
     }
 

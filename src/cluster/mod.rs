@@ -9,7 +9,8 @@
 //! writer of Fire entries, woken through storage's `FireSignal` when something earlier comes due;
 //! the delivery dispatcher ([`dispatch`]), which plans the grants Fire entries carry and proposes
 //! Deliver entries of its own; and the [`purger`], which deletes finished timers by range once
-//! their retention passed. Elections use openraft's pre-vote (switched on in `config`): a node that
+//! their retention passed. A data group with nothing to do rests ([`rest`]): no heartbeats, its
+//! followers' election timers parked while the leader's node pings them. Elections use openraft's pre-vote (switched on in `config`): a node that
 //! cannot reach a quorum never raises the term.
 
 pub mod acks;
@@ -22,6 +23,7 @@ pub mod network;
 pub mod propose;
 pub mod purger;
 pub mod queued;
+pub mod rest;
 pub mod workers;
 
 pub use acks::{AckItem, Acker};

@@ -223,7 +223,8 @@ pub fn cost_of(cmd: &Command) -> Cost {
 /// (`election_timeout_max`, 300 ms; a new leader has none until its first quorum ack). A
 /// follower busy in a slow fsync answers late, and 300 ms is tighter than the second this
 /// layer gives a leader ([`super::QUORUM_LOST_AFTER`]): so such a refusal is tried again,
-/// every few ms, until that second has passed — nothing was appended, so it is safe.
+/// every few ms, until that second has passed — nothing was appended, so it is safe. Each try
+/// first asks for a heartbeat: a resting group's leader (`super::rest`) sends none by itself.
 pub async fn client_write(
     raft: &Raft,
     cmd: Arc<Command>,
@@ -237,6 +238,9 @@ pub async fn client_write(
                     && started.elapsed() < super::QUORUM_LOST_AFTER =>
             {
                 metrics::counter!(crate::metrics::LEASE_RETRIES).increment(1);
+                // A resting group (`super::rest`) sends no heartbeats, so its lease lapsed:
+                // one heartbeat now, whose quorum answer renews it (openraft coalesces these).
+                let _ = raft.trigger().heartbeat().await;
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             answer => return answer,

@@ -88,6 +88,11 @@ impl Default for RaftTiming {
     }
 }
 
+/// How long a data group's leader must have seen nothing (no new entry, every member caught
+/// up) before the group rests (`cluster::rest`): long enough that a group in use never does,
+/// short enough that idle ones cost nothing within seconds.
+pub const REST_AFTER: Duration = Duration::from_secs(2);
+
 /// Bytes per snapshot chunk: well under the peer RPC's message limit.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
 
@@ -128,6 +133,9 @@ pub struct NodeConfig {
     /// Least time a finished timer's row is kept, whatever its namespace's retention
     /// ([`PURGE_FLOOR`]; the tests that purge within seconds lower it).
     pub purge_floor: Duration,
+    /// How long a data group's leader must have seen nothing before the group rests
+    /// (`cluster::rest`; [`REST_AFTER`]); zero: groups never rest.
+    pub rest_after: Duration,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
     /// Addresses to dial some peers at instead of their membership address: a proxy in front
@@ -212,6 +220,7 @@ impl NodeConfig {
             snapshot_every_entries: 50_000,
             keep_log_entries: 10_000,
             purge_floor: PURGE_FLOOR,
+            rest_after: REST_AFTER,
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),

@@ -17,26 +17,31 @@ use crate::{Error, Result};
 /// several per entry — which cost a leader with 200 writes in flight ~2 % of its CPU.
 pub fn quorum_watch(
     raft: &Raft,
-    clock: crate::clock::Clock,
+    (clock, mut resting): (crate::clock::Clock, tokio::sync::watch::Receiver<bool>),
     tenure: std::sync::Arc<Tenure>,
 ) -> tokio::sync::watch::Receiver<bool> {
     let mut metrics = raft.metrics();
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         loop {
-            let lost = {
+            let rests = *resting.borrow_and_update();
+            let (lost, leads) = {
                 let m = metrics.borrow_and_update();
-                if m.state == ServerState::Leader {
+                let leads = m.state == ServerState::Leader;
+                if leads {
                     tenure.began(m.current_term, || clock.now_ms());
                 }
-                quorum_lost(&m).is_some()
+                (quorum_lost(&m, rests).is_some(), leads)
             };
             tx.send_if_modified(|was| std::mem::replace(was, lost) != lost);
             // The age of the last quorum ack grows while the metrics stay still (an isolated
-            // leader publishes nothing new): look again at least every 100 ms.
+            // leader publishes nothing new): a leader looks again at least every 100 ms. A
+            // follower, or a leader whose group rests, has no such age to watch.
+            let look_again = leads && !rests;
             tokio::select! {
                 changed = metrics.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                changed = resting.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)), if look_again => {}
                 _ = tx.closed() => return,
             }
         }
@@ -92,8 +97,13 @@ impl From<QuorumLost> for Error {
 }
 
 /// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
-/// longer than [`QUORUM_LOST_AFTER`].
-fn quorum_lost(m: &crate::raft_types::RaftMetrics) -> Option<QuorumLost> {
+/// longer than [`QUORUM_LOST_AFTER`], and does not rest (`cluster::rest`: a resting leader
+/// sends no heartbeats, so hears nothing back; a write wakes it, and fails NoQuorum within
+/// that second if no quorum answers).
+fn quorum_lost(m: &crate::raft_types::RaftMetrics, resting: bool) -> Option<QuorumLost> {
+    if resting {
+        return None;
+    }
     let voters = m.membership_config.membership().voter_ids().count();
     // An absolute instant (openraft 0.10): the age is as of now, not of the last publication.
     let since = openraft::Instant::elapsed(&*m.last_quorum_acked?).as_millis() as u64;
@@ -106,7 +116,10 @@ impl Node {
     /// [`QUORUM_LOST_AFTER`] (openraft 0.9 has no CheckQuorum: an isolated leader would keep
     /// taking proposals that can never commit, each waiting out the write timeout).
     pub(super) fn check_quorum(&self) -> Result<()> {
-        let lost = quorum_lost(&self.raft.metrics().borrow_watched());
+        let lost = quorum_lost(
+            &self.raft.metrics().borrow_watched(),
+            *self.resting.borrow(),
+        );
         match lost {
             Some(e) => Err(e.into()),
             None => Ok(()),
@@ -121,7 +134,8 @@ impl Node {
                 // Raft stopped: other errors will say so.
                 return std::future::pending().await;
             }
-            if let Some(lost) = quorum_lost(&self.raft.metrics().borrow_watched()) {
+            let resting = *self.resting.borrow();
+            if let Some(lost) = quorum_lost(&self.raft.metrics().borrow_watched(), resting) {
                 return lost;
             }
             // Regained between the flag and this look: wait for the next loss.

@@ -27,6 +27,8 @@ pub struct GroupReplica {
     pub hold: Hold,
     signal: Arc<FireSignal>,
     dispatcher: Arc<Dispatcher>,
+    /// Set while this node leads the group resting (`cluster::rest`); its door reads it.
+    pub(super) resting: watch::Sender<bool>,
 }
 
 /// Opens `store`'s group on this node: its state machine, its log (the engine's region of
@@ -45,6 +47,7 @@ pub(super) async fn open_group(
     let committed = log.committed();
     let snapshots = sm.snapshots();
     let hold = Hold::default();
+    let (resting, resting_rx) = watch::channel(false);
     let network = Network {
         config: config.clone(),
         store: store.clone(),
@@ -74,6 +77,7 @@ pub(super) async fn open_group(
         log,
         snapshots,
         levels: levels.clone(),
+        resting: resting_rx,
     }));
     Ok(GroupReplica {
         node,
@@ -82,6 +86,7 @@ pub(super) async fn open_group(
         hold,
         signal,
         dispatcher,
+        resting,
     })
 }
 

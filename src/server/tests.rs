@@ -283,7 +283,8 @@ async fn a_data_group_call_to_a_build_before_groups_reaches_nothing() {
     hosted.add(node.raft.clone(), node.store.clone());
     let levels = Arc::new(crate::cluster::Levels::default());
     let config = node.node.config().clone();
-    let old = crate::api::services::peer::PeerService::new(hosted, config, levels);
+    let rest = Arc::new(crate::cluster::rest::Rest::new(1, Duration::ZERO, []));
+    let old = crate::api::services::peer::PeerService::new(hosted, config, levels, rest);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let old_addr = listener.local_addr().unwrap().to_string();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -310,5 +311,42 @@ async fn a_data_group_call_to_a_build_before_groups_reaches_nothing() {
         .await
         .expect("group 0's Raft answers");
     server.abort();
+    node.shutdown().await;
+}
+
+/// A `Ping` (`cluster/rest.rs`) is bytes from the network like any peer call: garbage, or a
+/// ping naming more groups than the cluster has, is refused INVALID_ARGUMENT and holds
+/// nothing; a well-formed one is answered with the groups held (none here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_a_node_cannot_take_is_refused_and_holds_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node(dir.path()).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut groups = timerdb_proto::pb::groups_client::GroupsClient::new(channel);
+    let call = |data: Vec<u8>| tonic::Request::new(timerdb_proto::pb::RaftMessage { data });
+    let refused = groups.ping(call(vec![0xff; 64])).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    let too_many = crate::cluster::rest::Ping {
+        from: 2,
+        resting: vec![(1, 5)],
+    };
+    let refused = groups
+        .ping(call(crate::storage::encode(&too_many)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("names 1 groups"), "{refused:?}");
+    let empty = crate::cluster::rest::Ping {
+        from: 2,
+        resting: vec![],
+    };
+    let answer = groups.ping(call(crate::storage::encode(&empty))).await;
+    let pong: crate::cluster::rest::Pong =
+        crate::storage::decode(&answer.unwrap().into_inner().data).unwrap();
+    assert!(pong.held.is_empty(), "{pong:?}");
     node.shutdown().await;
 }

@@ -27,6 +27,7 @@ mod receiver;
 mod recurring;
 mod rejoin;
 mod replicas;
+mod resting;
 mod retries;
 mod routing;
 mod secure_process;

@@ -41,6 +41,8 @@ pub struct PeerService {
     /// What each peer advertised and when: an AppendEntries notes its leader here, which is
     /// how this node knows it still hears from one (health, `api/services/health.rs`).
     levels: std::sync::Arc<crate::cluster::Levels>,
+    /// Which data groups rest here, as leader and as follower (`cluster/rest.rs`): `Ping`.
+    rest: std::sync::Arc<crate::cluster::rest::Rest>,
 }
 
 /// The group replicas a node hosts, by group: where each peer call goes.
@@ -85,11 +87,13 @@ impl PeerService {
         groups: std::sync::Arc<PeerGroups>,
         config: std::sync::Arc<crate::config::NodeConfig>,
         levels: std::sync::Arc<crate::cluster::Levels>,
+        rest: std::sync::Arc<crate::cluster::rest::Rest>,
     ) -> Self {
         PeerService {
             groups,
             config,
             levels,
+            rest,
         }
     }
 
@@ -385,6 +389,25 @@ impl PeerService {
             }
         };
         self.reply(&index)
+    }
+
+    /// A member's ping (`cluster/rest.rs`): holds the groups it asks to rest that this node
+    /// follows it in; the answer names them. It names no group, and at most every data group.
+    pub(super) async fn ping(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.check_groups(&req)?;
+        let ping: crate::cluster::rest::Ping = body(req)?;
+        if ping.resting.len() > usize::from(self.config.groups) {
+            return Err(Status::invalid_argument(format!(
+                "a ping names {} groups; this cluster has {}",
+                ping.resting.len(),
+                self.config.groups
+            )));
+        }
+        let pong = self.rest.on_ping(&ping, tokio::time::Instant::now());
+        self.reply(&pong)
     }
 
     pub(super) async fn transfer_leader(

@@ -53,10 +53,13 @@ impl DispatchLoop {
                     tokio::time::sleep(ERROR_BACKOFF).await;
                 }
             }
+            // Time alone frees room only for a subscription: with none (an idle data group,
+            // docs/sharding.md §7), a new one wakes the loop (`Dispatcher::subscribe`).
+            let ticks = self.dispatcher.has_subscriptions();
             tokio::select! {
                 _ = self.signal.ready_notified() => {}
                 _ = self.dispatcher.wake.notified() => {}
-                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep(TICK), if ticks => {}
             }
         }
     }

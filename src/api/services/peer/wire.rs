@@ -71,4 +71,8 @@ impl groups_server::Groups for PeerService {
     async fn timeout_now(&self, req: Request<RaftMessage>) -> Answer {
         PeerService::timeout_now(self, Service::Groups, req).await
     }
+
+    async fn ping(&self, req: Request<RaftMessage>) -> Answer {
+        PeerService::ping(self, req).await
+    }
 }
