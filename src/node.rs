@@ -89,7 +89,7 @@ pub struct Node {
     /// Whether this node leads without having heard from a quorum lately ([`quorum_watch`]).
     quorum_lost: tokio::sync::watch::Receiver<bool>,
     /// True while this node leads the group resting (`cluster::rest`).
-    resting: tokio::sync::watch::Receiver<bool>,
+    resting: tokio::sync::watch::Receiver<crate::cluster::rest::Silence>,
     /// When this node began to lead, per term ([`quorum_watch`] notes it): the schedule-rate
     /// buckets fill from then.
     tenure: Arc<quorum::Tenure>,
@@ -111,7 +111,7 @@ pub struct Parts {
     pub snapshots: Arc<crate::storage::Snapshots>,
     /// True while this node leads the group resting (`cluster::rest`): silence from the
     /// followers is then no lost quorum.
-    pub resting: tokio::sync::watch::Receiver<bool>,
+    pub resting: tokio::sync::watch::Receiver<crate::cluster::rest::Silence>,
 }
 
 /// Most timers one Redrive entry returns to PENDING when a whole namespace is redriven.

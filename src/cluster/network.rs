@@ -108,6 +108,11 @@ pub(super) fn name_group<T>(request: &mut tonic::Request<T>, group: crate::keys:
     }
 }
 
+/// How often an idle peer connection is checked with an HTTP/2 ping.
+const IDLE_PING: Duration = Duration::from_secs(10);
+/// How long that ping may go unanswered before the connection is dropped.
+const IDLE_PING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A connection to one peer, for one group.
 pub struct PeerClient {
     target: NodeId,
@@ -147,10 +152,18 @@ impl PeerClient {
         ),
     ) -> Self {
         let group = store.space().group;
+        // A resting group's connections carry nothing for as long as it rests (`rest.rs`):
+        // HTTP/2 pings find one a middlebox dropped, so its next call dials afresh instead of
+        // waiting on a dead connection.
         let client = levels
             .1
             .tls
-            .channel(addr, |e| e.connect_timeout(Duration::from_secs(1)))
+            .channel(addr, |e| {
+                e.connect_timeout(Duration::from_secs(1))
+                    .http2_keep_alive_interval(IDLE_PING)
+                    .keep_alive_timeout(IDLE_PING_TIMEOUT)
+                    .keep_alive_while_idle(true)
+            })
             .ok()
             .map(|channel| match group {
                 crate::keys::GROUP_ZERO => Client::Raft(

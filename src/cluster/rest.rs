@@ -48,9 +48,22 @@ pub const PING_EVERY: Duration = Duration::from_millis(100);
 pub const CONFIRM_FRESH: Duration = Duration::from_millis(250);
 /// How long a follower holds a group after the last ping that named it.
 pub const HOLD_FOR: Duration = Duration::from_millis(500);
-/// Set while this node leads a group resting: its door reads it (a resting leader hears from no
-/// quorum, and that is no lost quorum: `node/quorum.rs`).
-pub type Resting = tokio::sync::watch::Sender<bool>;
+/// What this node, leading a group, says of its followers' silence: its door reads it
+/// (`node/quorum.rs`), since a resting leader hears from no quorum and that is no lost one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Silence {
+    /// Never rested: silence counts from the last quorum acknowledgement.
+    #[default]
+    Heard,
+    /// Resting: no heartbeat goes out, so none comes back.
+    Resting,
+    /// Woke at this instant: silence counts from it at most (the last acknowledgement is as
+    /// old as the rest, and the first heartbeat's answer is a round trip away).
+    WokeAt(Instant),
+}
+
+/// Where this node says it leads a group resting (see [`Silence`]).
+pub type Resting = tokio::sync::watch::Sender<Silence>;
 
 /// A node's ping: the groups it leads and asks to rest, each with its term.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -176,6 +189,38 @@ impl Rest {
         self.lock().held.contains_key(&group)
     }
 
+    /// Why this node refuses `candidate`'s vote or pre-vote request in `group` at `now`, if it
+    /// does: while the group rests under this node's leadership, or while this node holds it
+    /// for its leader's node (heard from within [`HOLD_FOR`]). These stand in for the leases
+    /// that refuse such requests while heartbeats flow (openraft's, lapsed while a group
+    /// rests): without them one member whose hold lapsed a moment early would be granted its
+    /// election by the resting leader itself and depose it. A transfer the leader asked for
+    /// is never refused.
+    pub fn refuses_vote(
+        &self,
+        group: Group,
+        (candidate, transfer): (NodeId, bool),
+        now: Instant,
+    ) -> Option<String> {
+        if transfer {
+            return None;
+        }
+        let state = self.lock();
+        if state.leading.get(&group).is_some_and(|l| l.resting) {
+            return Some(format!(
+                "group {group} rests under node {}'s leadership, which its members confirm",
+                self.id
+            ));
+        }
+        let held = state.held.get(&group);
+        let held = held.filter(|h| h.leader != candidate && now - h.at <= HOLD_FOR)?;
+        Some(format!(
+            "this node holds group {group} for its leader, node {}, heard from {} ms ago",
+            held.leader,
+            (now - held.at).as_millis()
+        ))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -221,13 +266,16 @@ impl Rest {
         }
     }
 
-    /// A member's pong: the groups it holds for this node are confirmed at `now`.
-    pub fn on_pong(&self, from: NodeId, pong: &Pong, now: Instant) {
+    /// A member's pong to the ping sent at `sent`: the groups it holds for this node are
+    /// confirmed as of then (not of the answer's arrival: the member's hold runs from the
+    /// ping, so a late answer must not stretch the leader's belief past it).
+    pub fn on_pong(&self, from: NodeId, pong: &Pong, sent: Instant) {
         let mut state = self.lock();
         for (g, term) in &pong.held {
             if let Some(lead) = state.leading.get_mut(g) {
                 if lead.term == *term {
-                    lead.confirmed.insert(from, now);
+                    let at = lead.confirmed.entry(from).or_insert(sent);
+                    *at = (*at).max(sent);
                 }
             }
         }
@@ -291,6 +339,7 @@ pub async fn run(
             continue;
         }
         named_last = !ping.resting.is_empty();
+        let sent = Instant::now();
         let peers: Vec<(NodeId, String)> = {
             let m = zero.metrics();
             let m = m.borrow_watched();
@@ -323,7 +372,7 @@ pub async fn run(
                 (rest.clone(), config.clone(), store.clone(), ping.clone());
             tokio::spawn(async move {
                 match send(&config, channel, &store, &ping).await {
-                    Ok(pong) => rest.on_pong(id, &pong, Instant::now()),
+                    Ok(pong) => rest.on_pong(id, &pong, sent),
                     Err(e) => tracing::debug!(peer = id, error = %e, "ping failed"),
                 }
             });
@@ -370,7 +419,17 @@ fn switch(g: Group, (raft, resting): &(Raft, Resting), state: &mut State) {
         return;
     }
     // Said before the ticker stops, so the door never sees a silent leader it thinks awake.
-    resting.send_if_modified(|was| std::mem::replace(was, leads_resting) != leads_resting);
+    resting.send_if_modified(|was| match (leads_resting, *was) {
+        (true, Silence::Resting) | (false, Silence::Heard | Silence::WokeAt(_)) => false,
+        (true, _) => {
+            *was = Silence::Resting;
+            true
+        }
+        (false, Silence::Resting) => {
+            *was = Silence::WokeAt(Instant::now());
+            true
+        }
+    });
     raft.runtime_config().tick(!parked);
 }
 
@@ -411,4 +470,68 @@ mod tests {
         assert!(CONFIRM_FRESH + PING_EVERY < HOLD_FOR);
         assert!(PING_EVERY * 2 <= CONFIRM_FRESH);
     }
+
+    fn lead(term: u64, now: Instant, resting: bool) -> Lead {
+        let seen = Seen {
+            state: ServerState::Leader,
+            ..follower(term, Some(1))
+        };
+        let mut lead = Lead::new(&seen, now);
+        lead.resting = resting;
+        lead
+    }
+
+    /// Review of 4f (MED 1): while a group rests, its leader and every member holding it
+    /// refuse a vote or pre-vote, as the leases would if heartbeats flowed, so one member whose
+    /// hold lapsed early cannot be elected by the resting leader's own grant; a transfer the
+    /// leader asked for, the leader's own request, and any request once the hold lapsed pass.
+    #[test]
+    fn a_resting_group_refuses_votes_while_its_leader_is_heard_from() {
+        let rest = Rest::new(1, REST_TEST, []);
+        let t0 = Instant::now();
+        rest.lock().held.insert(
+            3,
+            Held {
+                leader: 2,
+                term: 5,
+                at: t0,
+            },
+        );
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(rest.refuses_vote(3, (4, false), at(100)).is_some());
+        assert!(rest.refuses_vote(3, (4, true), at(100)).is_none());
+        assert!(rest.refuses_vote(3, (2, false), at(100)).is_none());
+        assert!(rest.refuses_vote(3, (4, false), at(600)).is_none());
+        assert!(rest.refuses_vote(4, (4, false), at(100)).is_none());
+        rest.lock().leading.insert(7, lead(5, t0, true));
+        assert!(rest.refuses_vote(7, (2, false), at(100)).is_some());
+        assert!(rest.refuses_vote(7, (2, true), at(100)).is_none());
+        rest.lock().leading.insert(8, lead(5, t0, false));
+        assert!(rest.refuses_vote(8, (2, false), at(100)).is_none());
+    }
+
+    /// A confirmation counts from the ping it answers, not from the answer's arrival (review of
+    /// 4f, MED 1: a late answer stretched the leader's belief past the member's hold), and a
+    /// late answer to an older ping never moves it back.
+    #[test]
+    fn a_confirmation_counts_from_its_ping() {
+        let rest = Rest::new(1, REST_TEST, []);
+        let t0 = Instant::now();
+        rest.lock().leading.insert(3, lead(5, t0, false));
+        let pong = Pong { held: vec![(3, 5)] };
+        rest.on_pong(2, &pong, t0 + Duration::from_millis(100));
+        rest.on_pong(2, &pong, t0);
+        let stale = Pong { held: vec![(3, 4)] };
+        rest.on_pong(4, &stale, t0 + Duration::from_millis(300));
+        let state = rest.lock();
+        let confirmed = &state.leading[&3].confirmed;
+        assert_eq!(confirmed.get(&2), Some(&(t0 + Duration::from_millis(100))));
+        assert_eq!(
+            confirmed.get(&4),
+            None,
+            "a pong of another term confirms nothing"
+        );
+    }
+
+    const REST_TEST: Duration = Duration::from_millis(300);
 }

@@ -8,6 +8,7 @@ use openraft::async_runtime::WatchReceiver as _;
 use openraft::ServerState;
 
 use super::Node;
+use crate::cluster::rest::Silence;
 use crate::cluster::Raft;
 use crate::{Error, Result};
 
@@ -17,30 +18,33 @@ use crate::{Error, Result};
 /// several per entry — which cost a leader with 200 writes in flight ~2 % of its CPU.
 pub fn quorum_watch(
     raft: &Raft,
-    (clock, mut resting): (crate::clock::Clock, tokio::sync::watch::Receiver<bool>),
+    (clock, mut resting): (crate::clock::Clock, tokio::sync::watch::Receiver<Silence>),
     tenure: std::sync::Arc<Tenure>,
 ) -> tokio::sync::watch::Receiver<bool> {
     let mut metrics = raft.metrics();
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
+        // A group that never rests (group 0, a node of one group) may drop its sender: its
+        // last word stands, and this watch goes on.
+        let mut resting_open = true;
         loop {
-            let rests = *resting.borrow_and_update();
+            let silence = *resting.borrow_and_update();
             let (lost, leads) = {
                 let m = metrics.borrow_and_update();
                 let leads = m.state == ServerState::Leader;
                 if leads {
                     tenure.began(m.current_term, || clock.now_ms());
                 }
-                (quorum_lost(&m, rests).is_some(), leads)
+                (quorum_lost(&m, silence).is_some(), leads)
             };
             tx.send_if_modified(|was| std::mem::replace(was, lost) != lost);
             // The age of the last quorum ack grows while the metrics stay still (an isolated
             // leader publishes nothing new): a leader looks again at least every 100 ms. A
             // follower, or a leader whose group rests, has no such age to watch.
-            let look_again = leads && !rests;
+            let look_again = leads && silence != Silence::Resting;
             tokio::select! {
                 changed = metrics.changed() => if changed.is_err() { return },
-                changed = resting.changed() => if changed.is_err() { return },
+                changed = resting.changed(), if resting_open => resting_open = changed.is_ok(),
                 _ = tokio::time::sleep(std::time::Duration::from_millis(100)), if look_again => {}
                 _ = tx.closed() => return,
             }
@@ -97,16 +101,19 @@ impl From<QuorumLost> for Error {
 }
 
 /// Whether `m` shows a leader of more than one voter that has not heard from a quorum for
-/// longer than [`QUORUM_LOST_AFTER`], and does not rest (`cluster::rest`: a resting leader
-/// sends no heartbeats, so hears nothing back; a write wakes it, and fails NoQuorum within
-/// that second if no quorum answers).
-fn quorum_lost(m: &crate::raft_types::RaftMetrics, resting: bool) -> Option<QuorumLost> {
-    if resting {
-        return None;
-    }
+/// longer than [`QUORUM_LOST_AFTER`] — counted, for a leader that rested (`cluster::rest`:
+/// it sends no heartbeats, so hears nothing back), from when it woke at most; a write wakes
+/// it, and fails NoQuorum within that second if no quorum answers.
+fn quorum_lost(m: &crate::raft_types::RaftMetrics, silence: Silence) -> Option<QuorumLost> {
     let voters = m.membership_config.membership().voter_ids().count();
     // An absolute instant (openraft 0.10): the age is as of now, not of the last publication.
-    let since = openraft::Instant::elapsed(&*m.last_quorum_acked?).as_millis() as u64;
+    let acked = openraft::Instant::elapsed(&*m.last_quorum_acked?);
+    let since = match silence {
+        Silence::Heard => acked,
+        Silence::Resting => return None,
+        Silence::WokeAt(woke) => acked.min(woke.elapsed()),
+    }
+    .as_millis() as u64;
     (m.state == ServerState::Leader && voters > 1 && since > QUORUM_LOST_AFTER.as_millis() as u64)
         .then_some(QuorumLost(since))
 }
@@ -126,6 +133,12 @@ impl Node {
         }
     }
 
+    /// Whether the task that watches this node's quorum still runs (while it does, writes in
+    /// flight fail within [`QUORUM_LOST_AFTER`] of a lost quorum, not at their timeout).
+    pub fn quorum_watch_runs(&self) -> bool {
+        self.quorum_lost.has_changed().is_ok()
+    }
+
     /// Resolves once this leader has gone [`QUORUM_LOST_AFTER`] without a quorum.
     pub(super) async fn quorum_lost(&self) -> QuorumLost {
         let mut flag = self.quorum_lost.clone();
@@ -143,5 +156,43 @@ impl Node {
                 return std::future::pending().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A leader of three voters whose last quorum acknowledgement is `ago` old.
+    fn leader_acked(ago: Duration) -> crate::raft_types::RaftMetrics {
+        let mut m = crate::raft_types::RaftMetrics::new_initial(1);
+        m.state = ServerState::Leader;
+        let voters = [1, 2, 3].into_iter().collect();
+        let nodes: std::collections::BTreeMap<u64, openraft::BasicNode> = [1, 2, 3]
+            .map(|id| (id, openraft::BasicNode::new(format!("n{id}"))))
+            .into();
+        let membership = openraft::Membership::new(vec![voters], nodes).unwrap();
+        m.membership_config =
+            std::sync::Arc::new(openraft::StoredMembership::new(None, membership));
+        let at = <openraft_rt_tokio::TokioInstant as openraft::Instant>::now() - ago;
+        m.last_quorum_acked = Some(at.into());
+        m
+    }
+
+    /// A leader that rested heard from nobody for as long as it rested, and that is no lost
+    /// quorum; once it woke, silence counts from its waking (review of 4f, MED 2: a group
+    /// woken by one late confirmation answered NO_QUORUM though its quorum was healthy).
+    #[test]
+    fn silence_while_a_group_rests_or_just_after_it_woke_is_no_lost_quorum() {
+        let long = leader_acked(Duration::from_secs(60));
+        assert!(quorum_lost(&long, Silence::Heard).is_some());
+        assert!(quorum_lost(&long, Silence::Resting).is_none());
+        let woke = tokio::time::Instant::now() - Duration::from_millis(200);
+        assert!(quorum_lost(&long, Silence::WokeAt(woke)).is_none());
+        let woke = tokio::time::Instant::now() - Duration::from_millis(1_500);
+        assert!(quorum_lost(&long, Silence::WokeAt(woke)).is_some());
+        let fresh = leader_acked(Duration::from_millis(100));
+        assert!(quorum_lost(&fresh, Silence::Heard).is_none());
     }
 }

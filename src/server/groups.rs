@@ -28,7 +28,7 @@ pub struct GroupReplica {
     signal: Arc<FireSignal>,
     dispatcher: Arc<Dispatcher>,
     /// Set while this node leads the group resting (`cluster::rest`); its door reads it.
-    pub(super) resting: watch::Sender<bool>,
+    pub(super) resting: crate::cluster::rest::Resting,
 }
 
 /// Opens `store`'s group on this node: its state machine, its log (the engine's region of
@@ -47,7 +47,7 @@ pub(super) async fn open_group(
     let committed = log.committed();
     let snapshots = sm.snapshots();
     let hold = Hold::default();
-    let (resting, resting_rx) = watch::channel(false);
+    let (resting, resting_rx) = watch::channel(crate::cluster::rest::Silence::Heard);
     let network = Network {
         config: config.clone(),
         store: store.clone(),

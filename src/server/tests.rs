@@ -350,3 +350,24 @@ async fn a_ping_a_node_cannot_take_is_refused_and_holds_nothing() {
     assert!(pong.held.is_empty(), "{pong:?}");
     node.shutdown().await;
 }
+
+/// Review of 4f (HIGH 1): every group's quorum watch outlives the start. Group 0 never rests
+/// and its resting sender was dropped when the node started, which ended its watch: writes in
+/// flight on a leader cut off then waited out their timeout instead of failing within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_group_watches_its_quorum_after_the_node_started() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let node = single_node_with(dir.path(), |c| c.groups = 2)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(node.node.quorum_watch_runs(), "group 0's watch stopped");
+    for (g, replica) in node.groups.iter().enumerate() {
+        assert!(
+            replica.node.quorum_watch_runs(),
+            "group {}'s watch stopped",
+            g + 1
+        );
+    }
+    node.shutdown().await;
+}

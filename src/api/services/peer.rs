@@ -233,6 +233,25 @@ impl PeerService {
         Ok(rpc)
     }
 
+    /// A vote or pre-vote in a resting data group is refused while the group's leader's node
+    /// is heard from (`cluster/rest.rs`, `Rest::refuses_vote`): no grant, as from a peer out
+    /// of reach.
+    fn check_rest(
+        &self,
+        r: &Replica,
+        rpc: &openraft::raft::VoteRequest<TypeConfig>,
+    ) -> Result<(), Status> {
+        let candidate = (rpc.vote.leader_id().node_id, rpc.leadership_transfer);
+        let now = tokio::time::Instant::now();
+        match self
+            .rest
+            .refuses_vote(r.store.space().group, candidate, now)
+        {
+            Some(why) => Err(Status::unavailable(why)),
+            None => Ok(()),
+        }
+    }
+
     /// While this node waits to be added: a Raft call only after a `Hello`, and only from a
     /// leader (or candidate) of the `Hello`'s term or later.
     fn check_admitted(&self, r: &Replica, term: u64) -> Result<(), Status> {
@@ -313,6 +332,7 @@ impl PeerService {
     ) -> Result<Response<RaftMessage>, Status> {
         let r = self.replica(service, &req)?;
         let rpc = self.vote_request(&r, req)?;
+        self.check_rest(&r, &rpc)?;
         self.reply(&r.raft.vote(rpc).await)
     }
 
@@ -324,6 +344,7 @@ impl PeerService {
         self.check_newer_rpcs()?;
         let r = self.replica(service, &req)?;
         let rpc = self.vote_request(&r, req)?;
+        self.check_rest(&r, &rpc)?;
         self.reply(&r.raft.pre_vote(rpc).await)
     }
 
