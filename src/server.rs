@@ -167,6 +167,10 @@ pub async fn start_with(
     for replica in &replicas {
         replica.spawn_policy_copier(&config, (&zero.store, nodes.map()), &rx, &mut tasks);
     }
+    tasks.push(tokio::spawn(crate::node::hand_over_when_cut_off(
+        nodes.clone(),
+        rx.clone(),
+    )));
     tasks.push(tokio::spawn(crate::cluster::rest::run(
         rest.clone(),
         (zero.raft.clone(), zero.store.clone()),

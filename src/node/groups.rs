@@ -29,6 +29,11 @@ const RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// (`auth::CATCH_UP`), and one that hangs (a paused leader) must not hold the next.
 const ROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a node leading data groups may hear nothing from group 0's leader (another node)
+/// before it hands them over: well past an election of group 0 (0.5–0.75 s), so a leader that
+/// died is replaced, and heard from, first.
+const CUT_OFF_AFTER: Duration = Duration::from_secs(3);
+
 /// A caller waiting for group 0's read index.
 type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
 
@@ -134,6 +139,75 @@ impl Nodes {
             true => Ok(()),
             false => Err(late(format!("index {index} not applied within {within:?}"))),
         }
+    }
+}
+
+/// Hands over the data groups this node leads while it hears nothing from group 0's leader
+/// (another node) for [`CUT_OFF_AFTER`]: a cut of that one link leaves both in their groups,
+/// but none of this node's data groups' calls can be judged (`meta_caught_up` needs group 0's
+/// leader), so they would all fail until the link heals. Each goes to the member with the most
+/// of its log other than group 0's leader (which this node cannot reach, and which the cut
+/// member could not hand it to): one that can reach group 0's leader, unless the partition is
+/// wider, when a hand-over changes nothing. Looks once a second, until `shutdown`.
+pub async fn hand_over_when_cut_off(nodes: Arc<Nodes>, mut shutdown: watch::Receiver<bool>) {
+    if !nodes.sharded() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let meta = nodes.meta();
+        let Leader::Other { id: cut, .. } = meta.leader() else {
+            continue; // this node leads group 0, or nobody does yet
+        };
+        if meta.levels.heard_within(cut, CUT_OFF_AFTER) {
+            continue;
+        }
+        for node in nodes.all.iter().skip(1) {
+            if node.leader() != Leader::Me {
+                continue;
+            }
+            let Some(to) = node.successor_other_than(cut) else {
+                continue;
+            };
+            let group = node.group();
+            tracing::warn!(
+                group,
+                to,
+                "no word from group 0's leader (node {cut}) for {CUT_OFF_AFTER:?}: this \
+                 node cannot judge its data groups' calls, so it hands them over"
+            );
+            let handed = tokio::time::timeout(CUT_OFF_AFTER, node.transfer_leader(Some(to)));
+            match handed.await {
+                Ok(Ok(to)) => tracing::info!(group, to, "data group handed over"),
+                Ok(Err(e)) => tracing::warn!(group, error = %e, "data group not handed over"),
+                Err(_) => tracing::warn!(group, "data group hand-over took too long"),
+            }
+        }
+    }
+}
+
+impl Node {
+    /// The voter of this group other than this node and `not` with the most of the log.
+    fn successor_other_than(
+        &self,
+        not: crate::raft_types::NodeId,
+    ) -> Option<crate::raft_types::NodeId> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        let matched = |id: &crate::raft_types::NodeId| {
+            let r = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten());
+            r.map(|l| l.index)
+        };
+        let voters = m.membership_config.membership().voter_ids();
+        voters
+            .filter(|id| *id != self.id && *id != not)
+            .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))
     }
 }
 

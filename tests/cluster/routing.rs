@@ -293,6 +293,77 @@ async fn a_data_group_leader_behind_on_group_0_honours_no_revoked_key_and_knows_
     c.shutdown().await;
 }
 
+/// Review of 4c (MED 1): a cut of the one link between group 0's leader and a data group's
+/// leader left that data group refusing every call (its leader cannot take group 0's read
+/// index to judge them) until the link healed. Its leader now hands it over to a member that
+/// reaches group 0's leader (`node::hand_over_when_cut_off`), and calls go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_group_whose_leader_is_cut_off_from_group_0s_leader_moves_to_one_that_is_not() {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use timerdb_harness::proxy::{Link, Mode};
+    // Every peer link through a proxy, made when a node's configuration is (and kept).
+    let links: Arc<Mutex<BTreeMap<(u64, u64), Link>>> = Arc::default();
+    let made = links.clone();
+    let c = TestCluster::start_with(3, move |n| {
+        n.groups = 1;
+        let mut links = made.lock().unwrap();
+        for (to, addr) in n.peers.clone().into_iter().filter(|(to, _)| *to != n.id) {
+            let link = links.entry((n.id, to)).or_insert_with(|| {
+                let start = Link::start(addr);
+                let handle = tokio::runtime::Handle::current();
+                tokio::task::block_in_place(|| handle.block_on(start)).unwrap()
+            });
+            n.dial.insert(to, link.addr.clone());
+        }
+    })
+    .await;
+    let ns = namespace_in(1, 1);
+    let admin = enable(&c, c.leader().await).await;
+    let (_, token) = create_key(&c, c.leader().await, Some(&admin), "k", &["schedule:*"]).await;
+    let runs = leader_of(&c, 1).await;
+    not_leading_group_0(&c, runs, &admin).await;
+    let meta = leader_of(&c, 0).await;
+    assert_eq!(leader_of(&c, 1).await, runs);
+    let third = (c.running().into_iter())
+        .find(|id| ![runs, meta].contains(id))
+        .unwrap();
+    c.converged().await;
+
+    // The link between the two leaders is cut, both ways; every other link works.
+    for link in [(runs, meta), (meta, runs)] {
+        links.lock().unwrap()[&link].set(Mode::Blackhole);
+    }
+    let cut = Instant::now();
+    let mut client = timers(&c, third, Some(&token)).await;
+    let deadline = cut + Duration::from_secs(20);
+    for attempt in 0.. {
+        let id = format!("across-{attempt}");
+        match client.schedule(req(&ns, &id, now_ms() + 3_600_000)).await {
+            Ok(_) => break,
+            Err(s) => assert!(
+                Instant::now() < deadline,
+                "group 1's calls still fail {:?} after the cut: {}",
+                cut.elapsed(),
+                status_text(&s)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("group 1 took calls again {:?} after the cut", cut.elapsed());
+    assert_eq!(
+        leader_of(&c, 1).await,
+        third,
+        "group 1 moved to the member not cut off"
+    );
+    assert_eq!(leader_of(&c, 0).await, meta, "group 0 kept its leader");
+    for link in [(runs, meta), (meta, runs)] {
+        links.lock().unwrap()[&link].set(Mode::Pass);
+    }
+    c.converged().await;
+    c.shutdown().await;
+}
+
 /// The group-0 replica of namespace `ns`'s configuration and group `g`'s copy on `node`.
 fn policy_on(c: &TestCluster, node: u64, g: u16, ns: &str) -> (u32, bool) {
     let store = &c.node(node).groups[usize::from(g) - 1].store;
