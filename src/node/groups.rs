@@ -29,10 +29,17 @@ const RETRY_PAUSE: Duration = Duration::from_millis(25);
 /// (`auth::CATCH_UP`), and one that hangs (a paused leader) must not hold the next.
 const ROUND_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long a node leading data groups may hear nothing from group 0's leader (another node)
-/// before it hands them over: well past an election of group 0 (0.5–0.75 s), so a leader that
-/// died is replaced, and heard from, first.
+/// How long a node leading data groups may fail to catch up with group 0 (the read index its
+/// data groups' calls need) before it hands them over: well past an election of group 0
+/// (0.5–0.75 s), so a leader that died is replaced, and reached, first.
 const CUT_OFF_AFTER: Duration = Duration::from_secs(3);
+/// Least time a node leads a data group before it hands it over for being cut off: a member
+/// that took it and is cut off too (a wider partition) keeps it that long, so two such
+/// members do not pass it back and forth every second.
+const LEAD_AT_LEAST: Duration = Duration::from_secs(6);
+/// Longest one hand-over may take here (its own steps are bounded: draining queued acks, the
+/// successor's catch-up, the election).
+const HAND_OVER_LIMIT: Duration = Duration::from_secs(15);
 
 /// A caller waiting for group 0's read index.
 type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
@@ -142,54 +149,74 @@ impl Nodes {
     }
 }
 
-/// Hands over the data groups this node leads while it hears nothing from group 0's leader
-/// (another node) for [`CUT_OFF_AFTER`]: a cut of that one link leaves both in their groups,
-/// but none of this node's data groups' calls can be judged (`meta_caught_up` needs group 0's
-/// leader), so they would all fail until the link heals. Each goes to the member with the most
-/// of its log other than group 0's leader (which this node cannot reach, and which the cut
-/// member could not hand it to): one that can reach group 0's leader, unless the partition is
-/// wider, when a hand-over changes nothing. Looks once a second, until `shutdown`.
+/// Hands over the data groups this node leads while it cannot catch up with group 0 for
+/// [`CUT_OFF_AFTER`] (a cut of the link to group 0's leader, one way or both, or a link too
+/// slow for a read index): none of their calls can be judged (`meta_caught_up`), so they
+/// would all fail until it heals. Each group this node has led for [`LEAD_AT_LEAST`] goes,
+/// all at once, to the member with the most of its log other than group 0's leader (which
+/// this node cannot reach): one that reaches it, unless the partition is wider, when the
+/// group stays at least that long with whoever took it. Looks once a second, with one read
+/// index (coalesced with the calls'), while this node leads data groups and not group 0.
 pub async fn hand_over_when_cut_off(nodes: Arc<Nodes>, mut shutdown: watch::Receiver<bool>) {
     if !nodes.sharded() {
         return;
     }
+    let mut failing_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         let meta = nodes.meta();
-        let Leader::Other { id: cut, .. } = meta.leader() else {
-            continue; // this node leads group 0, or nobody does yet
+        let leading: Vec<&Arc<Node>> = (nodes.all.iter().skip(1))
+            .filter(|n| n.leader() == Leader::Me)
+            .collect();
+        let cut = match meta.leader() {
+            Leader::Other { id, .. } if !leading.is_empty() => id,
+            _ => {
+                failing_since = None; // it leads group 0, nobody does yet, or it leads nothing
+                continue;
+            }
         };
-        if meta.levels.heard_within(cut, CUT_OFF_AFTER) {
+        if nodes.meta_caught_up(Duration::from_secs(1)).await.is_ok() {
+            failing_since = None;
             continue;
         }
-        for node in nodes.all.iter().skip(1) {
-            if node.leader() != Leader::Me {
-                continue;
-            }
-            let Some(to) = node.successor_other_than(cut) else {
-                continue;
-            };
-            let group = node.group();
-            tracing::warn!(
-                group,
-                to,
-                "no word from group 0's leader (node {cut}) for {CUT_OFF_AFTER:?}: this \
-                 node cannot judge its data groups' calls, so it hands them over"
-            );
-            let handed = tokio::time::timeout(CUT_OFF_AFTER, node.transfer_leader(Some(to)));
-            match handed.await {
-                Ok(Ok(to)) => tracing::info!(group, to, "data group handed over"),
-                Ok(Err(e)) => tracing::warn!(group, error = %e, "data group not handed over"),
-                Err(_) => tracing::warn!(group, "data group hand-over took too long"),
-            }
+        let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < CUT_OFF_AFTER {
+            continue;
         }
+        let now_ms = meta.config.clock.now_ms();
+        let handovers = (leading.into_iter())
+            .filter(|node| node.led_for(now_ms) >= LEAD_AT_LEAST)
+            .filter_map(|node| Some((node, node.successor_other_than(cut)?)))
+            .map(|(node, to)| async move {
+                let group = node.group();
+                tracing::warn!(
+                    group,
+                    to,
+                    "this node has not caught up with group 0 (its leader is node {cut}) for \
+                     {CUT_OFF_AFTER:?} and cannot judge its data groups' calls: it hands \
+                     them over"
+                );
+                match tokio::time::timeout(HAND_OVER_LIMIT, node.transfer_leader(Some(to))).await {
+                    Ok(Ok(to)) => tracing::info!(group, to, "data group handed over"),
+                    Ok(Err(e)) => tracing::warn!(group, error = %e, "data group not handed over"),
+                    Err(_) => tracing::warn!(group, "data group hand-over took too long"),
+                }
+            });
+        futures::future::join_all(handovers).await;
     }
 }
 
 impl Node {
+    /// How long this node has led its group, in its current term, by its clock at `now_ms`.
+    fn led_for(&self, now_ms: i64) -> Duration {
+        let term = self.raft.metrics().borrow_watched().current_term;
+        let since = self.tenure.since(term).unwrap_or(now_ms);
+        Duration::from_millis(now_ms.saturating_sub(since).max(0) as u64)
+    }
+
     /// The voter of this group other than this node and `not` with the most of the log.
     fn successor_other_than(
         &self,
