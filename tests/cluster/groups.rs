@@ -33,7 +33,7 @@ fn replica(
 }
 
 /// The node leading group `g`, once one does.
-async fn group_leader(c: &TestCluster, g: u16) -> u64 {
+pub(crate) async fn group_leader(c: &TestCluster, g: u16) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let leaders: Vec<u64> = (c.running().into_iter())

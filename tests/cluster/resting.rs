@@ -18,33 +18,21 @@ fn raft(node: &RunningNode, g: u16) -> &timerdb::cluster::Raft {
     &node.groups[usize::from(g) - 1].raft
 }
 
-/// The node leading data group `g`, and its term, once one does.
-async fn leader_of(c: &TestCluster, g: u16, within: Duration) -> (u64, u64) {
-    let deadline = Instant::now() + within;
-    loop {
-        let leaders: Vec<(u64, u64)> = (c.running().into_iter())
-            .filter_map(|id| {
-                let m = raft(c.node(id), g).metrics();
-                let m = m.borrow_watched();
-                (m.state == openraft::ServerState::Leader).then_some((id, m.current_term))
-            })
-            .collect();
-        if let [one] = leaders[..] {
-            return one;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "group {g} has no leader after {within:?}: {leaders:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// The node leading data group `g`, once one does (`groups::group_leader`), and its term.
+async fn leader_of(c: &TestCluster, g: u16) -> (u64, u64) {
+    let leader = crate::groups::group_leader(c, g).await;
+    let term = raft(c.node(leader), g)
+        .metrics()
+        .borrow_watched()
+        .current_term;
+    (leader, term)
 }
 
 /// Waits until data group `g` rests: its leader's ticker parked, every other node holding it.
 async fn rests(c: &TestCluster, g: u16) -> (u64, u64) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let (leader, term) = leader_of(c, g, Duration::from_secs(15)).await;
+        let (leader, term) = leader_of(c, g).await;
         let others = c.running().into_iter().filter(|id| *id != leader);
         if c.node(leader).rest.resting(g) && others.into_iter().all(|id| c.node(id).rest.held(g)) {
             return (leader, term);
@@ -144,7 +132,7 @@ async fn an_idle_group_rests_wakes_for_a_write_and_elects_when_its_leader_dies()
     let (dead, term) = rests(&c, 2).await;
     let stopped = Instant::now();
     c.stop(dead).await;
-    let (next, new_term) = leader_of(&c, 2, Duration::from_secs(10)).await;
+    let (next, new_term) = leader_of(&c, 2).await;
     let failover = stopped.elapsed();
     assert!(
         next != dead && new_term > term,
