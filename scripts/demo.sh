@@ -4,8 +4,19 @@
 # and every one of them still fires exactly once; then a consumer receives and acks them all.
 # Leaves the cluster running (stop it with
 # `scripts/cluster.sh stop`).
+#
+#   scripts/demo.sh [--groups G]   --groups: a sharded cluster of G data groups beside group 0
+#                                  (docs/sharding.md); the leader killed is the one of the group
+#                                  holding the demo's namespace, and the slot map is shown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GROUPS_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --groups) GROUPS_ARGS=(--groups "$2"); shift 2 ;;
+    *) echo "usage: scripts/demo.sh [--groups G]" >&2; exit 2 ;;
+  esac
+done
 export TIMERDB_CLUSTER_DIR=${TIMERDB_CLUSTER_DIR:-.cluster}
 bash scripts/deps.sh
 echo "== building timerdb (debug profile)"
@@ -15,9 +26,22 @@ TARGET=${CARGO_TARGET_DIR:-target}
 CTL="$TARGET/debug/timerctl"
 scripts/cluster.sh stop >/dev/null 2>&1 || true
 rm -rf "$TIMERDB_CLUSTER_DIR"
-TIMERDB_BIN="$TARGET/debug" scripts/cluster.sh start
+TIMERDB_BIN="$TARGET/debug" scripts/cluster.sh start "${GROUPS_ARGS[@]}"
 
 leader=$(TIMERDB_BIN="$TARGET/debug" scripts/cluster.sh leader)
+if [[ ${#GROUPS_ARGS[@]} -gt 0 ]]; then
+  echo
+  echo "== the slot map: which Raft group owns which hash slots"
+  "$CTL" -e 127.0.0.1:7101 slots
+  "$CTL" -e 127.0.0.1:7101 group list
+  # The namespace's group's leader, once it has one: that is the node the demo kills.
+  for _ in $(seq 50); do
+    leader=$("$CTL" -e 127.0.0.1:7101 --output json slots --namespace demo | grep -o '"leader": *[0-9]*' | grep -o '[0-9]*$')
+    [[ "$leader" != 0 ]] && break
+    sleep 0.2
+  done
+  "$CTL" -e 127.0.0.1:7101 slots --namespace demo
+fi
 follower=$(( leader % 3 + 1 ))
 EP="127.0.0.1:$((7100 + follower))"
 echo

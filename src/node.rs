@@ -41,7 +41,7 @@ use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{Specs, Timer, TimerKey, TimerSpec, TimerState};
 use crate::{Error, Result};
 pub use ack::Acked;
-pub use groups::{hand_over_when_cut_off, Nodes, ReadIndexTask};
+pub use groups::{hand_over_when_cut_off, GroupView, Nodes, ReadIndexTask};
 pub use health::LEADER_SILENT;
 pub use local::NodeStatus;
 pub use membership::Member;

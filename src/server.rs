@@ -302,7 +302,7 @@ async fn serve(
                 .max_decoding_message_size(small),
         )
         .add_service(
-            ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(small),
+            ClusterServer::new(ClusterService::new(nodes.clone())).max_decoding_message_size(small),
         )
         .add_service(
             AccessServer::new(AccessService::new(node.clone())).max_decoding_message_size(small),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::keys::{Group, SlotMap};
-use crate::node::{Leader, Node};
+use crate::node::{Leader, Node, NodeStatus};
 use crate::{Error, Result};
 
 /// Pause before asking again for a read index group 0 could not give (no leader known).
@@ -40,6 +40,15 @@ const LEAD_AT_LEAST: Duration = Duration::from_secs(6);
 /// Longest one hand-over may take here (its own steps are bounded: draining queued acks, the
 /// successor's catch-up, the election).
 const HAND_OVER_LIMIT: Duration = Duration::from_secs(15);
+
+/// One group as this node's replica knows it ([`Nodes::slots`]).
+#[derive(Debug, Clone)]
+pub struct GroupView {
+    pub group: Group,
+    /// The hash slots it owns, `[start, end)` (empty: none).
+    pub owned: std::ops::Range<u32>,
+    pub status: NodeStatus,
+}
 
 /// A caller waiting for group 0's read index.
 type Waiter = oneshot::Sender<std::result::Result<u64, String>>;
@@ -109,6 +118,35 @@ impl Nodes {
                  {namespace:?}'s timers"
             ))
         })
+    }
+
+    /// Every group's door, group 0 first.
+    pub fn each(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.all.iter()
+    }
+
+    /// This node's Status: group 0's role, leader, indexes and members, with the timer
+    /// counts summed over every group it hosts (a namespace's timers are in its data group).
+    pub fn status(&self) -> Result<NodeStatus> {
+        let mut status = self.meta().status()?;
+        for node in self.all.iter().skip(1) {
+            status.add_counts(&node.status()?);
+        }
+        Ok(status)
+    }
+
+    /// Every group as this node's replica knows it, with the hash slots the map gives it: what
+    /// `Cluster.Slots` answers (a router's hint, not a linearizable read).
+    pub fn slots(&self) -> Result<Vec<GroupView>> {
+        (self.all.iter())
+            .map(|node| {
+                Ok(GroupView {
+                    group: node.group(),
+                    owned: self.map.owned(node.group()),
+                    status: node.status()?,
+                })
+            })
+            .collect()
     }
 
     /// Waits until this node's replica of group 0 has applied every entry group 0 had

@@ -42,6 +42,30 @@ pub struct NodeStatus {
     pub fired: (u64, u64, Vec<u64>),
 }
 
+impl NodeStatus {
+    /// Adds `other`'s timer counts (pending, fired, acked, keys written) to these: a node's
+    /// Status sums them over every group it hosts.
+    pub fn add_counts(&mut self, other: &NodeStatus) {
+        self.pending_timers += other.pending_timers;
+        self.state_machine_keys_written += other.state_machine_keys_written;
+        self.timers_acked += other.timers_acked;
+        self.fired.0 += other.fired.0;
+        self.fired.1 += other.fired.1;
+        let le = &mut self.fired.2;
+        le.resize(le.len().max(other.fired.2.len()), 0);
+        for (sum, n) in le.iter_mut().zip(&other.fired.2) {
+            *sum += n;
+        }
+    }
+
+    /// The address the group's leader serves on, when this node knows it.
+    pub fn leader_addr(&self) -> Option<&str> {
+        let leader = self.leader_id?;
+        let member = self.members.iter().find(|m| m.0 == leader)?;
+        Some(&member.1)
+    }
+}
+
 impl Node {
     /// The API keys, roles and bindings as this node applied them.
     pub fn access(&self) -> Arc<AccessState> {

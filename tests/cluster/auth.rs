@@ -346,8 +346,11 @@ async fn roles_decide_each_call_on_every_node_and_a_denial_reveals_nothing() {
         let mut cl = ClusterClient::new(ch(&c, node, Some(&sched)).await);
         cl.status(pb::StatusRequest {}).await.unwrap();
         denied(
-            cl.transfer_leader(pb::TransferLeaderRequest { node_id: 0 })
-                .await,
+            cl.transfer_leader(pb::TransferLeaderRequest {
+                node_id: 0,
+                group: 0,
+            })
+            .await,
             "needs the admin role",
         );
         denied(

@@ -31,6 +31,7 @@ mod resting;
 mod retries;
 mod routing;
 mod secure_process;
+mod slots;
 mod slow_disk;
 mod slow_link;
 mod tls;

@@ -256,14 +256,20 @@ async fn leadership_transfers_to_the_named_voter_and_writes_go_on() {
     let mut admin = c.cluster(via).await;
 
     let e = admin
-        .transfer_leader(pb::TransferLeaderRequest { node_id: 99 })
+        .transfer_leader(pb::TransferLeaderRequest {
+            node_id: 99,
+            group: 0,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     let started = std::time::Instant::now();
     let r = admin
-        .transfer_leader(pb::TransferLeaderRequest { node_id: target })
+        .transfer_leader(pb::TransferLeaderRequest {
+            node_id: target,
+            group: 0,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -295,14 +301,20 @@ async fn leadership_moves_with_a_voter_of_a_build_before_transfer_leader() {
     if leader == 3 {
         let mut admin = c.cluster(3).await;
         admin
-            .transfer_leader(pb::TransferLeaderRequest { node_id: 1 })
+            .transfer_leader(pb::TransferLeaderRequest {
+                node_id: 1,
+                group: 0,
+            })
             .await
             .unwrap();
         leader = 1;
     }
     let started = std::time::Instant::now();
     let r = (c.cluster(leader).await)
-        .transfer_leader(pb::TransferLeaderRequest { node_id: 3 })
+        .transfer_leader(pb::TransferLeaderRequest {
+            node_id: 3,
+            group: 0,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -315,7 +327,10 @@ async fn leadership_moves_with_a_voter_of_a_build_before_transfer_leader() {
 
     // 3 hands over to 2 (a current build: TransferLeader), then 2 goes away.
     let r = (c.cluster(3).await)
-        .transfer_leader(pb::TransferLeaderRequest { node_id: 2 })
+        .transfer_leader(pb::TransferLeaderRequest {
+            node_id: 2,
+            group: 0,
+        })
         .await
         .unwrap()
         .into_inner();

@@ -17,7 +17,7 @@ use crate::auth::{access, create_key, enable, timers};
 use crate::harness::*;
 
 /// A namespace whose timers group `g` holds, in a cluster of `groups` data groups.
-fn namespace_in(groups: u16, g: u16) -> String {
+pub(crate) fn namespace_in(groups: u16, g: u16) -> String {
     let map = SlotMap::new(groups);
     (0..)
         .map(|i| format!("ns-{i}"))
@@ -197,7 +197,10 @@ async fn not_leading_group_0(c: &TestCluster, node: u64, admin: &str) {
         let other = c.running().into_iter().find(|id| *id != node).unwrap();
         let channel = crate::auth::ch(c, other, Some(admin)).await;
         let mut cluster = pb::cluster_client::ClusterClient::new(channel);
-        let to = pb::TransferLeaderRequest { node_id: other };
+        let to = pb::TransferLeaderRequest {
+            node_id: other,
+            group: 0,
+        };
         let _ = cluster.transfer_leader(to).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

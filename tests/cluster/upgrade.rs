@@ -23,7 +23,10 @@ async fn lead_with_1(c: &TestCluster) {
     if leader != 1 {
         c.cluster(leader)
             .await
-            .transfer_leader(pb::TransferLeaderRequest { node_id: 1 })
+            .transfer_leader(pb::TransferLeaderRequest {
+                node_id: 1,
+                group: 0,
+            })
             .await
             .unwrap();
     }

@@ -81,6 +81,8 @@ class ConsoleTest(unittest.TestCase):
         page = self.browser.new_page(viewport={"width": 1280, "height": 800})
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
+        # The page's policy refuses inline styles and scripts: what it blocks is not drawn.
+        page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
         self.addCleanup(lambda: self.assertEqual(errors, [], "script errors in the console"))
         self.addCleanup(page.close)
         if token:
@@ -102,6 +104,33 @@ class ConsoleTest(unittest.TestCase):
         expect(page.locator("#members tr.leader")).to_have_count(1)
         status = ok("GET", "/v1/cluster/status")
         expect(page.locator("#leader")).to_have_text(f"node {status['leader_id']}")
+        # The slot map: group 0 and 4 data groups, whose hash slots cover 0..1024 once, each
+        # row's leader the one the node reports, and a namespace's timers in the group the
+        # map gives its hash slot.
+        slots = ok("GET", "/v1/cluster/slots")
+        self.assertEqual([g["group"] for g in slots["groups"]], [0, 1, 2, 3, 4])
+        covered = sorted((r["start"], r["end"]) for g in slots["groups"] for r in g.get("hash_slots", []))
+        self.assertEqual(covered[0][0], 0)
+        self.assertEqual(covered[-1][1], 1024)
+        self.assertTrue(all(a[1] == b[0] for a, b in zip(covered, covered[1:])), covered)
+        expect(page.locator("#groups tr[data-group]")).to_have_count(5)
+        expect(page.locator("#slotmap .hslots")).to_have_count(4)
+        # Drawn: each group's part of the bar as wide as its share (a quarter), and coloured.
+        widths = [b["width"] for b in (page.locator("#slotmap .hslots").nth(i).bounding_box() for i in range(4))]
+        self.assertTrue(all(abs(w - sum(widths) / 4) < 4 for w in widths) and sum(widths) > 600, widths)
+        colour = page.locator("#slotmap .hslots").first.evaluate("e => getComputedStyle(e).backgroundColor")
+        self.assertNotIn(colour, ("rgba(0, 0, 0, 0)", "transparent"), colour)
+        for g in slots["groups"]:
+            leader = wait(lambda: ok("GET", "/v1/cluster/slots")["groups"][g["group"]].get("leader_id"),
+                          f"group {g['group']}'s leader")
+            page.reload()
+            expect(page.locator("body")).to_have_attribute("data-loaded", "cluster", timeout=15_000)
+            expect(page.locator(f"#groups tr[data-group='{g['group']}'] .leader-of")).to_have_text(f"node {leader}")
+        overview = ok("GET", "/v1/cluster/overview")
+        group_of = {n["name"]: n.get("group", 0) for n in overview["namespaces"]}
+        pending = {g["group"]: int(g.get("pending_timers", 0)) for g in slots["groups"]}
+        self.assertGreaterEqual(pending[group_of[NS]], 70, (group_of, pending))
+        self.assertEqual(pending[0], 0, "group 0 holds no timers in a sharded cluster")
         self.assertEqual(page.locator("#error").count(), 0)
         self.shot(page, "cluster")
 
@@ -113,6 +142,9 @@ class ConsoleTest(unittest.TestCase):
         expect(dead_row.locator(".dead")).to_have_text("3")
         expect(dead_row.locator(".pending")).to_have_text("0")
         expect(page.locator(f"#namespaces tr[data-ns='{NS}-dead']")).to_contain_text("push http://127.0.0.1:9/hook")
+        group = {n["name"]: n.get("group", 0) for n in ok("GET", "/v1/cluster/overview")["namespaces"]}[NS]
+        self.assertNotEqual(group, 0, "a namespace's timers are in a data group")
+        expect(row.locator(".group")).to_have_text(str(group))
         self.shot(page, "namespaces")
 
     def test_3_timers_paged_and_a_timer(self):

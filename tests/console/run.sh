@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The web console's browser tests (tests/console/console_test.py): installs what they need if
 # missing (Debian's chromium with apt, Playwright into the Python client's virtualenv, no
-# browser download), starts a 3-node cluster of this checkout's debug timerd on its own ports,
+# browser download), starts a sharded 3-node cluster of this checkout's debug timerd on its own ports,
 # runs the tests in headless chromium and stops it. Screenshots of each page go to
 # $TIMERDB_SHOTS (default target/console-screenshots), kept as the run's artefacts.
 set -euo pipefail
@@ -20,7 +20,9 @@ fi
 
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 source scripts/test-cluster.sh
-test_cluster_start "${TIMERDB_CONSOLE_PORT:-17301}" console
+# Sharded (4 data groups beside group 0): every page works across groups, and the cluster
+# page shows the slot map.
+test_cluster_start "${TIMERDB_CONSOLE_PORT:-17301}" console 4
 export TIMERDB_SHOTS=${TIMERDB_SHOTS:-$TARGET/console-screenshots}
 export CHROMIUM=${CHROMIUM:-$(command -v chromium)}
 "$VENV/bin/python" -m unittest -v tests/console/console_test.py

@@ -139,6 +139,11 @@ pub static CODECS: &[Codec] = &[
         pb::BackupChunk
     ),
     codec!(
+        "/timerdb.v1.Cluster/Slots",
+        pb::SlotsRequest,
+        pb::SlotsResponse
+    ),
+    codec!(
         "/timerdb.v1.Cluster/Overview",
         pb::OverviewRequest,
         pb::OverviewResponse

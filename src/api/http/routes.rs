@@ -307,6 +307,14 @@ pub static ROUTES: &[Route] = &[
     ),
     route(
         Method::GET,
+        "/v1/cluster/slots",
+        "/timerdb.v1.Cluster/Slots",
+        ("SlotsRequest", "SlotsResponse"),
+        Input::Query,
+        "The slot map as this node routes by it: each Raft group's hash slots, leader and members.",
+    ),
+    route(
+        Method::GET,
         "/v1/cluster/overview",
         "/timerdb.v1.Cluster/Overview",
         ("OverviewRequest", "OverviewResponse"),
@@ -344,7 +352,7 @@ pub static ROUTES: &[Route] = &[
         "/timerdb.v1.Cluster/TransferLeader",
         ("TransferLeaderRequest", "TransferLeaderResponse"),
         Input::Body,
-        "Hands leadership to a voter (node_id 0: the most up-to-date).",
+        "Hands a group's leadership to a voter (node_id 0: the most up-to-date; group 0 default).",
     ),
     // timerdb.v1.Access
     route(

@@ -2,6 +2,8 @@
 //! state machine (what the chaos checker compares across replicas), and membership and
 //! leadership changes, which run on the leader (forwarded like writes, see [`crate::api::stack::forward`]),
 //! and backups, streamed from the leader ([`crate::api::services::backup`]; a follower relays the stream).
+//! With data groups: Status sums the timer counts over every group the node hosts, Slots
+//! describes each group and the hash slots it owns, and TransferLeader names its group.
 
 use std::sync::Arc;
 
@@ -9,17 +11,21 @@ use tonic::{Request, Response, Status};
 
 use crate::api::pb::{self, cluster_server};
 use crate::api::services::backup;
+use crate::api::stack::group;
 use crate::node::Member;
-use crate::node::Node;
+use crate::node::{Node, Nodes};
 
 /// Serves the Cluster service on one node.
 pub struct ClusterService {
+    nodes: Arc<Nodes>,
+    /// Group 0's door: members, backups, digests.
     node: Arc<Node>,
 }
 
 impl ClusterService {
-    pub fn new(node: Arc<Node>) -> Self {
-        ClusterService { node }
+    pub fn new(nodes: Arc<Nodes>) -> Self {
+        let node = nodes.meta().clone();
+        ClusterService { nodes, node }
     }
 }
 
@@ -50,7 +56,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let s = self.node.status()?;
+        let s = self.nodes.status()?;
         Ok(Response::new(pb::StatusResponse {
             node_id: s.id,
             role: s.role.to_string(),
@@ -78,7 +84,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         req: Request<pb::OverviewRequest>,
     ) -> Result<Response<pb::OverviewResponse>, Status> {
-        let o = self.node.overview(req.into_inner().by_state)?;
+        let o = self.node.overview(req.into_inner().by_state, &self.nodes)?;
         let members = o.members.into_iter().map(|m| pb::MemberProgress {
             node_id: m.id,
             addr: m.addr,
@@ -93,6 +99,7 @@ impl cluster_server::Cluster for ClusterService {
             stored: n.stored,
             configured: n.configured,
             paused: n.paused,
+            group: u32::from(n.group),
             by_state: n
                 .by_state
                 .unwrap_or_default()
@@ -155,9 +162,46 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
-        let node_id = request.get_ref().node_id;
+        // The grouping layer routed the call to the leader of the group it names; without
+        // data groups every call is group 0's, and a group that does not exist is refused.
+        let routed = group::of_request(&request);
+        let (node_id, asked) = (request.get_ref().node_id, request.get_ref().group);
+        let node = match self.nodes.group(routed) {
+            Some(node) if u32::from(routed) == asked => node,
+            _ => return Err(group::no_such_group(asked, self.nodes.map().groups())),
+        };
         let to = (node_id != 0).then_some(node_id);
-        let leader_id = self.node.transfer_leader(to).await?;
+        let leader_id = node.transfer_leader(to).await?;
         Ok(Response::new(pb::TransferLeaderResponse { leader_id }))
+    }
+
+    async fn slots(
+        &self,
+        _req: Request<pb::SlotsRequest>,
+    ) -> Result<Response<pb::SlotsResponse>, Status> {
+        let groups = self.nodes.slots()?.into_iter().map(|g| pb::GroupInfo {
+            group: u32::from(g.group),
+            hash_slots: match g.owned.is_empty() {
+                true => vec![],
+                false => vec![pb::HashSlotRange {
+                    start: g.owned.start,
+                    end: g.owned.end,
+                }],
+            },
+            leader_id: g.status.leader_id.unwrap_or(0),
+            leader_addr: g.status.leader_addr().unwrap_or_default().to_string(),
+            term: g.status.term,
+            role: g.status.role.to_string(),
+            last_log_index: g.status.last_log_index,
+            applied_index: g.status.applied_index,
+            pending_timers: g.status.pending_timers,
+            members: members_pb(g.status.members),
+        });
+        Ok(Response::new(pb::SlotsResponse {
+            node_id: self.node.id(),
+            epoch: self.nodes.map().epoch(),
+            hash_slots: crate::keys::HASH_SLOTS,
+            groups: groups.collect(),
+        }))
     }
 }

@@ -158,10 +158,10 @@ async fn on_leader<S: Inner>(
         let msg = format!("this node hosts no replica of group {group}");
         return Status::internal(msg).into_http();
     };
-    // Whose leader, in messages: with data groups, the group holding the call's namespace.
+    // Whose leader, in messages: with data groups, the call's group.
     let of = match group {
         GROUP_ZERO => String::new(),
-        g => format!(" of group {g} (which holds the call's namespace)"),
+        g => format!(" of group {g}"),
     };
     let forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let deferred = req

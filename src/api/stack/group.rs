@@ -7,7 +7,8 @@
 //! from the first request message ([`names`]) and looked up in the slot map. A ScheduleBatch or AckBatch whose namespaces lie in two groups is refused
 //! INVALID_ARGUMENT, naming both, before anything is proposed (DESIGN 10): a batch is atomic
 //! within one group's log, and across groups nothing makes it so. Every other call is group
-//! 0's (namespaces, keys, members). The streams (Subscribe, Consume) are served by their
+//! 0's (namespaces, keys, members), but TransferLeader, which names the group whose leader
+//! hands over (one the cluster lacks: INVALID_ARGUMENT). The streams (Subscribe, Consume) are served by their
 //! group's leader, which they find themselves (`api/services/subscribe.rs`). In a cluster of
 //! one group nothing is read: every call is group 0's.
 //!
@@ -18,6 +19,7 @@
 
 use std::sync::Arc;
 
+use prost::Message as _;
 use tonic::body::Body;
 use tonic::Status;
 
@@ -77,6 +79,9 @@ async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<
         }
     }
     let path = req.uri().path();
+    if path == TRANSFER_LEADER {
+        return by_group_field(nodes, req).await;
+    }
     let Some(rule) = methods::rule_of(path) else {
         return Ok(req); // refused by the auth layer
     };
@@ -91,6 +96,38 @@ async fn group(nodes: &Nodes, req: http::Request<Body>) -> Result<http::Request<
     let mut req = http::Request::from_parts(parts, first.hand_on());
     req.extensions_mut().insert(CallGroup(group));
     Ok(req)
+}
+
+/// The one call that names its group: an operator moves a group's leader.
+const TRANSFER_LEADER: &str = "/timerdb.v1.Cluster/TransferLeader";
+
+/// `req` (a TransferLeader) routed to the group its message names, or INVALID_ARGUMENT for a
+/// group the cluster does not have.
+async fn by_group_field(
+    nodes: &Nodes,
+    req: http::Request<Body>,
+) -> Result<http::Request<Body>, Status> {
+    let limit = methods::message_limit(TRANSFER_LEADER);
+    let (parts, body) = req.into_parts();
+    let first = crate::api::stack::first::first_message(body, limit).await?;
+    let message = crate::api::pb::TransferLeaderRequest::decode(first.message.as_ref())
+        .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))?;
+    let groups = nodes.map().groups();
+    let group = Group::try_from(message.group)
+        .ok()
+        .filter(|g| *g <= groups)
+        .ok_or_else(|| no_such_group(message.group, groups))?;
+    let mut req = http::Request::from_parts(parts, first.hand_on());
+    req.extensions_mut().insert(CallGroup(group));
+    Ok(req)
+}
+
+/// INVALID_ARGUMENT for a call naming `group`, which a cluster of `groups` data groups lacks.
+pub fn no_such_group(group: u32, groups: Group) -> Status {
+    Status::invalid_argument(match groups {
+        0 => format!("this cluster has no data groups: group {group} does not exist (0 is)"),
+        n => format!("this cluster has groups 0 to {n}: group {group} does not exist"),
+    })
 }
 
 /// Where the namespaces that decide the group of an RPC are: a Timers call's (every Timers

@@ -165,6 +165,11 @@ pub const RULES: &[Rule] = &[
         Access::Authenticated,
     ),
     rule(
+        "/timerdb.v1.Cluster/Slots",
+        Route::Local,
+        Access::Authenticated,
+    ),
+    rule(
         "/timerdb.v1.Cluster/AddNode",
         leader_within(ADD_NODE_SECS),
         Access::Admin,

@@ -7,6 +7,7 @@
 mod access;
 mod backup;
 mod delivery;
+mod groups;
 mod load;
 mod member;
 mod modes;
@@ -157,6 +158,17 @@ enum Command {
     Backup {
         #[command(subcommand)]
         command: backup::BackupCommand,
+    },
+    /// The slot map: which Raft group owns which hash slots, and its leader.
+    Slots {
+        /// Show only the group holding this namespace's timers.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
+    /// The Raft groups: list them, move a group's leader.
+    Group {
+        #[command(subcommand)]
+        command: groups::GroupCommand,
     },
     /// Move leadership.
     Leader {
@@ -438,6 +450,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Member { command } => member::member(ch, command).await?,
         Command::Auth { command } => access::auth(ch, command).await?,
         Command::Leader { command } => member::leader(ch, command).await?,
+        Command::Slots { namespace } => groups::slots(ch, namespace).await?,
+        Command::Group { command } => groups::group(ch, command).await?,
         Command::Backup { .. } => unreachable!("run before connecting"),
         Command::Watch {
             namespace,

@@ -32,6 +32,10 @@ pub enum LeaderCommand {
     Transfer {
         #[arg(long)]
         to: Option<u64>,
+        /// The Raft group whose leader hands over (0, the default: the meta group, the only
+        /// one without data groups; `timerctl group list` shows them).
+        #[arg(long, default_value_t = 0)]
+        group: u32,
     },
 }
 
@@ -62,9 +66,10 @@ pub async fn member(ch: Channel, command: MemberCommand) -> anyhow::Result<()> {
 }
 
 pub async fn leader(ch: Channel, command: LeaderCommand) -> anyhow::Result<()> {
-    let LeaderCommand::Transfer { to } = command;
+    let LeaderCommand::Transfer { to, group } = command;
     let req = pb::TransferLeaderRequest {
         node_id: to.unwrap_or(0),
+        group,
     };
     let r = ClusterClient::new(ch).transfer_leader(req).await;
     let leader = r.map_err(status_err)?.into_inner().leader_id;

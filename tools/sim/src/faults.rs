@@ -83,7 +83,10 @@ pub(crate) async fn inject(
             // And it leads again (a clock behind the cursor must not move it back).
             let mut cluster = ClusterClient::new(c.conn(n));
             let _ = cluster
-                .transfer_leader(pb::TransferLeaderRequest { node_id: n })
+                .transfer_leader(pb::TransferLeaderRequest {
+                    node_id: n,
+                    group: 0,
+                })
                 .await;
             tokio::time::sleep(span).await;
             c.skew_ms.insert(n, 0);

@@ -72,7 +72,8 @@ async function whoAmI() {
 // --- pages --------------------------------------------------------------------------------
 
 async function cluster() {
-  const [o, s] = await Promise.all([api("GET", "/v1/cluster/overview"), api("GET", "/v1/cluster/status")]);
+  const [o, s, m] = await Promise.all([api("GET", "/v1/cluster/overview"), api("GET", "/v1/cluster/status"),
+    api("GET", "/v1/cluster/slots")]);
   const rows = o.members.map((m) => `
     <tr class="${m.leader ? "leader" : ""}" data-node="${esc(m.node_id)}">
       <td>${esc(m.node_id)}</td><td>${esc(m.addr)}</td>
@@ -81,7 +82,7 @@ async function cluster() {
   show(`
     <h2>Cluster</h2>
     <dl>
-      <dt>leader</dt><dd id="leader">node ${esc(o.leader_id)}</dd>
+      <dt>leader${m.groups.length > 1 ? " (group 0)" : ""}</dt><dd id="leader">node ${esc(o.leader_id)}</dd>
       <dt>term</dt><dd>${esc(o.term)}</dd>
       <dt>leader's last log / commit / applied index</dt>
       <dd>${esc(o.last_log_index)} / ${esc(o.commit_index)} / ${esc(o.applied_index)}</dd>
@@ -90,7 +91,39 @@ async function cluster() {
     </dl>
     <h2>Members</h2>
     <table id="members"><tr><th>node</th><th>address</th><th>role</th>
-      <th class="num">matched index</th><th class="num">lag (entries)</th></tr>${rows}</table>`);
+      <th class="num">matched index</th><th class="num">lag (entries)</th></tr>${rows}</table>
+    ${slotMap(m)}`);
+  // The page's policy allows no inline style attributes (style-src 'self'): sizes and colours
+  // are set through the DOM, which it allows.
+  for (const el of document.querySelectorAll("#slotmap .hslots")) el.style.flexGrow = el.dataset.width;
+  for (const el of document.querySelectorAll("[data-colour]")) el.style.background = el.dataset.colour;
+}
+
+// The slot map (docs/sharding.md): a bar of the hash slots coloured by the node leading the
+// group that owns them, and one row per Raft group.
+function slotMap(m) {
+  const total = num(m.hash_slots) || 1024;
+  const hue = (id) => (num(id) * 137) % 360;
+  const colour = (g) => num(g.leader_id) ? `hsl(${hue(g.leader_id)} 55% 62%)` : "#d5d8df";
+  const spans = m.groups.flatMap((g) => (g.hash_slots || []).map((r) => ({ g, start: num(r.start), end: num(r.end) })))
+    .sort((a, b) => a.start - b.start);
+  const bar = spans.map(({ g, start, end }) => `<span class="hslots" data-group="${esc(g.group)}"
+      data-width="${end - start}" data-colour="${colour(g)}"
+      title="hash slots ${start}–${end - 1}: group ${esc(g.group)}, leader node ${esc(g.leader_id)}">${esc(g.group)}</span>`).join("");
+  const ranges = (g) => (g.hash_slots || []).map((r) => `${esc(r.start)}–${num(r.end) - 1}`).join(", ") ||
+    `<span class="note">none (cluster metadata)</span>`;
+  const rows = m.groups.map((g) => `
+    <tr data-group="${esc(g.group)}"><td>${esc(g.group)}</td><td>${ranges(g)}</td>
+      <td class="leader-of"><span class="dot" data-colour="${colour(g)}"></span>${num(g.leader_id) ? `node ${esc(g.leader_id)}` : "none known"}</td>
+      <td class="num">${esc(g.term)}</td>
+      <td>${(g.members || []).map((x) => esc(x.node_id) + (x.voter ? "" : " (learner)")).join(", ")}</td>
+      <td class="num">${esc(g.applied_index)}</td><td class="num pending">${esc(g.pending_timers)}</td></tr>`).join("");
+  return `<h2>Groups and hash slots</h2>
+    <div id="slotmap" class="slotmap" aria-label="hash slots by group">${bar}</div>
+    <table id="groups"><tr><th>group</th><th>hash slots</th><th>leader</th><th class="num">term</th>
+      <th>members</th><th class="num">applied here</th><th class="num">pending</th></tr>${rows}</table>
+    <p class="note">Slot map epoch ${esc(m.epoch)}, as node ${esc(m.node_id)} knows it. A namespace's timers live
+      in the group owning its hash slot (crc32 of the name, mod ${esc(total)}); the colour is the leading node.</p>`;
 }
 
 const COUNTED = ["pending", "fired", "acked", "dead", "cancelled", "expired"];
@@ -112,15 +145,17 @@ async function namespaces() {
       `<a href="#/timers?ns=${enc(n.name)}&state=${st}">${by[st] || 0}</a>`}${n.by_state_partial && st !== "pending" ? "+" : ""}</td>`).join("");
     return `<tr data-ns="${esc(n.name)}">
       <td><a href="#/timers?ns=${enc(n.name)}">${esc(n.name)}</a></td>${cells}
+      <td class="num group">${esc(n.group || 0)}</td>
       <td class="num">${esc(n.stored)}</td>
       <td>${n.paused ? "paused" : ""}</td><td>${policy}</td>
       <td><a href="#/dead?ns=${enc(n.name)}">dead letters</a></td></tr>`;
   }).join("");
   show(`<h2>Namespaces</h2>
     <table id="namespaces"><tr><th>namespace</th>${COUNTED.map((st) => `<th class="num">${st}</th>`).join("")}
-      <th class="num">stored</th><th></th><th>policy</th><th></th></tr>
-      ${rows || `<tr><td colspan="12" class="note">no namespace yet</td></tr>`}</table>
-    <p class="note">Counts by state are read from the leader's state (up to 200,000 timers in all; "+" marks a
+      <th class="num">group</th><th class="num">stored</th><th></th><th>policy</th><th></th></tr>
+      ${rows || `<tr><td colspan="13" class="note">no namespace yet</td></tr>`}</table>
+    <p class="note">Counts by state are read from group 0's leader: each namespace from that node's replica of
+      the group holding its timers (up to 200,000 timers in all; "+" marks a
       namespace counted in part). Finished timers count until the namespace's retention purges them.</p>`);
 }
 
