@@ -292,6 +292,12 @@ pub fn auth_denied(method: &str, reason: &'static str) {
         .increment(1);
 }
 
+/// A call this node forwarded to another node's leader (a client that routes by the slot map
+/// sends few: each costs a hop).
+pub fn call_forwarded() {
+    counter!("timerdb_calls_forwarded_total").increment(1);
+}
+
 /// An ack or nack a delivery stream dropped: of a delivery it never sent, past its budget.
 pub fn acks_dropped() {
     counter!("timerdb_stream_acks_dropped_total").increment(1);

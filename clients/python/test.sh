@@ -31,5 +31,6 @@ done
 rm -rf "$fresh"
 
 source "$ROOT/scripts/test-cluster.sh"
-test_cluster_start "${TIMERDB_PY_PORT:-17201}" py
+# Sharded (4 data groups beside group 0): the client routes each call to its group's leader.
+test_cluster_start "${TIMERDB_PY_PORT:-17201}" py 4
 "$VENV/bin/python" -m unittest discover -s tests -v

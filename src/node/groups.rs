@@ -14,6 +14,7 @@
 //! before it came (which could miss a revocation acknowledged in between).
 
 use openraft::async_runtime::WatchReceiver as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ pub struct Nodes {
     map: SlotMap,
     /// Callers waiting for group 0's read index ([`Nodes::serve_read_indexes`]).
     reads: mpsc::UnboundedSender<Waiter>,
+    /// Calls this node sent to another node's leader since it started (Status).
+    forwarded: AtomicU64,
 }
 
 /// What [`Nodes::new`] returns besides the doors: the task that asks group 0's leader for read
@@ -78,6 +81,7 @@ impl Nodes {
             all,
             map: SlotMap::new(groups),
             reads,
+            forwarded: AtomicU64::new(0),
         };
         (Arc::new(nodes), task)
     }
@@ -120,6 +124,15 @@ impl Nodes {
         })
     }
 
+    /// Runs `call`, a call this node sends to another node's leader, counting it (a client
+    /// routing by the slot map makes few: `Status.calls_forwarded`,
+    /// `timerdb_calls_forwarded_total`).
+    pub async fn forward<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::call_forwarded();
+        call.await
+    }
+
     /// Every group's door, group 0 first.
     pub fn each(&self) -> impl Iterator<Item = &Arc<Node>> {
         self.all.iter()
@@ -132,6 +145,7 @@ impl Nodes {
         for node in self.all.iter().skip(1) {
             status.add_counts(&node.status()?);
         }
+        status.calls_forwarded = self.forwarded.load(Ordering::Relaxed);
         Ok(status)
     }
 

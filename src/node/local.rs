@@ -40,6 +40,9 @@ pub struct NodeStatus {
     /// Timers fired since this node started: (count, lateness sum ms, cumulative counts at
     /// each bound of `metrics::FIRE_LATENESS_BOUNDS_MS`, then all).
     pub fired: (u64, u64, Vec<u64>),
+    /// Calls this node forwarded to another node's leader since it started (node-wide: set
+    /// by `Nodes::status`).
+    pub calls_forwarded: u64,
 }
 
 impl NodeStatus {
@@ -106,6 +109,7 @@ impl Node {
             state_machine_keys_written: self.store.keys_written(),
             timers_acked: self.store.acked(),
             fired: self.store.fire_stats().read(),
+            calls_forwarded: 0,
         })
     }
 }

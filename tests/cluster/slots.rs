@@ -184,3 +184,96 @@ async fn without_data_groups_group_0_owns_every_hash_slot_and_is_the_only_one() 
         err.message()
     );
 }
+
+/// Calls every node forwarded to another node's leader, summed.
+async fn forwarded(c: &TestCluster) -> u64 {
+    let mut sum = 0;
+    for id in c.running() {
+        let s = c.cluster(id).await.status(pb::StatusRequest {}).await;
+        sum += s.unwrap().into_inner().calls_forwarded;
+    }
+    sum
+}
+
+/// Moves group `g`'s leader to `to` and waits until every node knows it.
+async fn move_leader(c: &TestCluster, g: u16, to: u64) {
+    let req = pb::TransferLeaderRequest {
+        node_id: to,
+        group: u32::from(g),
+    };
+    c.cluster(to).await.transfer_leader(req).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for via in c.running() {
+        while slots(c, via).await.groups[usize::from(g)].leader_id != to {
+            assert!(Instant::now() < deadline, "node {via} never learned");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rust_client_sends_each_call_to_its_groups_leader_and_follows_it() {
+    use timerdb_client::{Client, Connector};
+    let c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let ns = namespace_in(GROUPS, 2);
+    // The group's leader is not group 0's: a call sent to group 0's leader is forwarded.
+    let meta = group_leader(&c, 0).await;
+    let lead = (1..=3).find(|id| *id != meta).unwrap();
+    move_leader(&c, 2, lead).await;
+    let addrs: Vec<String> = c.peers.values().cloned().collect();
+    let client = Client::connect(Connector::new(), &addrs).await.unwrap();
+    assert_eq!(client.map_epoch(), Some(1));
+    assert_eq!(client.current_for(&ns), c.peers[&lead]);
+    assert_eq!(
+        client.current(),
+        c.peers[&meta],
+        "other calls go to group 0's leader"
+    );
+
+    let at = now_ms() + 3_600_000;
+    let schedule = |id: String| pb::ScheduleRequest {
+        namespace: ns.clone(),
+        ..schedule_req(&id, at)
+    };
+    let before = forwarded(&c).await;
+    for i in 0..10 {
+        client.schedule(schedule(format!("a{i}"))).await.unwrap();
+        let get = pb::GetRequest {
+            namespace: ns.clone(),
+            id: format!("a{i}"),
+            ..Default::default()
+        };
+        client.get(get).await.unwrap();
+    }
+    let batch = pb::ScheduleBatchRequest {
+        timers: (0..5).map(|i| schedule(format!("b{i}"))).collect(),
+    };
+    client.schedule_batch(batch).await.unwrap();
+    let cancel = pb::CancelRequest {
+        namespace: ns.clone(),
+        id: "a0".into(),
+        ..Default::default()
+    };
+    client.cancel(cancel).await.unwrap();
+    assert_eq!(
+        forwarded(&c).await - before,
+        0,
+        "every call went to its leader"
+    );
+
+    // The group's leader moves: the next call is forwarded once, and its answer says by whom.
+    let next = (1..=3).find(|id| *id != lead).unwrap();
+    move_leader(&c, 2, next).await;
+    let before = forwarded(&c).await;
+    client.schedule(schedule("c0".into())).await.unwrap();
+    assert_eq!(forwarded(&c).await - before, 1);
+    assert_eq!(client.current_for(&ns), c.peers[&next]);
+    for i in 1..10 {
+        client.schedule(schedule(format!("c{i}"))).await.unwrap();
+    }
+    assert_eq!(
+        forwarded(&c).await - before,
+        1,
+        "then straight to the new leader"
+    );
+}

@@ -10,6 +10,13 @@ and the namespace reads (`timerdb.idempotent`). Other calls (Reschedule, Nack, R
 conditional calls, policy changes) are sent again only when the node said it did nothing
 (`x-timerdb-not-applied`: not proposed, e.g. no leader yet); any other failure is raised as it
 is: an unknown outcome the caller must judge.
+
+In a sharded cluster (docs/sharding.md) each Raft group has its own leader. The client also
+learns the slot map (Cluster.Slots) and sends a call naming a namespace to the leader of the
+group holding the namespace's timers (its hash slot: `timerdb.hash_slot`). Any node would
+forward it; the answer of a forwarded call names the node that served it
+(`x-timerdb-served-by`), and the client sends the next call there. A server without groups
+answers no map (UNIMPLEMENTED): every call then goes to the one leader.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Callable, Iterable, Optional, Sequence, TypeVar
 import grpc
 
 from timerdb import idempotent
+from timerdb.hash_slot import hash_slot
 from timerdb.errors import TRANSIENT, Retry, TimerdbError
 from timerdb.v1 import timerdb_pb2 as pb
 from timerdb.v1 import timerdb_pb2_grpc as rpc
@@ -31,6 +39,8 @@ T = TypeVar("T")
 
 # Set by a node on an UNAVAILABLE answer to a call it did not propose: safe to send again.
 NOT_APPLIED = "x-timerdb-not-applied"
+# Set by a node on an answer it forwarded: the id of the leader that served it.
+SERVED_BY = "x-timerdb-served-by"
 
 NEVER = Retry(attempts=1)
 
@@ -72,6 +82,11 @@ class Client:
         self._lock = threading.Lock()
         self._leader: Optional[int] = None
         self._next = 0
+        # The slot map: (first hash slot, one past the last, group) ranges, each group's
+        # leader by node id, and the epoch (None: no data groups, or a server before them).
+        self._ranges: list = []
+        self._group_leaders: dict = {}
+        self._epoch: Optional[int] = None
         self._nodes = []
         for addr in addrs:
             if root_certificates is not None or certificate_chain is not None:
@@ -116,37 +131,103 @@ class Client:
                 leader_id = s.node_id
             elif s.leader_id and leader_id is None:
                 leader_id = s.leader_id
+        slots = self._slots()
         with self._lock:
             self._leader = next(
                 (i for i, n in enumerate(self._nodes) if leader_id and n.node_id == leader_id),
                 None,
             )
+            self._epoch = slots.epoch if slots else None
+            self._ranges = [
+                (r.start, r.end, g.group) for g in (slots.groups if slots else []) for r in g.hash_slots
+            ]
+            self._group_leaders = {
+                g.group: g.leader_id for g in (slots.groups if slots else []) if g.leader_id
+            }
         return answered
+
+    def _slots(self):
+        """The slot map from the first node that gives one (None: a server before groups)."""
+        for n in self._nodes:
+            if n.node_id is None:
+                continue
+            try:
+                return n.cluster.Slots(pb.SlotsRequest(), timeout=1.0, metadata=self._metadata)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return None
+        return None
+
+    @property
+    def map_epoch(self) -> Optional[int]:
+        """The slot map's epoch as last learned (None: no data groups)."""
+        with self._lock:
+            return self._epoch
+
+    def _group_of(self, namespace: str) -> Optional[int]:
+        h = hash_slot(namespace, "")
+        return next((g for start, end, g in self._ranges if start <= h < end), None)
+
+    def leader_for(self, namespace: str) -> Optional[int]:
+        """The id of the node believed to lead the group holding `namespace`'s timers."""
+        with self._lock:
+            return self._group_leaders.get(self._group_of(namespace))
+
+    def current_for(self, namespace: str) -> str:
+        """The address a call naming `namespace` goes to next."""
+        return self._nodes[self._pick(namespace)].addr
 
     @property
     def leader_id(self) -> Optional[int]:
         with self._lock:
             return None if self._leader is None else self._nodes[self._leader].node_id
 
-    def _pick(self) -> int:
+    def _pick(self, namespace: Optional[str] = None) -> int:
+        """The leader of `namespace`'s group if known, else the leader, else the next node."""
         with self._lock:
+            if namespace is not None:
+                leader = self._group_leaders.get(self._group_of(namespace))
+                i = next((i for i, n in enumerate(self._nodes) if leader and n.node_id == leader), None)
+                if i is not None:
+                    return i
             return self._leader if self._leader is not None else self._next % len(self._nodes)
 
     def _passed_over(self, i: int) -> None:
         with self._lock:
             if self._leader == i:
                 self._leader = None
+            failed = self._nodes[i].node_id
+            self._group_leaders = {g: l for g, l in self._group_leaders.items() if l != failed}
             self._next = i + 1
 
     def call(self, idempotent: bool, fn: Callable[[_Node, float, tuple], T]) -> T:
         """Runs `fn(node, timeout, metadata)`, retried under the policy if `idempotent`."""
+        return self.call_in(None, idempotent, lambda n, t, m: (fn(n, t, m), None))
+
+    def call_in(self, namespace: Optional[str], idempotent: bool, fn) -> T:
+        """`call` of a call naming `namespace`, sent to its group's leader when known.
+
+        `fn(node, timeout, metadata)` returns `(response, call)`, as a stub's `with_call` does
+        (`call` None: no metadata to read); the answer's `x-timerdb-served-by` says who leads
+        the group now.
+        """
         retry = self._retry
         started = time.monotonic()
         attempt = 0
         while True:
-            i = self._pick()
+            i = self._pick(namespace)
             try:
-                return fn(self._nodes[i], self._timeout, self._metadata)
+                response, rpc_call = fn(self._nodes[i], self._timeout, self._metadata)
+                served_by = next(
+                    (v for k, v in (rpc_call.initial_metadata() if rpc_call else ()) if k == SERVED_BY),
+                    None,
+                )
+                if namespace is not None and served_by and served_by.isdigit():
+                    with self._lock:
+                        group = self._group_of(namespace)
+                        if group is not None:
+                            self._group_leaders[group] = int(served_by)
+                return response
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""
                 trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
@@ -196,19 +277,17 @@ class Client:
             req.payload = payload.encode() if isinstance(payload, str) else payload
         if recurrence is not None:
             req.recurrence.CopyFrom(recurrence)
-        return self.call(
-            idempotent.schedule(req), lambda n, t, m: n.timers.Schedule(req, timeout=t, metadata=m)
-        )
+        return self.call_in(namespace, idempotent.schedule(req), lambda n, t, m: n.timers.Schedule.with_call(req, timeout=t, metadata=m))
 
     def schedule_batch(self, requests: Iterable[pb.ScheduleRequest]) -> pb.ScheduleBatchResponse:
         """Creates many timers in one write, all or none (retried)."""
         req = pb.ScheduleBatchRequest(timers=list(requests))
-        return self.call(True, lambda n, t, m: n.timers.ScheduleBatch(req, timeout=t, metadata=m))
+        return self.call_in(req.timers[0].namespace if req.timers else None, True, lambda n, t, m: n.timers.ScheduleBatch.with_call(req, timeout=t, metadata=m))
 
     def cancel(self, namespace: str, id: str, *, if_revision: int = 0) -> pb.Timer:
         """Cancels a timer; definitive (retried unless conditional)."""
         req = pb.CancelRequest(namespace=namespace, id=id, if_revision=if_revision)
-        r = self.call(idempotent.cancel(req), lambda n, t, m: n.timers.Cancel(req, timeout=t, metadata=m))
+        r = self.call_in(namespace, idempotent.cancel(req), lambda n, t, m: n.timers.Cancel.with_call(req, timeout=t, metadata=m))
         return r.timer
 
     def reschedule(
@@ -220,16 +299,16 @@ class Client:
             req.delay_ms = delay_ms
         if fire_at_ms is not None:
             req.fire_at_ms = fire_at_ms
-        r = self.call(False, lambda n, t, m: n.timers.Reschedule(req, timeout=t, metadata=m))
+        r = self.call_in(namespace, False, lambda n, t, m: n.timers.Reschedule.with_call(req, timeout=t, metadata=m))
         return r.timer
 
     def get(self, namespace: str, id: str) -> pb.Timer:
         req = pb.GetRequest(namespace=namespace, id=id)
-        return self.call(True, lambda n, t, m: n.timers.Get(req, timeout=t, metadata=m)).timer
+        return self.call_in(namespace, True, lambda n, t, m: n.timers.Get.with_call(req, timeout=t, metadata=m)).timer
 
     def list(self, namespace: str, *, state: int = 0, limit: int = 0, page_token: str = "") -> pb.ListResponse:
         req = pb.ListRequest(namespace=namespace, state=state, limit=limit, page_token=page_token)
-        return self.call(True, lambda n, t, m: n.timers.List(req, timeout=t, metadata=m))
+        return self.call_in(namespace, True, lambda n, t, m: n.timers.List.with_call(req, timeout=t, metadata=m))
 
     def list_all(self, namespace: str, *, state: int = 0) -> list:
         """Every timer of the namespace in `state`, all pages."""
@@ -249,22 +328,22 @@ class Client:
         was, still FIRED): faster, and an ack lost with a failing leader means a redelivery.
         """
         req = pb.AckRequest(namespace=namespace, id=id, attempt=attempt, wait_for_commit=wait_for_commit)
-        return self.call(True, lambda n, t, m: n.timers.Ack(req, timeout=t, metadata=m)).timer
+        return self.call_in(namespace, True, lambda n, t, m: n.timers.Ack.with_call(req, timeout=t, metadata=m)).timer
 
     def ack_batch(self, acks: Iterable[pb.AckRequest]) -> pb.AckBatchResponse:
         req = pb.AckBatchRequest(acks=list(acks))
-        return self.call(True, lambda n, t, m: n.timers.AckBatch(req, timeout=t, metadata=m))
+        return self.call_in(req.acks[0].namespace if req.acks else None, True, lambda n, t, m: n.timers.AckBatch.with_call(req, timeout=t, metadata=m))
 
     def nack(self, namespace: str, id: str, attempt: int) -> pb.Timer:
         """Gives up on one delivery (sent once)."""
         req = pb.NackRequest(namespace=namespace, id=id, attempt=attempt)
-        return self.call(False, lambda n, t, m: n.timers.Nack(req, timeout=t, metadata=m)).timer
+        return self.call_in(namespace, False, lambda n, t, m: n.timers.Nack.with_call(req, timeout=t, metadata=m)).timer
 
     def redrive(self, namespace: str, id: str = "", *, all: bool = False) -> pb.RedriveResponse:
         req = pb.RedriveRequest(namespace=namespace, id=id, all=all)
         # Sent once: a repeat of a one-timer redrive is refused once it happened, one of a
         # namespace would redrive timers that went DEAD since.
-        return self.call(False, lambda n, t, m: n.timers.Redrive(req, timeout=t, metadata=m))
+        return self.call_in(namespace, False, lambda n, t, m: n.timers.Redrive.with_call(req, timeout=t, metadata=m))
 
     # --- Namespaces and Cluster -----------------------------------------------------------
 

@@ -109,7 +109,10 @@ class Consumer:
 
     def _read(self) -> None:
         nodes = self._client.nodes
-        start = next((i for i, n in enumerate(nodes) if n.node_id == self._client.leader_id), 0)
+        # First on the leader of the namespace's group, which serves the stream (any other node
+        # relays it: one hop more).
+        leader = self._client.leader_for(self._namespace) or self._client.leader_id
+        start = next((i for i, n in enumerate(nodes) if n.node_id == leader), 0)
         backoff = Retry()
         failures = 0
         turn = 0

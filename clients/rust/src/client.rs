@@ -7,6 +7,15 @@
 //! transient status the node is passed over, the next call goes to the next node, and the
 //! leader is looked up again. Only nodes the caller named are used (a member's advertised
 //! address may be its peer port, closed to clients).
+//!
+//! A sharded cluster (docs/sharding.md §4) has one leader per Raft group. The client also
+//! learns the slot map (`Cluster.Slots`: each group's hash slots and leader) and sends a call
+//! that names a namespace to the leader of the group holding the namespace's timers (its hash
+//! slot: [`crate::hash_slot`]). Routing by the map only saves hops: any node takes any call
+//! and forwards it to the right leader, whose id comes back on the answer
+//! (`x-timerdb-served-by`), so the client follows a group's leader as it moves without asking.
+//! A map from an older epoch is refreshed with the leaders, after a failure. Servers without
+//! groups answer no map (UNIMPLEMENTED): every call then goes to the one leader, as before.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -22,6 +31,8 @@ use crate::Result;
 
 /// The metadata key a node sets on an UNAVAILABLE answer to a call it did not propose.
 pub const NOT_APPLIED: &str = "x-timerdb-not-applied";
+/// The metadata key a node sets on an answer it forwarded: the id of the leader that served it.
+pub const SERVED_BY: &str = "x-timerdb-served-by";
 
 /// A client of one cluster (cheap to clone: clones share connections and what was learned).
 #[derive(Clone)]
@@ -50,6 +61,45 @@ struct State {
     leader: Option<usize>,
     /// Where the next call goes while no leader is known.
     next: usize,
+    /// The slot map, in a cluster of data groups.
+    map: Option<Map>,
+}
+
+/// The slot map as the client last learned it: which group holds a namespace, and who leads it.
+#[derive(Debug, Clone, Default)]
+struct Map {
+    epoch: u64,
+    /// `(first hash slot, one past the last, group)`.
+    ranges: Vec<(u32, u32, u32)>,
+    /// Each group's leader, by node id (absent: not known).
+    leaders: std::collections::HashMap<u32, u64>,
+}
+
+impl Map {
+    fn from_pb(m: pb::SlotsResponse) -> Map {
+        let mut map = Map {
+            epoch: m.epoch,
+            ..Map::default()
+        };
+        for g in m.groups {
+            for r in &g.hash_slots {
+                map.ranges.push((r.start, r.end, g.group));
+            }
+            if g.leader_id != 0 {
+                map.leaders.insert(g.group, g.leader_id);
+            }
+        }
+        map
+    }
+
+    /// The group holding `namespace`'s timers (every namespace is pinned today: one hash slot).
+    fn group_of(&self, namespace: &str) -> Option<u32> {
+        use crate::hash_slot::{hash_slot, Placement};
+        let h = u32::from(hash_slot(namespace, Placement::Pinned, "").get());
+        (self.ranges.iter())
+            .find(|(start, end, _)| (*start..*end).contains(&h))
+            .map(|r| r.2)
+    }
 }
 
 impl Client {
@@ -105,13 +155,25 @@ impl Client {
 
     /// The address the next call goes to.
     pub fn current(&self) -> &str {
-        &self.inner.nodes[self.pick()].addr
+        &self.inner.nodes[self.pick(None)].addr
     }
 
     /// The id of the node believed to lead, if known.
     pub fn leader_id(&self) -> Option<u64> {
         let s = self.inner.state.lock().unwrap();
         s.leader.and_then(|i| s.ids[i])
+    }
+
+    /// The address a call naming `namespace` goes to next: its group's leader when known.
+    pub fn current_for(&self, namespace: &str) -> &str {
+        &self.inner.nodes[self.pick(Some(namespace))].addr
+    }
+
+    /// The slot map's epoch as the client last learned it (none: no data groups, or a server
+    /// without them).
+    pub fn map_epoch(&self) -> Option<u64> {
+        let s = self.inner.state.lock().unwrap();
+        s.map.as_ref().map(|m| m.epoch)
     }
 
     /// Asks every node its Status (at once, briefly) and learns ids and the leader. True if
@@ -130,7 +192,9 @@ impl Client {
             }
         });
         let answers = futures::future::join_all(asks).await;
+        let map = self.slots(&answers).await;
         let mut s = self.inner.state.lock().unwrap();
+        s.map = map;
         let mut leader_id = None;
         for (i, a) in answers.iter().enumerate() {
             if let Some(a) = a {
@@ -146,9 +210,33 @@ impl Client {
         answers.iter().any(Option::is_some)
     }
 
-    fn pick(&self) -> usize {
+    /// The slot map from the first node of those that answered a Status that gives one.
+    async fn slots(&self, answered: &[Option<pb::StatusResponse>]) -> Option<Map> {
+        let nodes = (self.inner.nodes.iter().zip(answered)).filter(|(_, a)| a.is_some());
+        for (node, _) in nodes {
+            let mut req = tonic::Request::new(pb::SlotsRequest {});
+            req.set_timeout(Duration::from_secs(1));
+            let mut cluster = ClusterClient::new(node.conn.clone());
+            match tokio::time::timeout(Duration::from_millis(1500), cluster.slots(req)).await {
+                Ok(Ok(r)) => return Some(Map::from_pb(r.into_inner())),
+                // A server before groups: no map, every call to the one leader.
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => return None,
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    /// The node a call goes to: the leader of the group holding `namespace`'s timers if
+    /// known, else the leader, else the next node.
+    fn pick(&self, namespace: Option<&str>) -> usize {
         let s = self.inner.state.lock().unwrap();
-        s.leader.unwrap_or(s.next % self.inner.nodes.len())
+        let group_leader = namespace.and_then(|ns| {
+            let map = s.map.as_ref()?;
+            let id = *map.leaders.get(&map.group_of(ns)?)?;
+            s.ids.iter().position(|x| *x == Some(id))
+        });
+        (group_leader.or(s.leader)).unwrap_or(s.next % self.inner.nodes.len())
     }
 
     /// Node `i` failed a call: pass it over until the leader is learned again.
@@ -157,24 +245,65 @@ impl Client {
         if s.leader == Some(i) {
             s.leader = None;
         }
+        if let (Some(id), Some(map)) = (s.ids[i], s.map.as_mut()) {
+            map.leaders.retain(|_, leader| *leader != id);
+        }
         s.next = i + 1;
     }
 
+    /// A call naming `namespace` was served by node `id` (forwarded there by the node it was
+    /// sent to): that node leads the namespace's group now.
+    fn served_by(&self, namespace: &str, id: u64) {
+        let mut s = self.inner.state.lock().unwrap();
+        if let Some(map) = s.map.as_mut() {
+            if let Some(g) = map.group_of(namespace) {
+                map.leaders.insert(g, id);
+            }
+        }
+    }
+
     /// Runs `call` on a node's connection, retrying it under the client's policy if
-    /// `idempotent`. The generic form of every typed call below.
+    /// `idempotent`. The generic form of every typed call below (which also route by their
+    /// namespace: [`Client::call_in`]).
     pub async fn call<T, F, Fut>(&self, idempotent: bool, call: F) -> Result<T>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        let call = |conn| {
+            let answer = call(conn);
+            async move { answer.await.map(tonic::Response::new) }
+        };
+        self.call_in(None, idempotent, call).await
+    }
+
+    /// [`Client::call`] of a call naming `namespace` (none: any group's), sent to the leader of
+    /// its group when known; the answer's `x-timerdb-served-by` teaches where that is.
+    pub async fn call_in<T, F, Fut>(
+        &self,
+        namespace: Option<&str>,
+        idempotent: bool,
+        call: F,
+    ) -> Result<T>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>>>,
+    {
         let retry = self.inner.retry;
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            let i = self.pick();
+            let i = self.pick(namespace);
             let conn = self.inner.nodes[i].conn.clone();
             let status = match tokio::time::timeout(self.inner.timeout, call(conn)).await {
-                Ok(Ok(v)) => return Ok(v),
+                Ok(Ok(answer)) => {
+                    let by = answer.metadata().get(SERVED_BY);
+                    let by = by.and_then(|v| v.to_str().ok()?.parse().ok());
+                    if let (Some(ns), Some(id)) = (namespace, by) {
+                        self.served_by(ns, id);
+                    }
+                    return Ok(answer.into_inner());
+                }
                 Ok(Err(s)) => s,
                 Err(_) => Status::deadline_exceeded(format!(
                     "no answer from {} within {:?}",
@@ -203,19 +332,29 @@ impl Client {
     }
 }
 
-/// A typed unary call: `$service::$method(req)`, retried when `$idempotent(&req)`.
+/// A typed unary call: `$service::$method(req)`, retried when `$idempotent(&req)`, sent to
+/// the leader of the group holding the namespace `$namespace(&req)` names (none: any).
 macro_rules! unary {
     ($(#[$doc:meta])* $method:ident, $client:ident, $req:ty, $resp:ty, $idempotent:expr) => {
+        unary!($(#[$doc])* $method, $client, $req, $resp, $idempotent, no_namespace);
+    };
+    ($(#[$doc:meta])* $method:ident, $client:ident, $req:ty, $resp:ty, $idempotent:expr,
+     $namespace:expr) => {
         $(#[$doc])*
         pub async fn $method(&self, req: $req) -> Result<$resp> {
             let idempotent: fn(&$req) -> bool = $idempotent;
-            self.call(idempotent(&req), |conn| {
+            let namespace: fn(&$req) -> Option<&str> = $namespace;
+            self.call_in(namespace(&req), idempotent(&req), |conn| {
                 let req = req.clone();
-                async move { $client::new(conn).$method(req).await.map(|r| r.into_inner()) }
+                async move { $client::new(conn).$method(req).await }
             })
             .await
         }
     };
+}
+
+fn no_namespace<T>(_: &T) -> Option<&str> {
+    None
 }
 
 fn always<T>(_: &T) -> bool {
@@ -231,59 +370,75 @@ use crate::idempotent;
 impl Client {
     unary!(
         /// Creates a timer (retried: idempotent on namespace and id).
-        schedule, TimersClient, pb::ScheduleRequest, pb::ScheduleResponse, idempotent::schedule);
+        schedule, TimersClient, pb::ScheduleRequest, pb::ScheduleResponse, idempotent::schedule,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Creates many timers in one write, all or none (retried: idempotent).
-        schedule_batch, TimersClient, pb::ScheduleBatchRequest, pb::ScheduleBatchResponse, always);
+        schedule_batch, TimersClient, pb::ScheduleBatchRequest, pb::ScheduleBatchResponse, always,
+        |r| r.timers.first().map(|t| t.namespace.as_str()));
     unary!(
         /// Cancels a timer; definitive (retried unless conditional).
-        cancel, TimersClient, pb::CancelRequest, pb::CancelResponse, idempotent::cancel);
+        cancel, TimersClient, pb::CancelRequest, pb::CancelResponse, idempotent::cancel,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Moves a timer (sent once: a repeat could shift it twice, or be refused after a fire).
         reschedule, TimersClient, pb::RescheduleRequest, pb::RescheduleResponse,
-        idempotent::reschedule);
-    unary!(get, TimersClient, pb::GetRequest, pb::GetResponse, always);
+        idempotent::reschedule,
+        |r| Some(r.namespace.as_str()));
+    unary!(
+        get,
+        TimersClient,
+        pb::GetRequest,
+        pb::GetResponse,
+        always,
+        |r| Some(r.namespace.as_str())
+    );
     unary!(
         list,
         TimersClient,
         pb::ListRequest,
         pb::ListResponse,
-        always
+        always,
+        |r| Some(r.namespace.as_str())
     );
     unary!(
         /// Acknowledges one delivery (retried: an ack of an acked timer succeeds again).
-        ack, TimersClient, pb::AckRequest, pb::AckResponse, always);
+        ack, TimersClient, pb::AckRequest, pb::AckResponse, always,
+        |r| Some(r.namespace.as_str()));
     unary!(
         ack_batch,
         TimersClient,
         pb::AckBatchRequest,
         pb::AckBatchResponse,
-        always
+        always,
+        |r| r.acks.first().map(|a| a.namespace.as_str())
     );
     unary!(
         /// Gives up on one delivery (sent once: a retry could meet the next attempt).
-        nack, TimersClient, pb::NackRequest, pb::NackResponse, never);
+        nack, TimersClient, pb::NackRequest, pb::NackResponse, never,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Returns DEAD timers to PENDING (sent once: a repeat of a one-timer redrive is
         /// refused as "not DEAD" once it happened, one of a namespace would redrive timers
         /// that went DEAD since).
-        redrive, TimersClient, pb::RedriveRequest, pb::RedriveResponse, never);
+        redrive, TimersClient, pb::RedriveRequest, pb::RedriveResponse, never,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Pauses a recurring timer (sent once: a repeat could undo someone's Resume).
         pause,
         TimersClient,
         pb::PauseRequest,
         pb::PauseResponse,
-        never
-    );
+        never,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Resumes a recurring timer (sent once: a repeat could undo someone's Pause).
         resume,
         TimersClient,
         pb::PauseRequest,
         pb::PauseResponse,
-        never
-    );
+        never,
+        |r| Some(r.namespace.as_str()));
     unary!(
         /// Sets a namespace's policy (sent once: a repeat could undo someone's later change).
         put_namespace,

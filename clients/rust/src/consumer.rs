@@ -150,9 +150,11 @@ async fn read(
     resubscribed: Arc<AtomicU64>,
 ) {
     let nodes: Vec<_> = client.nodes().map(|(a, c)| (a.to_string(), c)).collect();
+    // First on the leader of the namespace's group, which serves the stream (any other node
+    // relays it: one hop more).
     let start = nodes
         .iter()
-        .position(|(a, _)| a == client.current())
+        .position(|(a, _)| a == client.current_for(&req.namespace))
         .unwrap_or(0);
     let backoff = Retry::default();
     let mut failures = 0u32;

@@ -77,6 +77,7 @@ impl cluster_server::Cluster for ClusterService {
             timers_fired: s.fired.0,
             fire_lateness_sum_ms: s.fired.1,
             fire_lateness_le: s.fired.2,
+            calls_forwarded: s.calls_forwarded,
         }))
     }
 

@@ -41,7 +41,7 @@ use crate::api::pb::timers_client::TimersClient;
 use crate::api::stack::auth::{cert_user, JudgedAt, AUTHORIZATION, PRINCIPAL_HEADER};
 use crate::api::stack::headers::{
     not_applied_status, EPOCH_HEADER, FORWARDED_HEADER, NOT_APPLIED_HEADER, OUTCOME_UNKNOWN_HEADER,
-    RETRY_HEADER,
+    RETRY_HEADER, SERVED_BY_HEADER,
 };
 use crate::api::stack::layer::{Answer, Around, Inner};
 use crate::api::stack::methods::{self, Route};
@@ -241,7 +241,11 @@ async fn on_leader<S: Inner>(
                 });
                 match ready.await {
                     Err(e) => last = format!("leader {id} at {addr}: {}", crate::error::chain(&e)),
-                    Ok(()) => match tower::Service::call(&mut channel, req).await {
+                    Ok(()) => match router
+                        .nodes
+                        .forward(tower::Service::call(&mut channel, req))
+                        .await
+                    {
                         Ok(resp) => match unknown_outcome(&resp) {
                             Some(s) if not_applied(&resp) || safe() => {
                                 last = format!("leader {id} at {addr}: {}", s.message())
@@ -250,7 +254,7 @@ async fn on_leader<S: Inner>(
                                 let why = format!("leader {id} at {addr}: {}", s.message());
                                 return outcome_unknown(&why).into_http();
                             }
-                            None => return resp,
+                            None => return served_by(resp, id),
                         },
                         // The connection broke under the call: the outcome is unknown.
                         Err(e) => {
@@ -326,6 +330,13 @@ fn retry_safe(path: &str, message: &[u8]) -> bool {
         }
         _ => false,
     }
+}
+
+/// `resp`, forwarded to and answered by node `id`, saying so ([`SERVED_BY_HEADER`]).
+fn served_by(mut resp: http::Response<Body>, id: u64) -> http::Response<Body> {
+    resp.headers_mut()
+        .insert(SERVED_BY_HEADER, http::HeaderValue::from(id));
+    resp
 }
 
 /// Whether an answer says the call did nothing.

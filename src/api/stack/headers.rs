@@ -21,6 +21,11 @@ pub const OUTCOME_UNKNOWN_HEADER: &str = "x-timerdb-outcome-unknown";
 /// (docs/sharding.md §4).
 pub const EPOCH_HEADER: &str = "x-timerdb-epoch";
 
+/// On an answer this node forwarded: the id of the node that served it, the leader of the
+/// call's group, so a client that routes by itself learns where that group is led
+/// (docs/sharding.md §4) and sends the next call there.
+pub const SERVED_BY_HEADER: &str = "x-timerdb-served-by";
+
 /// UNAVAILABLE for a call this node refused without doing anything.
 pub fn not_applied_status(msg: String) -> Status {
     let mut s = Status::unavailable(msg);

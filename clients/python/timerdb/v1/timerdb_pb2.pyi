@@ -473,12 +473,60 @@ class RedriveResponse(_message.Message):
     redriven: int
     def __init__(self, timers: _Optional[_Iterable[_Union[Timer, _Mapping]]] = ..., redriven: _Optional[int] = ...) -> None: ...
 
+class SlotsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SlotsResponse(_message.Message):
+    __slots__ = ("node_id", "epoch", "hash_slots", "groups")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HASH_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    epoch: int
+    hash_slots: int
+    groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
+    def __init__(self, node_id: _Optional[int] = ..., epoch: _Optional[int] = ..., hash_slots: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...
+
+class GroupInfo(_message.Message):
+    __slots__ = ("group", "hash_slots", "leader_id", "leader_addr", "term", "members", "role", "last_log_index", "applied_index", "pending_timers")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    HASH_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TIMERS_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    hash_slots: _containers.RepeatedCompositeFieldContainer[HashSlotRange]
+    leader_id: int
+    leader_addr: str
+    term: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    role: str
+    last_log_index: int
+    applied_index: int
+    pending_timers: int
+    def __init__(self, group: _Optional[int] = ..., hash_slots: _Optional[_Iterable[_Union[HashSlotRange, _Mapping]]] = ..., leader_id: _Optional[int] = ..., leader_addr: _Optional[str] = ..., term: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., role: _Optional[str] = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., pending_timers: _Optional[int] = ...) -> None: ...
+
+class HashSlotRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "leader_id", "term", "last_log_index", "applied_index", "members", "pending_timers", "time_cursor_ms", "commit_index", "snapshot_index", "purged_index", "snapshots_built", "snapshots_installed", "state_machine_keys_written", "timers_acked", "timers_fired", "fire_lateness_sum_ms", "fire_lateness_le")
+    __slots__ = ("node_id", "role", "leader_id", "term", "last_log_index", "applied_index", "members", "pending_timers", "time_cursor_ms", "commit_index", "snapshot_index", "purged_index", "snapshots_built", "snapshots_installed", "state_machine_keys_written", "timers_acked", "timers_fired", "fire_lateness_sum_ms", "fire_lateness_le", "calls_forwarded")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -498,6 +546,7 @@ class StatusResponse(_message.Message):
     TIMERS_FIRED_FIELD_NUMBER: _ClassVar[int]
     FIRE_LATENESS_SUM_MS_FIELD_NUMBER: _ClassVar[int]
     FIRE_LATENESS_LE_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FORWARDED_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     role: str
     leader_id: int
@@ -517,7 +566,8 @@ class StatusResponse(_message.Message):
     timers_fired: int
     fire_lateness_sum_ms: int
     fire_lateness_le: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., pending_timers: _Optional[int] = ..., time_cursor_ms: _Optional[int] = ..., commit_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ..., snapshots_built: _Optional[int] = ..., snapshots_installed: _Optional[int] = ..., state_machine_keys_written: _Optional[int] = ..., timers_acked: _Optional[int] = ..., timers_fired: _Optional[int] = ..., fire_lateness_sum_ms: _Optional[int] = ..., fire_lateness_le: _Optional[_Iterable[int]] = ...) -> None: ...
+    calls_forwarded: int
+    def __init__(self, node_id: _Optional[int] = ..., role: _Optional[str] = ..., leader_id: _Optional[int] = ..., term: _Optional[int] = ..., last_log_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., pending_timers: _Optional[int] = ..., time_cursor_ms: _Optional[int] = ..., commit_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., purged_index: _Optional[int] = ..., snapshots_built: _Optional[int] = ..., snapshots_installed: _Optional[int] = ..., state_machine_keys_written: _Optional[int] = ..., timers_acked: _Optional[int] = ..., timers_fired: _Optional[int] = ..., fire_lateness_sum_ms: _Optional[int] = ..., fire_lateness_le: _Optional[_Iterable[int]] = ..., calls_forwarded: _Optional[int] = ...) -> None: ...
 
 class DigestRequest(_message.Message):
     __slots__ = ()
@@ -572,10 +622,12 @@ class RemoveNodeResponse(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class TransferLeaderRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "group")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     node_id: int
-    def __init__(self, node_id: _Optional[int] = ...) -> None: ...
+    group: int
+    def __init__(self, node_id: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
 
 class TransferLeaderResponse(_message.Message):
     __slots__ = ("leader_id",)
@@ -624,7 +676,7 @@ class MemberProgress(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., addr: _Optional[str] = ..., voter: _Optional[bool] = ..., leader: _Optional[bool] = ..., matched_index: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class NamespaceCounts(_message.Message):
-    __slots__ = ("name", "pending", "stored", "configured", "paused", "by_state", "by_state_partial")
+    __slots__ = ("name", "pending", "stored", "configured", "paused", "by_state", "by_state_partial", "group")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
@@ -632,6 +684,7 @@ class NamespaceCounts(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     BY_STATE_FIELD_NUMBER: _ClassVar[int]
     BY_STATE_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     name: str
     pending: int
     stored: int
@@ -639,7 +692,8 @@ class NamespaceCounts(_message.Message):
     paused: bool
     by_state: _containers.RepeatedCompositeFieldContainer[StateCount]
     by_state_partial: bool
-    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., stored: _Optional[int] = ..., configured: _Optional[bool] = ..., paused: _Optional[bool] = ..., by_state: _Optional[_Iterable[_Union[StateCount, _Mapping]]] = ..., by_state_partial: _Optional[bool] = ...) -> None: ...
+    group: int
+    def __init__(self, name: _Optional[str] = ..., pending: _Optional[int] = ..., stored: _Optional[int] = ..., configured: _Optional[bool] = ..., paused: _Optional[bool] = ..., by_state: _Optional[_Iterable[_Union[StateCount, _Mapping]]] = ..., by_state_partial: _Optional[bool] = ..., group: _Optional[int] = ...) -> None: ...
 
 class StateCount(_message.Message):
     __slots__ = ("state", "count")

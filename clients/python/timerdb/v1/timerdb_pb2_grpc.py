@@ -1082,6 +1082,11 @@ class ClusterStub:
                 request_serializer=timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderRequest.SerializeToString,
                 response_deserializer=timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderResponse.FromString,
                 _registered_method=True)
+        self.Slots = channel.unary_unary(
+                '/timerdb.v1.Cluster/Slots',
+                request_serializer=timerdb_dot_v1_dot_timerdb__pb2.SlotsRequest.SerializeToString,
+                response_deserializer=timerdb_dot_v1_dot_timerdb__pb2.SlotsResponse.FromString,
+                _registered_method=True)
         self.Backup = channel.unary_stream(
                 '/timerdb.v1.Cluster/Backup',
                 request_serializer=timerdb_dot_v1_dot_timerdb__pb2.BackupRequest.SerializeToString,
@@ -1134,6 +1139,17 @@ class ClusterServicer:
 
     def TransferLeader(self, request, context):
         """TransferLeader: the leader hands over to the given voter (0: the most up-to-date one).
+        With data groups, `group` names the Raft group whose leader hands over (0: group 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Slots(self, request, context):
+        """(timerdb addition) The slot map as this node routes by it (docs/sharding.md §4): its
+        epoch, and each Raft group's hash slots, leader, term and members as this node's replica
+        of the group knows them. Local to the node that answers (never forwarded): a router's
+        hint, refreshed when a call is refused for a wrong group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1186,6 +1202,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.TransferLeader,
                     request_deserializer=timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderRequest.FromString,
                     response_serializer=timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderResponse.SerializeToString,
+            ),
+            'Slots': grpc.unary_unary_rpc_method_handler(
+                    servicer.Slots,
+                    request_deserializer=timerdb_dot_v1_dot_timerdb__pb2.SlotsRequest.FromString,
+                    response_serializer=timerdb_dot_v1_dot_timerdb__pb2.SlotsResponse.SerializeToString,
             ),
             'Backup': grpc.unary_stream_rpc_method_handler(
                     servicer.Backup,
@@ -1334,6 +1355,33 @@ class Cluster:
             '/timerdb.v1.Cluster/TransferLeader',
             timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderRequest.SerializeToString,
             timerdb_dot_v1_dot_timerdb__pb2.TransferLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Slots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/timerdb.v1.Cluster/Slots',
+            timerdb_dot_v1_dot_timerdb__pb2.SlotsRequest.SerializeToString,
+            timerdb_dot_v1_dot_timerdb__pb2.SlotsResponse.FromString,
             options,
             channel_credentials,
             insecure,
