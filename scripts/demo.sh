@@ -36,8 +36,9 @@ if [[ ${#GROUPS_ARGS[@]} -gt 0 ]]; then
   "$CTL" -e 127.0.0.1:7101 group list
   # The namespace's group's leader, once it has one: that is the node the demo kills.
   for _ in $(seq 50); do
-    leader=$("$CTL" -e 127.0.0.1:7101 --output json slots --namespace demo | grep -o '"leader": *[0-9]*' | grep -o '[0-9]*$')
-    [[ "$leader" != 0 ]] && break
+    found=$("$CTL" -e 127.0.0.1:7101 --output json slots --namespace demo 2>/dev/null |
+      grep -o '"leader": *[0-9]*' | grep -o '[0-9]*$' || true)
+    if [[ -n "$found" && "$found" != 0 ]]; then leader=$found; break; fi
     sleep 0.2
   done
   "$CTL" -e 127.0.0.1:7101 slots --namespace demo

@@ -41,6 +41,7 @@ use crate::storage::{ListFilter, ListQuery, Page, Store};
 use crate::timer::{Specs, Timer, TimerKey, TimerSpec, TimerState};
 use crate::{Error, Result};
 pub use ack::Acked;
+pub use balance::balance_leaders;
 pub use groups::{hand_over_when_cut_off, GroupView, Nodes, ReadIndexTask};
 pub use health::LEADER_SILENT;
 pub use local::NodeStatus;
@@ -438,6 +439,7 @@ impl Node {
 mod ack;
 mod admit;
 mod backup;
+mod balance;
 mod delivery;
 mod groups;
 mod health;

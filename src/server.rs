@@ -131,9 +131,15 @@ pub async fn start_with(
         config.rest_after,
         (replicas.iter()).map(|r| (r.store.space().group, r.raft.clone(), r.resting.clone())),
     ));
-    let peer = PeerService::new(peers, config.clone(), levels.clone(), rest.clone());
     let doors = std::iter::once(&zero).chain(&replicas);
     let (nodes, read_indexes) = crate::node::Nodes::new(doors.map(|r| r.node.clone()).collect());
+    let peer = PeerService::new(
+        peers,
+        config.clone(),
+        levels.clone(),
+        rest.clone(),
+        nodes.clone(),
+    );
 
     let bootstrap_token = config.auth_bootstrap_token()?;
     let mut tasks = vec![tokio::spawn(read_indexes)];
@@ -169,6 +175,11 @@ pub async fn start_with(
     }
     tasks.push(tokio::spawn(crate::node::hand_over_when_cut_off(
         nodes.clone(),
+        rx.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::node::balance_leaders(
+        nodes.clone(),
+        zero.store.clone(),
         rx.clone(),
     )));
     tasks.push(tokio::spawn(crate::cluster::rest::run(

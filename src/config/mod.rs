@@ -92,6 +92,8 @@ impl Default for RaftTiming {
 /// up) before the group rests (`cluster::rest`): long enough that a group in use never does,
 /// short enough that idle ones cost nothing within seconds.
 pub const REST_AFTER: Duration = Duration::from_secs(2);
+/// How often group 0's leader balances the data groups' leaders (docs/sharding.md §2).
+pub const BALANCE_EVERY: Duration = Duration::from_secs(2);
 
 /// Bytes per snapshot chunk: well under the peer RPC's message limit.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 << 20;
@@ -136,6 +138,10 @@ pub struct NodeConfig {
     /// How long a data group's leader must have seen nothing before the group rests
     /// (`cluster::rest`; [`REST_AFTER`]); zero: groups never rest.
     pub rest_after: Duration,
+    /// How often group 0's leader looks whether a node leads more data groups than its share
+    /// and moves one (`node::balance`; [`BALANCE_EVERY`]); zero: leaders stay where they are
+    /// elected or moved to.
+    pub balance_every: Duration,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
     /// Addresses to dial some peers at instead of their membership address: a proxy in front
@@ -221,6 +227,7 @@ impl NodeConfig {
             keep_log_entries: 10_000,
             purge_floor: PURGE_FLOOR,
             rest_after: REST_AFTER,
+            balance_every: BALANCE_EVERY,
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),

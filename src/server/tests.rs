@@ -284,7 +284,8 @@ async fn a_data_group_call_to_a_build_before_groups_reaches_nothing() {
     let levels = Arc::new(crate::cluster::Levels::default());
     let config = node.node.config().clone();
     let rest = Arc::new(crate::cluster::rest::Rest::new(1, Duration::ZERO, []));
-    let old = crate::api::services::peer::PeerService::new(hosted, config, levels, rest);
+    let (nodes, _) = crate::node::Nodes::new(vec![node.node.clone()]);
+    let old = crate::api::services::peer::PeerService::new(hosted, config, levels, rest, nodes);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let old_addr = listener.local_addr().unwrap().to_string();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

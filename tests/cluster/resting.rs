@@ -70,6 +70,8 @@ async fn an_idle_group_rests_wakes_for_a_write_and_elects_when_its_leader_dies()
     let mut c = TestCluster::start_with(3, |n| {
         n.groups = GROUPS;
         n.rest_after = Duration::from_millis(300);
+        // Leaders stay where they were elected: the test follows one group's leader and term.
+        n.balance_every = Duration::ZERO;
     })
     .await;
 

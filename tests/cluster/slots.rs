@@ -18,6 +18,12 @@ use crate::routing::namespace_in;
 
 const GROUPS: u16 = 3;
 
+/// Sharded, with leaders left where they are put (no balancing): the test moves them.
+fn unbalanced(n: &mut timerdb::config::NodeConfig) {
+    n.groups = GROUPS;
+    n.balance_every = Duration::ZERO;
+}
+
 fn timerctl(addr: &str, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_timerctl"))
         .args(["--endpoint", addr, "--output", "json"])
@@ -127,7 +133,7 @@ async fn every_node_names_each_groups_hash_slots_and_leader_and_counts_timers_wh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_operator_moves_one_groups_leader_from_any_node() {
-    let c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let c = TestCluster::start_with(3, unbalanced).await;
     let g = 2;
     let from = group_leader(&c, g).await;
     let meta = group_leader(&c, 0).await;
@@ -162,6 +168,21 @@ async fn an_operator_moves_one_groups_leader_from_any_node() {
     let err = c.cluster(1).await.transfer_leader(req).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains("groups 0 to 3"), "{}", err.message());
+
+    // With auth on, only an admin moves a group's leader: a key that may schedule is refused
+    // before its message says which group (whether it exists or not), through any node.
+    let admin = crate::auth::enable(&c, group_leader(&c, 0).await).await;
+    let (_, user) = crate::auth::create_key(&c, 1, Some(&admin), "u", &["schedule:*"]).await;
+    for (via, group) in [(1, 2), (2, 2), (3, 9)] {
+        let req = pb::TransferLeaderRequest { node_id: 0, group };
+        let ch = crate::auth::ch(&c, via, Some(&user)).await;
+        let err = pb::cluster_client::ClusterClient::new(ch)
+            .transfer_leader(req)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "node {via}: {err:?}");
+    }
+    assert_eq!(group_leader(&c, g).await, from, "nothing moved");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -214,7 +235,7 @@ async fn move_leader(c: &TestCluster, g: u16, to: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_rust_client_sends_each_call_to_its_groups_leader_and_follows_it() {
     use timerdb_client::{Client, Connector};
-    let c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let c = TestCluster::start_with(3, unbalanced).await;
     let ns = namespace_in(GROUPS, 2);
     // The group's leader is not group 0's: a call sent to group 0's leader is forwarded.
     let meta = group_leader(&c, 0).await;
@@ -276,4 +297,49 @@ async fn the_rust_client_sends_each_call_to_its_groups_leader_and_follows_it() {
         1,
         "then straight to the new leader"
     );
+}
+
+/// How many groups each running node leads (group 0 included).
+async fn leading(c: &TestCluster) -> std::collections::BTreeMap<u64, usize> {
+    let mut counts: std::collections::BTreeMap<u64, usize> =
+        c.running().into_iter().map(|id| (id, 0)).collect();
+    for g in 0..=GROUPS {
+        *counts.entry(group_leader(c, g).await).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_0s_leader_spreads_the_groups_leaders_over_the_nodes() {
+    let mut c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let balanced = |counts: &std::collections::BTreeMap<u64, usize>| {
+        let (min, max) = (counts.values().min(), counts.values().max());
+        max.unwrap() - min.unwrap() <= 1
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !balanced(&leading(&c).await) {
+        assert!(Instant::now() < deadline, "{:?}", leading(&c).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The node leading the most goes down (its groups go to the others) and comes back
+    // leading nothing: balancing gives it its share again.
+    let counts = leading(&c).await;
+    let busiest = *counts.iter().max_by_key(|(_, n)| **n).unwrap().0;
+    c.stop(busiest).await;
+    for g in 0..=GROUPS {
+        group_leader(&c, g).await;
+    }
+    c.restart(busiest).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let counts = leading(&c).await;
+        if balanced(&counts) && counts[&busiest] >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {busiest} came back: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -196,6 +196,7 @@ class ClientTest(unittest.TestCase):
             acked = {t.id for t in c.list_all(ns, state=pb.TIMER_STATE_ACKED)}
             self.assertEqual(acked, set(answers))
             wait_leader(c)
+            self.assertIsNotNone(c.leader_for(ns), "the group's new leader is known")
             self.assertNotEqual(c.leader_for(ns), leader)
         finally:
             consumer.close()

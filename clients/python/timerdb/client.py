@@ -83,7 +83,8 @@ class Client:
         self._leader: Optional[int] = None
         self._next = 0
         # The slot map: (first hash slot, one past the last, group) ranges, each group's
-        # leader by node id, and the epoch (None: no data groups, or a server before them).
+        # (leader by node id or None, term known in), and the epoch (None: no map, a server
+        # before groups).
         self._ranges: list = []
         self._group_leaders: dict = {}
         self._epoch: Optional[int] = None
@@ -119,44 +120,54 @@ class Client:
     def refresh(self) -> bool:
         """Asks every node its Status; learns ids and the leader. True if any answered."""
         leader_id = None
-        answered = False
+        answered = []
         for n in self._nodes:
             try:
                 s = n.cluster.Status(pb.StatusRequest(), timeout=1.0, metadata=self._metadata)
             except grpc.RpcError:
                 continue
-            answered = True
+            answered.append(n)
             n.node_id = s.node_id
             if s.role == "leader":
                 leader_id = s.node_id
             elif s.leader_id and leader_id is None:
                 leader_id = s.leader_id
-        slots = self._slots()
+        learned = self._slots(answered)
         with self._lock:
             self._leader = next(
                 (i for i, n in enumerate(self._nodes) if leader_id and n.node_id == leader_id),
                 None,
             )
-            self._epoch = slots.epoch if slots else None
-            self._ranges = [
-                (r.start, r.end, g.group) for g in (slots.groups if slots else []) for r in g.hash_slots
-            ]
-            self._group_leaders = {
-                g.group: g.leader_id for g in (slots.groups if slots else []) if g.leader_id
-            }
-        return answered
+            if learned == "no groups":
+                self._epoch, self._ranges, self._group_leaders = None, [], {}
+            elif learned is not None:
+                self._merge(learned)
+        return bool(answered)
 
-    def _slots(self):
-        """The slot map from the first node that gives one (None: a server before groups)."""
-        for n in self._nodes:
-            if n.node_id is None:
+    def _merge(self, slots) -> None:
+        """Takes in a map one node gave: the newer epoch's hash slots, and per group the entry
+        of the later term (at one term, a leader this client saw fail stays unknown). Called
+        with the lock held."""
+        if self._epoch is None or slots.epoch >= self._epoch:
+            self._epoch = slots.epoch
+            self._ranges = [(r.start, r.end, g.group) for g in slots.groups for r in g.hash_slots]
+        for g in slots.groups:
+            known = self._group_leaders.get(g.group)
+            if known and (known[1] > g.term or (known[1] == g.term and known[0] is None)):
                 continue
+            self._group_leaders[g.group] = (g.leader_id or None, g.term)
+
+    def _slots(self, answered):
+        """The slot map from the first of `answered` that gives one; "no groups" when they
+        are all builds before groups; None when none answered."""
+        learned = None
+        for n in answered:
             try:
                 return n.cluster.Slots(pb.SlotsRequest(), timeout=1.0, metadata=self._metadata)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return None
-        return None
+                    learned = "no groups"
+        return learned
 
     @property
     def map_epoch(self) -> Optional[int]:
@@ -171,7 +182,7 @@ class Client:
     def leader_for(self, namespace: str) -> Optional[int]:
         """The id of the node believed to lead the group holding `namespace`'s timers."""
         with self._lock:
-            return self._group_leaders.get(self._group_of(namespace))
+            return self._group_leaders.get(self._group_of(namespace), (None, 0))[0]
 
     def current_for(self, namespace: str) -> str:
         """The address a call naming `namespace` goes to next."""
@@ -186,7 +197,7 @@ class Client:
         """The leader of `namespace`'s group if known, else the leader, else the next node."""
         with self._lock:
             if namespace is not None:
-                leader = self._group_leaders.get(self._group_of(namespace))
+                leader = self._group_leaders.get(self._group_of(namespace), (None, 0))[0]
                 i = next((i for i, n in enumerate(self._nodes) if leader and n.node_id == leader), None)
                 if i is not None:
                     return i
@@ -197,7 +208,10 @@ class Client:
             if self._leader == i:
                 self._leader = None
             failed = self._nodes[i].node_id
-            self._group_leaders = {g: l for g, l in self._group_leaders.items() if l != failed}
+            self._group_leaders = {
+                g: (None if leader == failed else leader, term)
+                for g, (leader, term) in self._group_leaders.items()
+            }
             self._next = i + 1
 
     def call(self, idempotent: bool, fn: Callable[[_Node, float, tuple], T]) -> T:
@@ -225,8 +239,10 @@ class Client:
                 if namespace is not None and served_by and served_by.isdigit():
                     with self._lock:
                         group = self._group_of(namespace)
-                        if group is not None:
-                            self._group_leaders[group] = int(served_by)
+                        leader, term = self._group_leaders.get(group, (None, 0))
+                        # Another leader than the one known: elected in a later term.
+                        if group is not None and leader != int(served_by):
+                            self._group_leaders[group] = (int(served_by), term + 1)
                 return response
             except grpc.RpcError as e:
                 code, details = e.code(), e.details() or ""

@@ -14,7 +14,9 @@
 //! slot: [`crate::hash_slot`]). Routing by the map only saves hops: any node takes any call
 //! and forwards it to the right leader, whose id comes back on the answer
 //! (`x-timerdb-served-by`), so the client follows a group's leader as it moves without asking.
-//! A map from an older epoch is refreshed with the leaders, after a failure. Servers without
+//! The map is refreshed with the leaders, after a failure; what it says of each group is kept
+//! unless the refresh knows a later term (a node that has not seen an election yet does not
+//! bring back a leader the client saw fail, or forget one an answer named). Servers without
 //! groups answer no map (UNIMPLEMENTED): every call then goes to the one leader, as before.
 
 use std::future::Future;
@@ -71,8 +73,18 @@ struct Map {
     epoch: u64,
     /// `(first hash slot, one past the last, group)`.
     ranges: Vec<(u32, u32, u32)>,
-    /// Each group's leader, by node id (absent: not known).
-    leaders: std::collections::HashMap<u32, u64>,
+    /// Each group's leader by node id (none: not known, or failed a call) and the term it
+    /// was known in.
+    leaders: std::collections::HashMap<u32, (Option<u64>, u64)>,
+}
+
+/// What a refresh learned of the slot map.
+enum Learned {
+    Map(Map),
+    /// Every node that answered is a build before groups.
+    NoGroups,
+    /// No node answered the question.
+    Nothing,
 }
 
 impl Map {
@@ -85,11 +97,30 @@ impl Map {
             for r in &g.hash_slots {
                 map.ranges.push((r.start, r.end, g.group));
             }
-            if g.leader_id != 0 {
-                map.leaders.insert(g.group, g.leader_id);
-            }
+            let leader = (g.leader_id != 0).then_some(g.leader_id);
+            map.leaders.insert(g.group, (leader, g.term));
         }
         map
+    }
+
+    /// `newer` (just asked of one node) merged into this map: the newer epoch's hash slots,
+    /// and per group the entry of the later term; at one term, a leader this client saw fail
+    /// stays unknown.
+    fn merge(mut self, newer: Map) -> Map {
+        if newer.epoch >= self.epoch {
+            self.epoch = newer.epoch;
+            self.ranges = newer.ranges;
+        }
+        for (g, (leader, term)) in newer.leaders {
+            let keep = match self.leaders.get(&g) {
+                Some((known, t)) => *t > term || (*t == term && known.is_none()),
+                None => false,
+            };
+            if !keep {
+                self.leaders.insert(g, (leader, term));
+            }
+        }
+        self
     }
 
     /// The group holding `namespace`'s timers (every namespace is pinned today: one hash slot).
@@ -192,9 +223,14 @@ impl Client {
             }
         });
         let answers = futures::future::join_all(asks).await;
-        let map = self.slots(&answers).await;
+        let learned = self.slots(&answers).await;
         let mut s = self.inner.state.lock().unwrap();
-        s.map = map;
+        s.map = match (s.map.take(), learned) {
+            (Some(known), Learned::Map(newer)) => Some(known.merge(newer)),
+            (None, Learned::Map(newer)) => Some(newer),
+            (_, Learned::NoGroups) => None,
+            (known, Learned::Nothing) => known,
+        };
         let mut leader_id = None;
         for (i, a) in answers.iter().enumerate() {
             if let Some(a) = a {
@@ -210,21 +246,23 @@ impl Client {
         answers.iter().any(Option::is_some)
     }
 
-    /// The slot map from the first node of those that answered a Status that gives one.
-    async fn slots(&self, answered: &[Option<pb::StatusResponse>]) -> Option<Map> {
+    /// The slot map from the first node, of those that answered a Status, that gives one.
+    async fn slots(&self, answered: &[Option<pb::StatusResponse>]) -> Learned {
         let nodes = (self.inner.nodes.iter().zip(answered)).filter(|(_, a)| a.is_some());
+        let mut learned = Learned::Nothing;
         for (node, _) in nodes {
             let mut req = tonic::Request::new(pb::SlotsRequest {});
             req.set_timeout(Duration::from_secs(1));
             let mut cluster = ClusterClient::new(node.conn.clone());
             match tokio::time::timeout(Duration::from_millis(1500), cluster.slots(req)).await {
-                Ok(Ok(r)) => return Some(Map::from_pb(r.into_inner())),
-                // A server before groups: no map, every call to the one leader.
-                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => return None,
+                Ok(Ok(r)) => return Learned::Map(Map::from_pb(r.into_inner())),
+                // A build before groups (every call to the one leader), unless another says
+                // otherwise: in an upgrade, nodes of both builds answer.
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => learned = Learned::NoGroups,
                 _ => continue,
             }
         }
-        None
+        learned
     }
 
     /// The node a call goes to: the leader of the group holding `namespace`'s timers if
@@ -233,7 +271,7 @@ impl Client {
         let s = self.inner.state.lock().unwrap();
         let group_leader = namespace.and_then(|ns| {
             let map = s.map.as_ref()?;
-            let id = *map.leaders.get(&map.group_of(ns)?)?;
+            let id = map.leaders.get(&map.group_of(ns)?)?.0?;
             s.ids.iter().position(|x| *x == Some(id))
         });
         (group_leader.or(s.leader)).unwrap_or(s.next % self.inner.nodes.len())
@@ -246,7 +284,11 @@ impl Client {
             s.leader = None;
         }
         if let (Some(id), Some(map)) = (s.ids[i], s.map.as_mut()) {
-            map.leaders.retain(|_, leader| *leader != id);
+            for (leader, _) in map.leaders.values_mut() {
+                if *leader == Some(id) {
+                    *leader = None;
+                }
+            }
         }
         s.next = i + 1;
     }
@@ -257,7 +299,11 @@ impl Client {
         let mut s = self.inner.state.lock().unwrap();
         if let Some(map) = s.map.as_mut() {
             if let Some(g) = map.group_of(namespace) {
-                map.leaders.insert(g, id);
+                // Another leader than the one known: elected in a later term than that one.
+                let entry = map.leaders.entry(g).or_insert((None, 0));
+                if entry.0 != Some(id) {
+                    *entry = (Some(id), entry.1 + 1);
+                }
             }
         }
     }
@@ -515,5 +561,36 @@ impl Client {
     /// applied): the caller of a call that is not retried must find out, e.g. with Get.
     pub fn outcome_unknown(status: &Status) -> bool {
         transient(status.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(epoch: u64, leaders: &[(u32, Option<u64>, u64)]) -> Map {
+        Map {
+            epoch,
+            ranges: vec![(0, 1024, 1)],
+            leaders: leaders.iter().map(|(g, l, t)| (*g, (*l, *t))).collect(),
+        }
+    }
+
+    #[test]
+    fn a_refresh_keeps_what_the_client_knows_of_a_later_term() {
+        // Group 1's leader (node 2, term 5) failed a call; a node that has not seen the
+        // election since names it again at term 5: it stays unknown. Term 6 names node 3.
+        let known = map(1, &[(1, None, 5), (2, Some(1), 4)]);
+        let merged = known.merge(map(1, &[(1, Some(2), 5), (2, Some(1), 4)]));
+        assert_eq!(merged.leaders[&1], (None, 5));
+        let merged = merged.merge(map(1, &[(1, Some(3), 6), (2, Some(1), 4)]));
+        assert_eq!(merged.leaders[&1], (Some(3), 6));
+        // An answer named node 3 (term unknown: later than 4); a lagging node's view of
+        // term 4 does not bring node 1 back, a view of term 5 or later replaces it.
+        let learned = map(1, &[(2, Some(3), 5)]);
+        let merged = learned.merge(map(1, &[(2, Some(1), 4)]));
+        assert_eq!(merged.leaders[&2], (Some(3), 5));
+        let merged = merged.merge(map(1, &[(2, Some(2), 7)]));
+        assert_eq!(merged.leaders[&2], (Some(2), 7));
     }
 }

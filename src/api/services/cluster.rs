@@ -173,7 +173,10 @@ impl cluster_server::Cluster for ClusterService {
         };
         let to = (node_id != 0).then_some(node_id);
         let leader_id = node.transfer_leader(to).await?;
-        Ok(Response::new(pb::TransferLeaderResponse { leader_id }))
+        Ok(Response::new(pb::TransferLeaderResponse {
+            leader_id,
+            group: asked,
+        }))
     }
 
     async fn slots(

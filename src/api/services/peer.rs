@@ -43,6 +43,8 @@ pub struct PeerService {
     levels: std::sync::Arc<crate::cluster::Levels>,
     /// Which data groups rest here, as leader and as follower (`cluster/rest.rs`): `Ping`.
     rest: std::sync::Arc<crate::cluster::rest::Rest>,
+    /// Every group's door: `Handover` hands a group over through it, as TransferLeader does.
+    nodes: std::sync::Arc<crate::node::Nodes>,
 }
 
 /// The group replicas a node hosts, by group: where each peer call goes.
@@ -88,12 +90,14 @@ impl PeerService {
         config: std::sync::Arc<crate::config::NodeConfig>,
         levels: std::sync::Arc<crate::cluster::Levels>,
         rest: std::sync::Arc<crate::cluster::rest::Rest>,
+        nodes: std::sync::Arc<crate::node::Nodes>,
     ) -> Self {
         PeerService {
             groups,
             config,
             levels,
             rest,
+            nodes,
         }
     }
 
@@ -429,6 +433,28 @@ impl PeerService {
         }
         let pong = self.rest.on_ping(&ping, tokio::time::Instant::now());
         self.reply(&pong)
+    }
+
+    /// Group 0's leader balancing the data groups' leaders (`node/balance.rs`): hands the
+    /// data group the body names, which this node leads, to the voter it names, as
+    /// TransferLeader does (queued acks apply first). The answer is the leader afterwards.
+    pub(super) async fn handover(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.check_groups(&req)?;
+        let (group, to): (Group, crate::raft_types::NodeId) = body(req)?;
+        let node = (self.nodes.group(group).filter(|_| group != GROUP_ZERO)).ok_or_else(|| {
+            Status::invalid_argument(format!("a handover of group {group}: no such data group"))
+        })?;
+        if node.leader() != crate::node::Leader::Me {
+            return Err(Status::failed_precondition(format!(
+                "node {} does not lead group {group}",
+                self.config.id
+            )));
+        }
+        let leader = node.transfer_leader(Some(to)).await?;
+        self.reply(&leader)
     }
 
     pub(super) async fn transfer_leader(

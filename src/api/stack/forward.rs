@@ -332,10 +332,14 @@ fn retry_safe(path: &str, message: &[u8]) -> bool {
     }
 }
 
-/// `resp`, forwarded to and answered by node `id`, saying so ([`SERVED_BY_HEADER`]).
+/// `resp`, forwarded to and answered by node `id`, saying so ([`SERVED_BY_HEADER`]) when it
+/// is an answer, not a refusal (a refusal comes trailers-only, its status in its headers): an
+/// unauthenticated caller learns nothing of the cluster from it.
 fn served_by(mut resp: http::Response<Body>, id: u64) -> http::Response<Body> {
-    resp.headers_mut()
-        .insert(SERVED_BY_HEADER, http::HeaderValue::from(id));
+    if !resp.headers().contains_key("grpc-status") {
+        resp.headers_mut()
+            .insert(SERVED_BY_HEADER, http::HeaderValue::from(id));
+    }
     resp
 }
 

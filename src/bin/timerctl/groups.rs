@@ -65,7 +65,15 @@ pub async fn group(ch: Channel, command: GroupCommand) -> anyhow::Result<()> {
                 group,
             };
             let r = ClusterClient::new(ch).transfer_leader(req).await;
-            let leader = r.map_err(status_err)?.into_inner().leader_id;
+            let r = r.map_err(status_err)?.into_inner();
+            if r.group != group {
+                anyhow::bail!(
+                    "the node moved group {}'s leader, not group {group}'s: it is a build \
+                     before groups, which cannot move a data group's",
+                    r.group
+                );
+            }
+            let leader = r.leader_id;
             match output::json() {
                 true => output::doc(json!({ "group": group, "leader": leader })),
                 false => println!("group {group}'s leader is now node {leader}"),

@@ -67,6 +67,10 @@ pub async fn member(ch: Channel, command: MemberCommand) -> anyhow::Result<()> {
 
 pub async fn leader(ch: Channel, command: LeaderCommand) -> anyhow::Result<()> {
     let LeaderCommand::Transfer { to, group } = command;
+    if group != 0 {
+        let command = crate::groups::GroupCommand::Transfer { group, to };
+        return crate::groups::group(ch, command).await;
+    }
     let req = pb::TransferLeaderRequest {
         node_id: to.unwrap_or(0),
         group,

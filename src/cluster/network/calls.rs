@@ -1,6 +1,7 @@
 //! The calls a node makes to a peer of its own accord, beside openraft's: `Hello` before
-//! AddNode, `TimeoutNow` for a leadership transfer, and group 0's `ReadIndex` for a node that
-//! judges credentials without leading group 0 (`node/groups.rs`). Each carries what every peer
+//! AddNode, `TimeoutNow` for a leadership transfer, group 0's `ReadIndex` for a node that
+//! judges credentials without leading group 0 (`node/groups.rs`), and `Handover`, by which
+//! group 0's leader balances the data groups' leaders (`node/balance.rs`). Each carries what every peer
 //! call carries (`network::peer_request`), and names its group.
 
 use std::time::Duration;
@@ -66,6 +67,32 @@ pub async fn read_index(
         .await
         .map_err(|s| unreachable(s.message().to_string()))?;
     decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
+}
+
+/// Asks the node at `addr`, which leads data group `group`, to hand it to voter `to` (peer
+/// `Handover`): the leader afterwards.
+pub async fn handover(
+    config: &crate::config::NodeConfig,
+    (addr, channel): (&str, tonic::transport::Channel),
+    store: &crate::storage::Store,
+    (group, to): (crate::keys::Group, NodeId),
+) -> crate::Result<NodeId> {
+    let failed = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
+    let mut request = peer_request(
+        RaftMessage {
+            data: encode(&(group, to)),
+        },
+        store,
+        config,
+    );
+    // A hand-over lets the group's queued acks apply first (5 s at most), then waits for the
+    // successor's catch-up and election.
+    request.set_timeout(Duration::from_secs(20));
+    let reply = GroupsClient::new(channel)
+        .handover(request)
+        .await
+        .map_err(|s| failed(s.message().to_string()))?;
+    decode(&reply.into_inner().data).map_err(|e| failed(e.to_string()))
 }
 
 /// Asks the node at `addr` to stand for election in `group` now, if it follows the group's

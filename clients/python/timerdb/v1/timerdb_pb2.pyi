@@ -630,10 +630,12 @@ class TransferLeaderRequest(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
 
 class TransferLeaderResponse(_message.Message):
-    __slots__ = ("leader_id",)
+    __slots__ = ("leader_id", "group")
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     leader_id: int
-    def __init__(self, leader_id: _Optional[int] = ...) -> None: ...
+    group: int
+    def __init__(self, leader_id: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
 
 class OverviewRequest(_message.Message):
     __slots__ = ("by_state",)

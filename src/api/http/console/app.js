@@ -72,8 +72,10 @@ async function whoAmI() {
 // --- pages --------------------------------------------------------------------------------
 
 async function cluster() {
+  // The slot map is optional: a node of a build before it answers no map, and the page shows
+  // the rest.
   const [o, s, m] = await Promise.all([api("GET", "/v1/cluster/overview"), api("GET", "/v1/cluster/status"),
-    api("GET", "/v1/cluster/slots")]);
+    api("GET", "/v1/cluster/slots").catch(() => ({ groups: [] }))]);
   const rows = o.members.map((m) => `
     <tr class="${m.leader ? "leader" : ""}" data-node="${esc(m.node_id)}">
       <td>${esc(m.node_id)}</td><td>${esc(m.addr)}</td>
@@ -92,7 +94,7 @@ async function cluster() {
     <h2>Members</h2>
     <table id="members"><tr><th>node</th><th>address</th><th>role</th>
       <th class="num">matched index</th><th class="num">lag (entries)</th></tr>${rows}</table>
-    ${slotMap(m)}`);
+    ${m.groups.length ? slotMap(m) : ""}`);
   // The page's policy allows no inline style attributes (style-src 'self'): sizes and colours
   // are set through the DOM, which it allows.
   for (const el of document.querySelectorAll("#slotmap .hslots")) el.style.flexGrow = el.dataset.width;

@@ -75,4 +75,8 @@ impl groups_server::Groups for PeerService {
     async fn ping(&self, req: Request<RaftMessage>) -> Answer {
         PeerService::ping(self, req).await
     }
+
+    async fn handover(&self, req: Request<RaftMessage>) -> Answer {
+        PeerService::handover(self, req).await
+    }
 }
