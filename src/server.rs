@@ -129,7 +129,10 @@ pub async fn start_with(
     let rest = Arc::new(crate::cluster::rest::Rest::new(
         config.id,
         config.rest_after,
-        (replicas.iter()).map(|r| (r.store.space().group, r.raft.clone(), r.resting.clone())),
+        (replicas.iter()).map(|r| {
+            let group = r.store.space().group;
+            (group, r.raft.clone(), r.resting.clone(), r.acker.clone())
+        }),
     ));
     let doors = std::iter::once(&zero).chain(&replicas);
     let (nodes, read_indexes) = crate::node::Nodes::new(doors.map(|r| r.node.clone()).collect());

@@ -161,6 +161,13 @@ impl Acker {
         self.queued.hand_over_in(term);
     }
 
+    /// The latest term a hand-over was started in (0: none): from then on that leadership
+    /// takes no write and sends no heartbeat (openraft's transfer), so its group must not rest
+    /// (`cluster::rest`): if the successor never takes over, the members' elections must run.
+    pub fn handed_over_in(&self) -> u64 {
+        self.queued.handed_over_in()
+    }
+
     /// Hands in `item` on `lane` (a [`StreamAcks::lane`]), waiting while it is full; false if
     /// the coalescer has stopped (the item is dropped: its timer comes again).
     pub async fn ack(&self, lane: u64, item: AckItem) -> bool {

@@ -81,6 +81,11 @@ impl Queued {
         self.handed_over_in.fetch_max(term, SeqCst);
     }
 
+    /// The latest term a hand-over was started in (0: none).
+    pub fn handed_over_in(&self) -> u64 {
+        self.handed_over_in.load(SeqCst)
+    }
+
     /// Stops queuing and waits (at most `within`) until every queued ack has settled: the guard
     /// that keeps queuing stopped, or, if some are still unsettled after `within`, how many
     /// (queuing resumes then).

@@ -85,6 +85,8 @@ pub struct Rest {
     after: Duration,
     /// This node's replica of each data group, and where it says it leads it resting.
     groups: BTreeMap<Group, (Raft, Resting)>,
+    /// Each group's acker: a leadership a hand-over began in never rests.
+    ackers: BTreeMap<Group, super::Acker>,
     state: Mutex<State>,
 }
 
@@ -163,12 +165,19 @@ impl Rest {
     pub fn new(
         id: NodeId,
         after: Duration,
-        groups: impl IntoIterator<Item = (Group, Raft, Resting)>,
+        groups: impl IntoIterator<Item = (Group, Raft, Resting, super::Acker)>,
     ) -> Rest {
+        let mut replicas = BTreeMap::new();
+        let mut ackers = BTreeMap::new();
+        for (g, raft, resting, acker) in groups {
+            replicas.insert(g, (raft, resting));
+            ackers.insert(g, acker);
+        }
         Rest {
             id,
             after,
-            groups: (groups.into_iter()).map(|(g, r, s)| (g, (r, s))).collect(),
+            groups: replicas,
+            ackers,
             state: Mutex::new(State::default()),
         }
     }
@@ -232,7 +241,11 @@ impl Rest {
         let mut resting = Vec::new();
         for (&g, replica) in &self.groups {
             let s = seen(&replica.0);
-            if s.state == ServerState::Leader && s.leader == Some(self.id) {
+            // A leadership a hand-over began in sends no heartbeat and takes no write: if its
+            // successor never takes over (a lost TransferLeader), only the members' elections
+            // end it, so it is not named, its holds lapse and their tickers run.
+            let handing_over = (self.ackers.get(&g)).is_some_and(|a| a.handed_over_in() >= s.term);
+            if s.state == ServerState::Leader && s.leader == Some(self.id) && !handing_over {
                 let lead = state.leading.entry(g).or_insert_with(|| Lead::new(&s, now));
                 if lead.term != s.term || lead.last != s.last || !s.settled {
                     *lead = Lead::new(&s, now);

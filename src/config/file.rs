@@ -57,6 +57,10 @@ pub struct Settings {
     /// group). Every node of a cluster must be started with the same number.
     #[arg(long, env = "TIMERDB_GROUPS")]
     pub groups: Option<u16>,
+    /// With data groups: group 0's leader spreads the data groups' leaders over the nodes
+    /// (docs/sharding.md §2). Off by default until its review's findings are answered (there).
+    #[arg(long, env = "TIMERDB_BALANCE_LEADERS")]
+    pub balance_leaders: Option<bool>,
     /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9101); off if unset.
     #[arg(long, env = "TIMERDB_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -182,6 +186,7 @@ impl Settings {
             join: self.join.or(lower.join),
             bucket_ms: self.bucket_ms.or(lower.bucket_ms),
             groups: self.groups.or(lower.groups),
+            balance_leaders: self.balance_leaders.or(lower.balance_leaders),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             log: self.log.or(lower.log),
             log_format: self.log_format.or(lower.log_format),
@@ -251,6 +256,9 @@ impl Settings {
             c.bucket_ms = self.bucket_ms;
         }
         c.groups = self.groups.unwrap_or(0);
+        if self.balance_leaders.unwrap_or(false) {
+            c.balance_every = super::BALANCE_EVERY;
+        }
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);
         set(
             &mut c.raft.election_timeout_min_ms,

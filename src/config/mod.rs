@@ -139,8 +139,8 @@ pub struct NodeConfig {
     /// (`cluster::rest`; [`REST_AFTER`]); zero: groups never rest.
     pub rest_after: Duration,
     /// How often group 0's leader looks whether a node leads more data groups than its share
-    /// and moves one (`node::balance`; [`BALANCE_EVERY`]); zero: leaders stay where they are
-    /// elected or moved to.
+    /// and moves one (`node::balance`); zero (the default: `--balance-leaders` sets
+    /// [`BALANCE_EVERY`]): leaders stay where they are elected or moved to.
     pub balance_every: Duration,
     /// The node's clock (skewable for tests).
     pub clock: Clock,
@@ -185,6 +185,9 @@ pub struct Faults {
     /// (0: never). Not a bug of timerdb's but of the world: it makes the unknown outcomes a
     /// forwarder or client must not resolve by sending a call again frequent.
     pub lose_reply_every: u64,
+    /// Drop every TransferLeader message this node receives, as a lost message would be: a
+    /// transfer to it never completes (a test's fault, not the simulator's).
+    pub drop_transfer_leader: bool,
 }
 
 impl Faults {
@@ -227,7 +230,7 @@ impl NodeConfig {
             keep_log_entries: 10_000,
             purge_floor: PURGE_FLOOR,
             rest_after: REST_AFTER,
-            balance_every: BALANCE_EVERY,
+            balance_every: Duration::ZERO,
             clock: Clock::system(),
             dial: BTreeMap::new(),
             faults: Faults::default(),

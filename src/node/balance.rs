@@ -93,8 +93,9 @@ pub async fn balance_leaders(
     }
 }
 
-/// The move a round makes, `(group, from, to)`, or none: the cluster is balanced, a group's
-/// leader is not known, or every group the busiest node leads was moved lately (`settling`).
+/// The move a round makes, `(group, from, to)`, or none: the cluster is balanced, or every
+/// group the busiest node leads was moved lately (`settling`). A group whose leader is not
+/// known (an election runs) counts nowhere this round.
 fn plan(nodes: &Nodes, settling: impl Fn(Group) -> bool) -> Option<(Group, NodeId, NodeId)> {
     let meta = nodes.meta();
     let mut led: BTreeMap<NodeId, Vec<Group>> = (meta.heard_from(HEARD_WITHIN).into_iter())
@@ -104,7 +105,7 @@ fn plan(nodes: &Nodes, settling: impl Fn(Group) -> bool) -> Option<(Group, NodeI
         let leader = match node.leader() {
             Leader::Me => meta.id(),
             Leader::Other { id, .. } => id,
-            Leader::Unknown => return None, // an election runs: look again next round
+            Leader::Unknown => continue, // an election runs: counts nowhere this round
         };
         // A group led by a node not heard from counts nowhere, and is not asked of it.
         if let Some(groups) = led.get_mut(&leader) {

@@ -29,6 +29,8 @@ pub struct GroupReplica {
     dispatcher: Arc<Dispatcher>,
     /// Set while this node leads the group resting (`cluster::rest`); its door reads it.
     pub(super) resting: crate::cluster::rest::Resting,
+    /// The door's acker: which term a hand-over began in (`cluster::rest` reads it).
+    pub(super) acker: Acker,
 }
 
 /// Opens `store`'s group on this node: its state machine, its log (the engine's region of
@@ -64,10 +66,11 @@ pub(super) async fn open_group(
     .map_err(|e| Error::Internal(format!("raft of group {group} failed to start: {e}")))?;
     let proposer = Proposer::start(raft.clone(), hold.clone(), crate::node::write_error);
     let dispatcher = Arc::new(Dispatcher::new(store.clone()));
+    let acker = Acker::start(proposer.clone(), config.clock);
     let node = Arc::new(Node::new(Parts {
         raft: raft.clone(),
         store: store.clone(),
-        acker: Acker::start(proposer.clone(), config.clock),
+        acker: acker.clone(),
         config: config.clone(),
         dispatcher: dispatcher.clone(),
         shutdown: rx.clone(),
@@ -87,6 +90,7 @@ pub(super) async fn open_group(
         signal,
         dispatcher,
         resting,
+        acker,
     })
 }
 

@@ -17,7 +17,7 @@ fn ctl(endpoint: &str, args: &[&str]) -> Output {
 }
 
 /// Runs a command that must succeed and print one JSON document.
-fn ctl_json(endpoint: &str, args: &[&str]) -> Value {
+pub(crate) fn ctl_json(endpoint: &str, args: &[&str]) -> Value {
     let out = ctl(endpoint, &[&["--output", "json"], args].concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -158,3 +158,45 @@ async fn an_idle_group_rests_wakes_for_a_write_and_elects_when_its_leader_dies()
     assert_eq!(rests(&c, 2).await, (next, new_term));
     c.shutdown().await;
 }
+
+/// Review of leader balancing (H2): openraft's transfer stops a leader's heartbeats and writes
+/// for the rest of its leadership. If the successor never takes over (its TransferLeader
+/// lost), a resting group's members, held, would never elect: the group would take no write
+/// again. A leadership a hand-over began in is not named in pings, so the holds lapse and an
+/// election follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resting_group_whose_hand_over_is_lost_elects_a_leader() {
+    let c = TestCluster::start_with(3, |n| {
+        n.groups = GROUPS;
+        n.rest_after = Duration::from_millis(300);
+        n.balance_every = Duration::ZERO;
+        // Every TransferLeader is lost: no transfer completes.
+        n.faults.drop_transfer_leader = true;
+    })
+    .await;
+    let (leader, term) = rests(&c, 1).await;
+    let to = c.running().into_iter().find(|id| *id != leader).unwrap();
+    let door = &c.node(leader).groups[0].node;
+    // The target never takes over. The hand-over answers the leader the members then elect
+    // (it waits three election timeouts for one), or that none came.
+    let handed = door.transfer_leader(Some(to)).await;
+    tracing::info!(?handed, "the hand-over to node {to}");
+
+    // A leader of a later term is elected, and takes a write.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (now_leader, now_term) = leader_of(&c, 1).await;
+        if now_term > term {
+            let node = &c.node(now_leader).groups[0].node;
+            let written = node.schedule(spec("after", now_ms() + 60_000), Options::default());
+            if written.await.is_ok() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group 1 is stuck in term {now_term} under node {now_leader} (was {term})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

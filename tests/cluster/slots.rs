@@ -4,14 +4,13 @@
 //! one group's leader from any node; and `timerctl slots` and `timerctl group list|transfer`
 //! say the same.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use timerdb::api::pb;
 use timerdb::keys::SlotMap;
 use tonic::Code;
 
+use crate::ctl::ctl_json as timerctl;
 use crate::groups::group_leader;
 use crate::harness::*;
 use crate::routing::namespace_in;
@@ -22,21 +21,6 @@ const GROUPS: u16 = 3;
 fn unbalanced(n: &mut timerdb::config::NodeConfig) {
     n.groups = GROUPS;
     n.balance_every = Duration::ZERO;
-}
-
-fn timerctl(addr: &str, args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_timerctl"))
-        .args(["--endpoint", addr, "--output", "json"])
-        .args(args)
-        .output()
-        .expect("run timerctl");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "timerctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?} printed {stdout:?}: {e}"))
 }
 
 /// Node `via`'s slot map, once it knows every group's leader.
@@ -311,7 +295,11 @@ async fn leading(c: &TestCluster) -> std::collections::BTreeMap<u64, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_0s_leader_spreads_the_groups_leaders_over_the_nodes() {
-    let mut c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let mut c = TestCluster::start_with(3, |n| {
+        n.groups = GROUPS;
+        n.balance_every = timerdb::config::BALANCE_EVERY;
+    })
+    .await;
     let balanced = |counts: &std::collections::BTreeMap<u64, usize>| {
         let (min, max) = (counts.values().min(), counts.values().max());
         max.unwrap() - min.unwrap() <= 1

@@ -249,9 +249,12 @@ class Client:
                 trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
                 did_nothing = any(k == NOT_APPLIED for k, _ in (trailers or ()))
             attempt += 1
-            if code not in TRANSIENT or not (idempotent or did_nothing):
+            if code not in TRANSIENT:
                 raise TimerdbError(code, details)
+            # The node failed: the next call, sent again or not, goes elsewhere.
             self._passed_over(i)
+            if not (idempotent or did_nothing):
+                raise TimerdbError(code, details)
             pause = retry.backoff(attempt)
             if attempt >= retry.attempts or time.monotonic() - started + pause > retry.within:
                 raise TimerdbError(code, details)

@@ -360,10 +360,14 @@ impl Client {
             // A call that is not idempotent is sent again only when the node said it did
             // nothing (not proposed: no leader yet, a leader still catching up).
             let did_nothing = status.metadata().contains_key(NOT_APPLIED);
-            if !transient(status.code()) || !(idempotent || did_nothing) {
+            if !transient(status.code()) {
                 return Err(status);
             }
+            // The node failed: the next call, sent again or not, goes elsewhere.
             self.passed_over(i);
+            if !(idempotent || did_nothing) {
+                return Err(status);
+            }
             let pause = retry.backoff(attempt);
             if attempt >= retry.attempts || started.elapsed() + pause > retry.within {
                 return Err(status);

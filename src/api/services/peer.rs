@@ -463,6 +463,9 @@ impl PeerService {
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_newer_rpcs()?;
+        if self.config.faults.drop_transfer_leader {
+            return Err(Status::unavailable("fault: TransferLeader dropped"));
+        }
         let r = self.replica(service, &req)?;
         self.check_width(&r, &req)?;
         let rpc: openraft::raft::TransferLeaderRequest<TypeConfig> = body(req)?;
