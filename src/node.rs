@@ -94,6 +94,9 @@ pub struct Node {
     /// When this node began to lead, per term ([`quorum_watch`] notes it): the schedule-rate
     /// buckets fill from then.
     tenure: Arc<quorum::Tenure>,
+    /// Held by the one hand-over of this group under way here (`membership`): balancing, an
+    /// operator's TransferLeader and a stop do not overlap on one group's hold and acker.
+    handing: tokio::sync::Mutex<()>,
 }
 
 /// What the wiring (`server`) made a node of: the parts [`Node::new`] takes.
@@ -146,6 +149,7 @@ impl Node {
             quorum_lost,
             tenure,
             resting: parts.resting,
+            handing: tokio::sync::Mutex::new(()),
         }
     }
 

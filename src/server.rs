@@ -58,6 +58,8 @@ pub struct RunningNode {
     /// The hand-over gate and what each peer advertised (tests close the one, read the other).
     pub hold: Hold,
     pub levels: Arc<crate::cluster::Levels>,
+    /// Every group's door on this node (group 0's is `node`).
+    pub nodes: Arc<crate::node::Nodes>,
     /// This node's replicas of the data groups (1..=`--groups`; docs/sharding.md §2). Group
     /// 0's are the fields above.
     pub groups: Vec<GroupReplica>,
@@ -206,6 +208,7 @@ pub async fn start_with(
         store: zero.store,
         hold: zero.hold,
         levels,
+        nodes,
         groups: replicas,
         rest,
         addr,
@@ -334,18 +337,28 @@ async fn serve(
 }
 
 impl RunningNode {
-    /// Before a planned stop: if this node leads, hands leadership to another voter, so the
-    /// cluster does not wait out an election timeout for the stop. Bounded; on failure the
-    /// stop goes on (the others elect a leader as after a crash).
+    /// Before a planned stop: hands every group this node leads to another voter, so the
+    /// cluster does not wait out an election timeout for the stop. From the start this node
+    /// takes no leadership (`Nodes::begin_stop`), and it repeats until it leads nothing and
+    /// takes no balancing move that began before (a group handed to it meanwhile, or a
+    /// hand-over refused because another was under way), all within [`HAND_OFF_LIMIT`]. On failure the stop goes on (the others elect a leader
+    /// as after a crash).
     pub async fn hand_off(&self) {
-        let nodes = std::iter::once(&self.node).chain(self.groups.iter().map(|g| &g.node));
-        let leading = nodes.filter(|n| n.leader() == crate::node::Leader::Me);
-        let handed = leading
-            .filter(|n| n.other_voters() > 0)
-            .map(|node| async move {
+        self.nodes.begin_stop();
+        let deadline = tokio::time::Instant::now() + HAND_OFF_LIMIT;
+        loop {
+            let nodes = std::iter::once(&self.node).chain(self.groups.iter().map(|g| &g.node));
+            let leading: Vec<&Arc<Node>> = nodes
+                .filter(|n| n.leader() == crate::node::Leader::Me && n.other_voters() > 0)
+                .collect();
+            let taking = self.nodes.moves_being_taken();
+            if (leading.is_empty() && taking == 0) || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            let handed = leading.into_iter().map(|node| async move {
                 let group = node.group();
                 let transfer = node.transfer_leader(None);
-                match tokio::time::timeout(HAND_OFF_LIMIT, transfer).await {
+                match tokio::time::timeout_at(deadline, transfer).await {
                     Ok(Ok(to)) => tracing::info!(group, to, "stopping: leadership handed over"),
                     Ok(Err(e)) => {
                         tracing::warn!(group, error = %e, "stopping: leadership not handed over")
@@ -353,7 +366,9 @@ impl RunningNode {
                     Err(_) => tracing::warn!(group, "stopping: leadership hand-off took too long"),
                 }
             });
-        futures::future::join_all(handed).await;
+            futures::future::join_all(handed).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Resolves when Raft stops by itself on a fatal error (a full disk, a failed apply): the
@@ -390,6 +405,7 @@ impl RunningNode {
             hold,
             levels,
             groups,
+            nodes: doors,
             shutdown,
             tasks,
             db,
@@ -430,7 +446,7 @@ impl RunningNode {
             tracing::warn!("server tasks did not stop within {SHUTDOWN_STEP:?}; aborting them");
             aborts.iter().for_each(|a| a.abort());
         }
-        drop((nodes, node, raft, store, hold, levels, groups));
+        drop((nodes, doors, node, raft, store, hold, levels, groups));
         if wait_sole_owner(&db, SHUTDOWN_STEP).await {
             flush_for_restart(id, &db, started.elapsed());
             // The last reference: RocksDB closes here, on this thread, before we return.

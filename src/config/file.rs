@@ -58,7 +58,8 @@ pub struct Settings {
     #[arg(long, env = "TIMERDB_GROUPS")]
     pub groups: Option<u16>,
     /// With data groups: group 0's leader spreads the data groups' leaders over the nodes
-    /// (docs/sharding.md §2). Off by default until its review's findings are answered (there).
+    /// (docs/sharding.md §2). On by default; `--balance-leaders false` leaves each leader where
+    /// its election or an operator put it.
     #[arg(long, env = "TIMERDB_BALANCE_LEADERS")]
     pub balance_leaders: Option<bool>,
     /// Serve Prometheus metrics over HTTP at this address (e.g. 127.0.0.1:9101); off if unset.
@@ -256,7 +257,7 @@ impl Settings {
             c.bucket_ms = self.bucket_ms;
         }
         c.groups = self.groups.unwrap_or(0);
-        if self.balance_leaders.unwrap_or(false) {
+        if self.balance_leaders.unwrap_or(true) {
             c.balance_every = super::BALANCE_EVERY;
         }
         set(&mut c.raft.heartbeat_ms, self.raft.heartbeat_ms);

@@ -139,8 +139,10 @@ pub struct NodeConfig {
     /// (`cluster::rest`; [`REST_AFTER`]); zero: groups never rest.
     pub rest_after: Duration,
     /// How often group 0's leader looks whether a node leads more data groups than its share
-    /// and moves one (`node::balance`); zero (the default: `--balance-leaders` sets
-    /// [`BALANCE_EVERY`]): leaders stay where they are elected or moved to.
+    /// and moves one (`node::balance`); zero: leaders stay where they are elected or moved to.
+    /// `timerd` balances unless told `--balance-leaders false` ([`BALANCE_EVERY`]); a
+    /// configuration built in code (the in-process tests) does not unless it sets this, so a
+    /// test that reads a group's leader and acts on it is not raced by a move.
     pub balance_every: Duration,
     /// The node's clock (skewable for tests).
     pub clock: Clock,

@@ -63,6 +63,20 @@ pub struct Nodes {
     reads: mpsc::UnboundedSender<Waiter>,
     /// Calls this node sent to another node's leader since it started (Status).
     forwarded: AtomicU64,
+    /// Set when a planned stop begins ([`Nodes::begin_stop`]): the node takes no group's
+    /// leadership from then on (`balance`).
+    stopping: std::sync::atomic::AtomicBool,
+    /// Balancing moves this node is taking now, as their target ([`Nodes::taking`]).
+    taking: std::sync::atomic::AtomicUsize,
+}
+
+/// One balancing move this node is taking, counted while it lasts ([`Nodes::taking`]).
+pub struct Taking<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What [`Nodes::new`] returns besides the doors: the task that asks group 0's leader for read
@@ -82,6 +96,8 @@ impl Nodes {
             map: SlotMap::new(groups),
             reads,
             forwarded: AtomicU64::new(0),
+            stopping: Default::default(),
+            taking: Default::default(),
         };
         (Arc::new(nodes), task)
     }
@@ -89,6 +105,31 @@ impl Nodes {
     /// Group 0's door: namespaces, keys, members.
     pub fn meta(&self) -> &Arc<Node> {
         &self.all[0]
+    }
+
+    /// A planned stop begins (SIGTERM): from now on this node refuses to be handed a group's
+    /// leadership, and balances nothing (`balance`), so what its hand-off gives away is not
+    /// given back before it exits (balancing review, M1).
+    pub fn begin_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a planned stop began ([`Nodes::begin_stop`]).
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Counts a balancing move this node takes, as its target, until the guard drops: a stop's
+    /// hand-off waits for none to be under way before it decides this node leads nothing
+    /// (one that passed the stopping check would otherwise land after the hand-off).
+    pub fn taking(&self) -> Taking<'_> {
+        self.taking.fetch_add(1, Ordering::SeqCst);
+        Taking(&self.taking)
+    }
+
+    /// How many balancing moves this node is taking now ([`Nodes::taking`]).
+    pub fn moves_being_taken(&self) -> usize {
+        self.taking.load(Ordering::SeqCst)
     }
 
     /// Whether the cluster has data groups.

@@ -5,8 +5,12 @@
 //! change survives failovers, and `change_membership` refuses a second change while one is in
 //! progress. What timerdb adds is the order of the steps and answers an operator can act on.
 //!
-//! Leadership transfer is openraft 0.10's: the leader closes its hold (no proposals, no
-//! ReadIndex rounds), waits until the target has every entry, and triggers openraft's
+//! Leadership transfer is openraft 0.10's. One hand-over of a group runs at a time (another
+//! is refused UNAVAILABLE). The leader first waits, writes still flowing, until the target
+//! holds the log as it was when asked (3 s at most; a move by balancing, again just before
+//! it closes its hold, 0.3 s at most): a target that cannot is refused before any write
+//! waited for it; then it closes its hold (no proposals, no ReadIndex rounds),
+//! waits until the target has every entry, and triggers openraft's
 //! transfer, which stops its writes and heartbeats and tells every voter (`TransferLeader`):
 //! each drops its leader lease, and the target, once it has flushed the log, stands at once
 //! with a vote the others grant despite a lease (Raft thesis §3.10). No lease has to run out
@@ -47,6 +51,9 @@ pub type Member = (NodeId, String, bool);
 const CATCH_UP: Duration = Duration::from_secs(60);
 /// How long a transfer waits for the target to have every entry.
 const TARGET_CATCH_UP: Duration = Duration::from_secs(3);
+/// How long a transfer waits, just before its hold closes, for the target to have the entries
+/// written since it first caught up: a healthy target takes a round trip and an fsync.
+const CLOSING_CATCH_UP: Duration = Duration::from_millis(300);
 /// How long a transfer waits for the acks it answered as queued to apply before it gives up
 /// (and keeps leading): a few rounds of the slowest fsync we plan for, within the stop's
 /// hand-off limit (`server::HAND_OFF_LIMIT`).
@@ -226,6 +233,21 @@ impl Node {
     /// Hands leadership to voter `to` (or to the most up-to-date other voter) and returns the
     /// leader afterwards. See the module notes for how.
     pub async fn transfer_leader(&self, to: Option<NodeId>) -> Result<NodeId> {
+        self.transfer(to, None).await
+    }
+
+    /// A move nobody needs now (leader balancing, `node::balance`): as [`transfer_leader`],
+    /// but refused unless the target still keeps up within [`CLOSING_CATCH_UP`] just before
+    /// the hold closes, so the group's writes never wait longer than that for it. (An
+    /// operator's transfer or a stop's hand-off is wanted: it goes on with a target that keeps
+    /// up more slowly, and the writes wait as long as it lags.)
+    ///
+    /// [`transfer_leader`]: Node::transfer_leader
+    pub async fn balance_to(&self, to: NodeId) -> Result<NodeId> {
+        self.transfer(Some(to), Some(CLOSING_CATCH_UP)).await
+    }
+
+    async fn transfer(&self, to: Option<NodeId>, closing: Option<Duration>) -> Result<NodeId> {
         let members = self.members();
         let target = match to {
             Some(id) if id == self.id => return Ok(id),
@@ -250,6 +272,17 @@ impl Node {
             .find(|m| m.0 == target)
             .map(|m| self.config.dial_addr(target, &m.1))
             .unwrap_or_default();
+        let _one = self.handing.try_lock().map_err(|_| {
+            Error::Unavailable(format!(
+                "a hand-over of group {} is under way on node {}; try again",
+                self.group(),
+                self.id
+            ))
+        })?;
+        // The target first catches up with the log as it is now, with writes still flowing:
+        // one that cannot (a slow disk, a cut link) is refused before the hold closes, so a
+        // lagging target never stalls this group's writes (balancing review, M2).
+        self.target_caught_up(target, TARGET_CATCH_UP).await?;
         // Acks answered as queued apply before the hand-over (`cluster::queued`): queuing
         // stops, those queued are proposed and answered, then the hold closes. If they do not
         // settle in time, leadership stays here: handing over would lose them.
@@ -263,6 +296,12 @@ impl Node {
                 )))
             }
         };
+        // A move nobody needs now checks once more, just before the hold closes, briefly: a
+        // target whose lag is steady (a disk a second slow) caught up with the first index in
+        // time, but would keep the writes closed that long again (second review, MED 2).
+        if let Some(within) = closing {
+            self.target_caught_up(target, within).await?;
+        }
         let closed = self.hold.close();
         let rpcs = self.levels.peer_rpcs(target);
         let result = if rpcs >= crate::cluster::level::TRANSFER_LEADER_RPCS {
@@ -354,6 +393,28 @@ impl Node {
             "node {target} did not take over; node {} goes on leading",
             self.id
         )))
+    }
+
+    /// Waits up to `within`, writes flowing, until `target` holds the log as it is now. Not in
+    /// time, or leadership lost meanwhile: refused, with nothing done.
+    async fn target_caught_up(&self, target: NodeId, within: Duration) -> Result<()> {
+        let now = self.raft.metrics().borrow_watched().last_log_index;
+        let stays = |why: String| {
+            Error::Unavailable(format!(
+                "{why}; leadership stays with node {} (writes went on meanwhile)",
+                self.id
+            ))
+        };
+        match self.wait_matched(target, now, within).await {
+            Ok(()) => Ok(()),
+            Err(Error::Unavailable(why)) => Err(stays(why)),
+            Err(_) => Err(Error::Unavailable(format!(
+                "node {} lost the leadership of group {} while node {target} caught up; \
+                 nothing was done",
+                self.id,
+                self.group()
+            ))),
+        }
     }
 
     /// Waits until `target` has every entry this leader has.

@@ -4,6 +4,7 @@
 
 mod auth;
 mod backup;
+mod balancing;
 mod certs;
 mod client;
 mod consume;

@@ -314,17 +314,21 @@ async fn a_data_group_whose_leader_cannot_call_group_0s_leader_moves_to_one_that
     cut_off_from_group_0s_leader(false).await;
 }
 
-async fn cut_off_from_group_0s_leader(both_ways: bool) {
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
-    use timerdb_harness::proxy::{Link, Mode};
-    // Every peer link through a proxy, made when a node's configuration is (and kept).
-    let links: Arc<Mutex<BTreeMap<(u64, u64), Link>>> = Arc::default();
+/// Each peer link of a [`proxied`] cluster, `(from, to)`: its proxy, to cut and heal.
+pub(crate) type Links = std::sync::Arc<
+    std::sync::Mutex<std::collections::BTreeMap<(u64, u64), timerdb_harness::proxy::Link>>,
+>;
+
+/// A 3-node cluster whose every peer link goes through a proxy, made when a node's
+/// configuration is (and kept across restarts); `tune` sets the rest of each configuration.
+pub(crate) async fn proxied(
+    tune: impl Fn(&mut timerdb::config::NodeConfig) + Send + Sync + 'static,
+) -> (TestCluster, Links) {
+    use timerdb_harness::proxy::Link;
+    let links: Links = Links::default();
     let made = links.clone();
     let c = TestCluster::start_with(3, move |n| {
-        n.groups = 1;
-        // Only the cut-off hand-over moves the group (balancing would move it back).
-        n.balance_every = Duration::ZERO;
+        tune(n);
         let mut links = made.lock().unwrap();
         for (to, addr) in n.peers.clone().into_iter().filter(|(to, _)| *to != n.id) {
             let link = links.entry((n.id, to)).or_insert_with(|| {
@@ -334,6 +338,17 @@ async fn cut_off_from_group_0s_leader(both_ways: bool) {
             });
             n.dial.insert(to, link.addr.clone());
         }
+    })
+    .await;
+    (c, links)
+}
+
+async fn cut_off_from_group_0s_leader(both_ways: bool) {
+    use timerdb_harness::proxy::Mode;
+    let (c, links) = proxied(|n| {
+        n.groups = 1;
+        // Only the cut-off hand-over moves the group (balancing would move it back).
+        n.balance_every = Duration::ZERO;
     })
     .await;
     let ns = namespace_in(1, 1);

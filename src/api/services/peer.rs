@@ -435,25 +435,15 @@ impl PeerService {
         self.reply(&pong)
     }
 
-    /// Group 0's leader balancing the data groups' leaders (`node/balance.rs`): hands the
-    /// data group the body names, which this node leads, to the voter it names, as
-    /// TransferLeader does (queued acks apply first). The answer is the leader afterwards.
+    /// A balancing move (`node/balance.rs`): `(group, to, group 0's term)`, to the target or to
+    /// the group's leader ([`crate::node::Nodes::handover`]). The answer is the leader afterwards.
     pub(super) async fn handover(
         &self,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         self.check_groups(&req)?;
-        let (group, to): (Group, crate::raft_types::NodeId) = body(req)?;
-        let node = (self.nodes.group(group).filter(|_| group != GROUP_ZERO)).ok_or_else(|| {
-            Status::invalid_argument(format!("a handover of group {group}: no such data group"))
-        })?;
-        if node.leader() != crate::node::Leader::Me {
-            return Err(Status::failed_precondition(format!(
-                "node {} does not lead group {group}",
-                self.config.id
-            )));
-        }
-        let leader = node.transfer_leader(Some(to)).await?;
+        let (group, to, term): (Group, crate::raft_types::NodeId, u64) = body(req)?;
+        let leader = self.nodes.handover(group, to, term).await?;
         self.reply(&leader)
     }
 

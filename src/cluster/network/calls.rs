@@ -69,29 +69,33 @@ pub async fn read_index(
     decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
 }
 
-/// Asks the node at `addr`, which leads data group `group`, to hand it to voter `to` (peer
-/// `Handover`): the leader afterwards.
+/// Sends the node at `addr` a balancing move, `(group, to, group 0's term)` (peer `Handover`,
+/// `node::balance`), answered within `timeout`: to the target, which checks it can serve the
+/// group and passes it on, or to the group's leader, which hands over. The leader afterwards;
+/// FailedPrecondition when the node refused the move itself.
 pub async fn handover(
     config: &crate::config::NodeConfig,
     (addr, channel): (&str, tonic::transport::Channel),
     store: &crate::storage::Store,
-    (group, to): (crate::keys::Group, NodeId),
+    (request, timeout): ((crate::keys::Group, NodeId, u64), Duration),
 ) -> crate::Result<NodeId> {
     let failed = |e: String| crate::Error::Unavailable(format!("node at {addr}: {e}"));
     let mut request = peer_request(
         RaftMessage {
-            data: encode(&(group, to)),
+            data: encode(&request),
         },
         store,
         config,
     );
-    // A hand-over lets the group's queued acks apply first (5 s at most), then waits for the
-    // successor's catch-up and election.
-    request.set_timeout(Duration::from_secs(20));
-    let reply = GroupsClient::new(channel)
-        .handover(request)
-        .await
-        .map_err(|s| failed(s.message().to_string()))?;
+    request.set_timeout(timeout);
+    let reply = GroupsClient::new(channel).handover(request).await;
+    // The target's own refusal is told apart (balancing passes that target over).
+    let reply = reply.map_err(|s| match s.code() {
+        tonic::Code::FailedPrecondition => {
+            crate::Error::FailedPrecondition(format!("node at {addr}: {}", s.message()))
+        }
+        _ => failed(s.message().to_string()),
+    })?;
     decode(&reply.into_inner().data).map_err(|e| failed(e.to_string()))
 }
 
