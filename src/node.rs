@@ -45,6 +45,7 @@ pub use balance::balance_leaders;
 pub use groups::{hand_over_when_cut_off, GroupView, Nodes, ReadIndexTask};
 pub use health::LEADER_SILENT;
 pub use local::NodeStatus;
+pub use members::MemberStep;
 pub use membership::Member;
 pub use quorum::{quorum_watch, QUORUM_LOST_AFTER};
 
@@ -449,6 +450,7 @@ mod groups;
 mod health;
 mod leading;
 mod local;
+mod members;
 mod membership;
 mod namespaces;
 pub mod overview;

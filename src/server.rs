@@ -164,7 +164,8 @@ pub async fn start_with(
         )));
     }
     bootstrap(&config, &zero.raft).await?;
-    if !replicas.is_empty() {
+    if !replicas.is_empty() && !config.join {
+        // A joining node forms none: each data group's leader adds it (`node/members.rs`).
         // The data groups start with group 0's voters (the same `--peers`, unless group 0
         // was formed earlier: then its own), once group 0 knows them: a node that holds a
         // vote and no entries yet learns them from its leader, maybe much later.

@@ -51,7 +51,7 @@ use crate::storage::{decode, encode};
 use timerdb_proto::pb::{groups_client::GroupsClient, raft_client::RaftClient, RaftMessage};
 
 mod calls;
-pub use calls::{handover, hello, read_index, timeout_now};
+pub use calls::{handover, hello, member, read_index, timeout_now};
 
 /// The header every peer call carries: the sender's bucket width in ms (see `raft.proto`).
 pub const BUCKET_MS_HEADER: &str = "x-timerdb-bucket-ms";

@@ -298,13 +298,6 @@ impl NodeConfig {
                 self.groups
             )));
         }
-        if self.groups > 0 && self.join {
-            return Err(Error::InvalidArgument(
-                "--join with --groups: a joining node gets the data groups' replicas moved onto \
-                 it, which this build cannot do yet (docs/sharding.md §12 step 6)"
-                    .into(),
-            ));
-        }
         // A Fire entry places at most about twice its rows (expired leases' retries, series'
         // next occurrences): bounded far below what one entry can place (DESIGN 10).
         if self.max_fires_per_entry == 0 || self.max_fires_per_entry > MAX_FIRES_PER_ENTRY {

@@ -60,19 +60,6 @@ const CLOSING_CATCH_UP: Duration = Duration::from_millis(300);
 const QUEUED_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 impl Node {
-    /// A cluster with data groups changes its members by moving each group's replicas
-    /// (docs/sharding.md §6), which this build cannot do yet: changing group 0's alone would
-    /// leave the data groups on the old members, with nothing to repair them.
-    fn check_single_group(&self, what: &str) -> Result<()> {
-        match self.config.groups {
-            0 => Ok(()),
-            g => Err(Error::FailedPrecondition(format!(
-                "cannot {what}: this cluster has {g} data groups, whose replicas this build \
-                 cannot move yet (docs/sharding.md §12 step 6)"
-            ))),
-        }
-    }
-
     /// The members as this node knows them, in id order.
     pub fn members(&self) -> Vec<Member> {
         let metrics = self.raft.metrics();
@@ -88,7 +75,6 @@ impl Node {
     /// Adds node `id` at `addr`: as a learner, which catches up from the log or a snapshot,
     /// then (if `voter`) as a voter. Retrying after any failure is safe.
     pub async fn add_node(&self, id: NodeId, addr: String, voter: bool) -> Result<Vec<Member>> {
-        self.check_single_group("add a member")?;
         check_new_member(id, &addr)?;
         match self.members().into_iter().find(|m| m.0 == id) {
             Some((_, known, _)) if known != addr => {
@@ -191,19 +177,7 @@ impl Node {
     /// first hands leadership over and then answers NotLeader, so the caller's retry runs on
     /// the new leader.
     pub async fn remove_node(&self, id: NodeId) -> Result<Vec<Member>> {
-        self.check_single_group("remove a member")?;
-        let members = self.members();
-        let Some((_, _, voter)) = members.iter().find(|m| m.0 == id).cloned() else {
-            return Err(Error::NotFound(format!(
-                "node {id} is not a member (members: {})",
-                describe(&members)
-            )));
-        };
-        if voter && members.iter().filter(|m| m.2).count() == 1 {
-            return Err(Error::FailedPrecondition(format!(
-                "node {id} is the only voter; add another voter before removing it"
-            )));
-        }
+        let voter = self.check_removable(id)?;
         if id == self.id {
             self.transfer_leader(None).await?;
             return Err(Error::NotLeader);
@@ -220,6 +194,28 @@ impl Node {
             .map_err(membership_error)?;
         tracing::info!(id, "node removed");
         Ok(self.members())
+    }
+
+    /// Whether node `id` may be removed (a member, not the only voter): whether it is a voter.
+    pub fn check_removable(&self, id: NodeId) -> Result<bool> {
+        let members = self.members();
+        let Some((_, _, voter)) = members.iter().find(|m| m.0 == id).cloned() else {
+            return Err(Error::NotFound(format!(
+                "node {id} is not a member (members: {})",
+                describe(&members)
+            )));
+        };
+        if voter && members.iter().filter(|m| m.2).count() == 1 {
+            return Err(Error::FailedPrecondition(format!(
+                "node {id} is the only voter; add another voter before removing it"
+            )));
+        }
+        Ok(voter)
+    }
+
+    /// The current term of this node's replica of the group.
+    pub fn current_term(&self) -> u64 {
+        self.raft.metrics().borrow_watched().current_term
     }
 
     /// Voters other than this node.

@@ -18,7 +18,8 @@
 //!   first, and a removed voter still campaigning (its term climbing past the `Hello`'s) would
 //!   otherwise win a vote it persists and depose the leader adding it;
 //! - the admitted term is kept in the log's column family (node-local, like the vote), so a
-//!   restart between the `Hello` and the first entry keeps it.
+//!   restart between the `Hello` and the first entry keeps it; one per group, since each
+//!   group's leader adds the node in its own term (`Groups.Hello` for a data group).
 //!
 //! What this does not stop: a holder of a peer-CA certificate that means harm can send its own
 //! `Hello`. The peer CA is the trust boundary (docs/security.md).
@@ -30,9 +31,20 @@ use crate::{Error, Result};
 const ADMITTED: &[u8] = b"admitted_term";
 
 impl Store {
+    /// This group's key of the admitted term: each group is added by its own leader, of its
+    /// own term (a data group's `Hello` is `Groups.Hello`); group 0's key is the one builds
+    /// before groups wrote.
+    fn admitted_key(&self) -> Vec<u8> {
+        let mut key = ADMITTED.to_vec();
+        if self.space.group != crate::keys::GROUP_ZERO {
+            key.extend_from_slice(&self.space.group.to_be_bytes());
+        }
+        key
+    }
+
     /// The term of the latest `Hello` taken while this node held nothing (None: none yet).
     pub fn admitted(&self) -> Result<Option<u64>> {
-        match self.db.get_cf(cf(&self.db, CF_RAFT), ADMITTED)? {
+        match self.db.get_cf(cf(&self.db, CF_RAFT), self.admitted_key())? {
             Some(v) => Ok(Some(codec::decode(&v)?)),
             None => Ok(None),
         }
@@ -75,7 +87,7 @@ impl Store {
         // Synced: the log no longer shares this database's WAL, and a restart must keep it.
         self.db.put_cf_opt(
             cf(&self.db, CF_RAFT),
-            ADMITTED,
+            self.admitted_key(),
             codec::encode(&term),
             &super::synced(),
         )?;

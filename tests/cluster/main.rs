@@ -18,6 +18,7 @@ mod http;
 mod http_refusals;
 mod http_tls;
 mod inproc;
+mod members;
 mod modes;
 mod observe;
 mod operations;

@@ -140,9 +140,8 @@ impl cluster_server::Cluster for ClusterService {
         request: Request<pb::AddNodeRequest>,
     ) -> Result<Response<pb::AddNodeResponse>, Status> {
         let req = request.into_inner();
-        let members = self
-            .node
-            .add_node(req.node_id, req.addr, !req.learner)
+        let members = (self.nodes)
+            .add_member(req.node_id, req.addr, !req.learner)
             .await?;
         Ok(Response::new(pb::AddNodeResponse {
             members: members_pb(members),
@@ -153,7 +152,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<pb::RemoveNodeResponse>, Status> {
-        let members = self.node.remove_node(request.get_ref().node_id).await?;
+        let members = self.nodes.remove_member(request.get_ref().node_id).await?;
         Ok(Response::new(pb::RemoveNodeResponse {
             members: members_pb(members),
         }))

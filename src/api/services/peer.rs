@@ -356,13 +356,17 @@ impl PeerService {
     /// A node that waits to be added takes the width and the caller's term from it.
     pub(super) async fn hello(
         &self,
+        service: Service,
         req: Request<RaftMessage>,
     ) -> Result<Response<RaftMessage>, Status> {
         if !req.get_ref().data.is_empty() {
             return Err(Status::invalid_argument("a Hello carries no body"));
         }
         self.check_groups(&req)?;
-        let r = self.group_zero()?;
+        let r = match service {
+            Service::Raft => self.group_zero()?,
+            Service::Groups => self.replica(service, &req)?,
+        };
         if self.admitting(&r) {
             let width = width_of(&req)?.unwrap_or(0);
             let term = req
@@ -445,6 +449,20 @@ impl PeerService {
         let (group, to, term): (Group, crate::raft_types::NodeId, u64) = body(req)?;
         let leader = self.nodes.handover(group, to, term).await?;
         self.reply(&leader)
+    }
+
+    /// Group 0's leader adding or removing a node, to a data group's leader: `(group, step,
+    /// group 0's term)` ([`crate::node::Nodes::member_step`]); the body of the answer is the
+    /// step's outcome: the group's members afterwards, or its error.
+    pub(super) async fn member(
+        &self,
+        req: Request<RaftMessage>,
+    ) -> Result<Response<RaftMessage>, Status> {
+        self.check_groups(&req)?;
+        let (group, step, term): (Group, crate::node::MemberStep, u64) = body(req)?;
+        // The step's own outcome in the body, its kind kept (the coordinator acts on it).
+        let outcome = self.nodes.member_step(group, step, term).await;
+        self.reply(&outcome)
     }
 
     pub(super) async fn transfer_leader(

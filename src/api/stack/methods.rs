@@ -229,6 +229,8 @@ pub const RULES: &[Rule] = &[
     rule("/timerdb.v1.Groups/TimeoutNow", Route::Local, Access::Peer),
     rule("/timerdb.v1.Groups/Ping", Route::Local, Access::Peer),
     rule("/timerdb.v1.Groups/Handover", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Groups/Hello", Route::Local, Access::Peer),
+    rule("/timerdb.v1.Groups/Member", Route::Local, Access::Peer),
     // grpc.health.v1 and server reflection
     rule("/grpc.health.v1.Health/Check", Route::Local, Access::Open),
     rule("/grpc.health.v1.Health/Watch", Route::Local, Access::Open),

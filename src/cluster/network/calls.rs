@@ -1,8 +1,9 @@
 //! The calls a node makes to a peer of its own accord, beside openraft's: `Hello` before
 //! AddNode, `TimeoutNow` for a leadership transfer, group 0's `ReadIndex` for a node that
 //! judges credentials without leading group 0 (`node/groups.rs`), and `Handover`, by which
-//! group 0's leader balances the data groups' leaders (`node/balance.rs`). Each carries what every peer
-//! call carries (`network::peer_request`), and names its group.
+//! group 0's leader balances the data groups' leaders (`node/balance.rs`), and `Member`, by
+//! which it adds a node to or removes one from each data group (`node/members.rs`). Each
+//! carries what every peer call carries (`network::peer_request`), and names its group.
 
 use std::time::Duration;
 
@@ -30,7 +31,12 @@ pub async fn hello(
     let term = tonic::metadata::MetadataValue::from(term);
     request.metadata_mut().insert(TERM_HEADER, term);
     request.set_timeout(Duration::from_secs(5));
-    match RaftClient::new(channel).hello(request).await {
+    // A data group's Hello goes to `Groups`, naming it (`peer_request` did, from `store`).
+    let answer = match store.space().group {
+        crate::keys::GROUP_ZERO => RaftClient::new(channel).hello(request).await,
+        _ => GroupsClient::new(channel).hello(request).await,
+    };
+    match answer {
         Ok(answer) => {
             crate::cluster::level::check_groups(
                 answer.metadata(),
@@ -122,4 +128,29 @@ pub async fn timeout_now(
     };
     let reply = reply.map_err(|s| unreachable(s.message().to_string()))?;
     decode(&reply.into_inner().data).map_err(|e| unreachable(e.to_string()))
+}
+
+/// Sends a data group's leader at `addr` one step of adding or removing a node, `request`:
+/// `(group, step, group 0's term)` (peer `Member`, `node/members.rs`, which says what the step
+/// is and what the reply `R` holds: the step's own outcome, its error kind kept).
+pub async fn member<R: serde::de::DeserializeOwned>(
+    config: &crate::config::NodeConfig,
+    (addr, channel): (&str, tonic::transport::Channel),
+    store: &crate::storage::Store,
+    request: &impl serde::Serialize,
+) -> crate::Result<R> {
+    let mut request = peer_request(
+        RaftMessage {
+            data: encode(request),
+        },
+        store,
+        config,
+    );
+    // A learner's catch-up (60 s at most, `membership::CATCH_UP`), then its promotion.
+    request.set_timeout(Duration::from_secs(75));
+    let reply = GroupsClient::new(channel).member(request).await;
+    let reply =
+        reply.map_err(|s| crate::Error::Unavailable(format!("node at {addr}: {}", s.message())))?;
+    decode(&reply.into_inner().data)
+        .map_err(|e| crate::Error::Unavailable(format!("node at {addr}: {e}")))
 }

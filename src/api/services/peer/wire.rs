@@ -38,7 +38,7 @@ impl raft_server::Raft for PeerService {
     }
 
     async fn hello(&self, req: Request<RaftMessage>) -> Answer {
-        PeerService::hello(self, req).await
+        PeerService::hello(self, Service::Raft, req).await
     }
 
     async fn read_index(&self, req: Request<RaftMessage>) -> Answer {
@@ -78,5 +78,13 @@ impl groups_server::Groups for PeerService {
 
     async fn handover(&self, req: Request<RaftMessage>) -> Answer {
         PeerService::handover(self, req).await
+    }
+
+    async fn hello(&self, req: Request<RaftMessage>) -> Answer {
+        PeerService::hello(self, Service::Groups, req).await
+    }
+
+    async fn member(&self, req: Request<RaftMessage>) -> Answer {
+        PeerService::member(self, req).await
     }
 }
