@@ -78,7 +78,10 @@ pub async fn balance_leaders(
         let meta = nodes.meta();
         // The term read with the leadership, from one view: a move is planned in the term
         // this node led in.
-        let Some(term) = meta.leading_term().filter(|_| !nodes.stopping()) else {
+        // Not while a node is added or removed (`members`): its groups would be moved under
+        // the walk, or onto a node half in.
+        let busy = nodes.stopping() || nodes.members_changing();
+        let Some(term) = meta.leading_term().filter(|_| !busy) else {
             moved.clear();
             avoid.clear();
             continue;
@@ -267,7 +270,7 @@ impl Nodes {
 impl Node {
     /// The term this node leads in, read with the leadership from one view; none when it
     /// does not lead.
-    fn leading_term(&self) -> Option<u64> {
+    pub(super) fn leading_term(&self) -> Option<u64> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
         let leads = m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id);
@@ -276,7 +279,7 @@ impl Node {
 
     /// This node and the members it, leading, heard from within `within` (a heartbeat or an
     /// append answered); none but itself when it does not lead.
-    fn heard_from(&self, within: Duration) -> Vec<NodeId> {
+    pub(super) fn heard_from(&self, within: Duration) -> Vec<NodeId> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
         let heard = (m.heartbeat.iter().flatten())

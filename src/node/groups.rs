@@ -68,6 +68,9 @@ pub struct Nodes {
     stopping: std::sync::atomic::AtomicBool,
     /// Balancing moves this node is taking now, as their target ([`Nodes::taking`]).
     taking: std::sync::atomic::AtomicUsize,
+    /// Held by the one AddNode or RemoveNode walking the groups from this node
+    /// ([`Nodes::member_walk`]).
+    walking: tokio::sync::Mutex<()>,
 }
 
 /// One balancing move this node is taking, counted while it lasts ([`Nodes::taking`]).
@@ -98,6 +101,7 @@ impl Nodes {
             forwarded: AtomicU64::new(0),
             stopping: Default::default(),
             taking: Default::default(),
+            walking: Default::default(),
         };
         (Arc::new(nodes), task)
     }
@@ -125,6 +129,23 @@ impl Nodes {
     pub fn taking(&self) -> Taking<'_> {
         self.taking.fetch_add(1, Ordering::SeqCst);
         Taking(&self.taking)
+    }
+
+    /// The right to walk the groups adding or removing a node (`members`): one walk at a
+    /// time on this node, and balancing pauses meanwhile. Unavailable while another runs.
+    pub fn member_walk(&self) -> Result<tokio::sync::MutexGuard<'_, ()>> {
+        self.walking.try_lock().map_err(|_| {
+            Error::Unavailable(
+                "another AddNode or RemoveNode is under way on this node; send it again once \
+                 it is done"
+                    .into(),
+            )
+        })
+    }
+
+    /// Whether an AddNode or RemoveNode walks the groups from this node now.
+    pub fn members_changing(&self) -> bool {
+        self.walking.try_lock().is_err()
     }
 
     /// How many balancing moves this node is taking now ([`Nodes::taking`]).

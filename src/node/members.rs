@@ -45,9 +45,12 @@ pub enum MemberStep {
     Remove { id: NodeId },
 }
 
-/// How long group 0's leader keeps looking for a data group's leader that takes a step (an
-/// election, a hand-over of the node being removed).
+/// How long group 0's leader keeps sending a step again after an attempt began (an election,
+/// a hand-over of the node being removed).
 const FIND_LEADER: Duration = Duration::from_secs(20);
+/// Longest one step may take on this node (a learner's catch-up, 60 s at most, then its
+/// promotion): as long as the peer call that carries one to another node.
+const STEP_LIMIT: Duration = Duration::from_secs(75);
 /// Longest a data group's leader takes to catch up with group 0 before it judges an Add.
 const META_CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -59,6 +62,8 @@ impl Nodes {
         if !self.sharded() {
             return meta.add_node(id, addr, voter).await;
         }
+        let _walk = self.member_walk()?;
+        let term = meta.leading_term().ok_or(Error::NotLeader)?;
         // Not a voter of group 0 yet, whatever `voter` says: that comes last.
         meta.add_node(id, addr.clone(), false).await?;
         for group in self.data_groups() {
@@ -67,7 +72,7 @@ impl Nodes {
                 addr: addr.clone(),
                 voter,
             };
-            self.on_leader_of(group, step).await.map_err(|e| {
+            self.on_leader_of(group, step, term).await.map_err(|e| {
                 halfway(
                     e,
                     format!("node {id} is added to the groups before {group}"),
@@ -82,20 +87,36 @@ impl Nodes {
 
     /// Removes node `id` from every group (see the module essay): the members of group 0
     /// afterwards. NotLeader when this node, group 0's leader, is the one removed (it hands
-    /// group 0 over first, as a single group's leader does): send it again.
+    /// group 0 over first, as a single group's leader does): send it again. A node that only
+    /// data groups still have (a walk cut short by a change of group 0's leader) is removed
+    /// from them.
     pub async fn remove_member(&self, id: NodeId) -> Result<Vec<Member>> {
         let meta = self.meta();
         if !self.sharded() {
             return meta.remove_node(id).await;
         }
-        // Group 0's refusals first (not a member, the only voter), before any group changes.
-        meta.check_removable(id)?;
+        let _walk = self.member_walk()?;
+        let term = meta.leading_term().ok_or(Error::NotLeader)?;
+        // Group 0's refusals first (the only voter, or no member anywhere), and no group left
+        // without a majority it can hear, before any group changes.
+        let in_group_0 = match meta.check_removable(id) {
+            Ok(_) => true,
+            Err(Error::NotFound(why)) if !self.in_some_data_group(id) => {
+                return Err(Error::NotFound(why))
+            }
+            Err(Error::NotFound(_)) => false,
+            Err(e) => return Err(e),
+        };
+        meta.check_majority_without(id)?;
         for group in self.data_groups() {
-            self.on_leader_of(group, MemberStep::Remove { id })
+            self.on_leader_of(group, MemberStep::Remove { id }, term)
                 .await
                 .map_err(|e| halfway(e, format!("node {id} left the groups before {group}")))?;
         }
-        meta.remove_node(id).await
+        match in_group_0 {
+            true => meta.remove_node(id).await,
+            false => Ok(meta.members()),
+        }
     }
 
     /// Group `group`'s leader takes one step of adding or removing a node (peer `Member`, or
@@ -112,25 +133,39 @@ impl Nodes {
                 "a member step for group {group}: no such data group"
             ))
         })?;
-        let meta_term = self.meta().current_term();
-        if meta_term > term {
-            return Err(Error::FailedPrecondition(format!(
-                "a member step planned in group 0's term {term}; this node is in term \
-                 {meta_term}"
-            )));
+        let stale = || {
+            let now = self.meta().current_term();
+            (now > term).then(|| {
+                Error::FailedPrecondition(format!(
+                    "a member step planned in group 0's term {term}; this node is in term {now}"
+                ))
+            })
+        };
+        if let Some(e) = stale() {
+            return Err(e);
         }
         if node.leader() != Leader::Me {
             return Err(Error::NotLeader);
         }
         match step {
             MemberStep::Add { id, addr, voter } => {
+                // Judged against group 0 as it is now: the node is its member, at this address,
+                // and the walk's leader still leads it (a deposed one's step is refused).
                 self.meta_caught_up(META_CATCH_UP).await?;
-                if !self.meta().members().iter().any(|m| m.0 == id) {
-                    return Err(Error::FailedPrecondition(format!(
-                        "node {id} is not a member of group 0: add it with Cluster.AddNode"
-                    )));
+                if let Some(e) = stale() {
+                    return Err(e);
                 }
-                node.add_node(id, addr, voter).await
+                let members = self.meta().members();
+                match members.iter().find(|m| m.0 == id) {
+                    Some(m) if m.1 == addr => node.add_node(id, addr, voter).await,
+                    Some(m) => Err(Error::AlreadyExists(format!(
+                        "node {id} is a member of group 0 at {}, not {addr}",
+                        m.1
+                    ))),
+                    None => Err(Error::FailedPrecondition(format!(
+                        "node {id} is not a member of group 0: add it with Cluster.AddNode"
+                    ))),
+                }
             }
             MemberStep::Remove { id } => match node.remove_node(id).await {
                 Err(Error::NotFound(_)) => Ok(node.members()), // gone already: done
@@ -144,19 +179,38 @@ impl Nodes {
         self.each().skip(1).map(|n| n.group())
     }
 
-    /// Runs `step` on group `group`'s leader, wherever it is, sent again while the group has no
-    /// leader, its leader changes (NotLeader: the node removed handed it over) or the outcome
-    /// is unknown, for up to [`FIND_LEADER`].
-    async fn on_leader_of(&self, group: Group, step: MemberStep) -> Result<Vec<Member>> {
+    /// Whether node `id` is a member of a data group, as this node's replicas know.
+    fn in_some_data_group(&self, id: NodeId) -> bool {
+        (self.each().skip(1)).any(|n| n.members().iter().any(|m| m.0 == id))
+    }
+
+    /// Runs `step` on group `group`'s leader, wherever it is, while this node leads group 0 in
+    /// `term`; sent again while the group has no leader, its leader changes (NotLeader: the
+    /// node removed handed it over) or the outcome is unknown, for up to [`FIND_LEADER`] after
+    /// the last attempt began.
+    async fn on_leader_of(&self, group: Group, step: MemberStep, term: u64) -> Result<Vec<Member>> {
         let meta = self.meta();
-        let term = meta.current_term();
-        let deadline = tokio::time::Instant::now() + FIND_LEADER;
         loop {
+            // A deposed leader of group 0 stops walking (the new one may be removing the node).
+            if meta.leading_term() != Some(term) {
+                return Err(Error::NotLeader);
+            }
+            let deadline = tokio::time::Instant::now() + FIND_LEADER;
             let node = self.group(group).ok_or_else(|| {
                 Error::Internal(format!("this node hosts no replica of group {group}"))
             })?;
             let outcome = match node.leader() {
-                Leader::Me => self.member_step(group, step.clone(), term).await,
+                Leader::Me => {
+                    let step = self.member_step(group, step.clone(), term);
+                    // As long as the peer call's own bound (`network::member`): a membership
+                    // change that cannot commit (a voter lost meanwhile) does not hold the walk.
+                    match tokio::time::timeout(STEP_LIMIT, step).await {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(Error::OutcomeUnknown(format!(
+                            "group {group}'s step did not finish within {STEP_LIMIT:?}"
+                        ))),
+                    }
+                }
                 Leader::Other { id, addr } => {
                     let channel = (meta.config.tls)
                         .channel(&addr, |e| e.connect_timeout(Duration::from_secs(1)))
@@ -185,17 +239,19 @@ impl Nodes {
     }
 }
 
-/// An error of a step halfway through AddNode or RemoveNode, saying how far it got: sending
-/// the call again finishes it.
+/// An error of a step halfway through AddNode or RemoveNode, saying how far it got. Never
+/// "nothing was done" (NotYet): groups before it changed. The walk is finished by sending
+/// the call again, except after a refusal of the call itself.
 fn halfway(e: Error, done: String) -> Error {
-    let say = |why: String| format!("{why} ({done}; send the call again to finish)");
+    let again = |why: String| format!("{why} ({done}; send the call again to finish)");
+    let said = |why: String| format!("{why} ({done})");
     match e {
-        Error::InvalidArgument(why) => Error::InvalidArgument(say(why)),
-        Error::FailedPrecondition(why) => Error::FailedPrecondition(say(why)),
-        Error::NotFound(why) => Error::NotFound(say(why)),
-        Error::OutcomeUnknown(why) => Error::OutcomeUnknown(say(why)),
-        Error::NotYet(why) => Error::NotYet(say(why)),
-        Error::NotLeader => Error::Unavailable(say("group 0's leader changed".into())),
-        other => Error::Unavailable(say(other.to_string())),
+        Error::InvalidArgument(why) => Error::InvalidArgument(said(why)),
+        Error::FailedPrecondition(why) => Error::FailedPrecondition(said(why)),
+        Error::AlreadyExists(why) => Error::AlreadyExists(said(why)),
+        Error::NotFound(why) => Error::NotFound(said(why)),
+        Error::OutcomeUnknown(why) => Error::OutcomeUnknown(again(why)),
+        Error::NotLeader => Error::Unavailable(again("group 0's leader changed".into())),
+        other => Error::Unavailable(again(other.to_string())),
     }
 }

@@ -213,6 +213,32 @@ impl Node {
         Ok(voter)
     }
 
+    /// On the leader: refused unless a majority of the voters other than `id` answered it
+    /// lately, so removing `id` leaves the group a majority it can commit with (a removal
+    /// while another voter is down would otherwise stall the group in its joint change).
+    pub fn check_majority_without(&self, id: NodeId) -> Result<()> {
+        // Heartbeats go every 100 ms: half a second of silence is a node down (or cut off).
+        let heard = self.heard_from(Duration::from_millis(500));
+        let rest: Vec<NodeId> = (self.members().into_iter())
+            .filter(|m| m.2 && m.0 != id)
+            .map(|m| m.0)
+            .collect();
+        let live = rest.iter().filter(|v| heard.contains(v)).count();
+        if live < rest.len() / 2 + 1 {
+            let down: Vec<String> = (rest.iter())
+                .filter(|v| !heard.contains(v))
+                .map(|v| v.to_string())
+                .collect();
+            return Err(Error::FailedPrecondition(format!(
+                "removing node {id} now would leave {} voters of which {live} answer (node(s) \
+                 {} do not): not a majority; bring them back first",
+                rest.len(),
+                down.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     /// The current term of this node's replica of the group.
     pub fn current_term(&self) -> u64 {
         self.raft.metrics().borrow_watched().current_term

@@ -101,11 +101,7 @@ async fn a_node_added_joins_every_group_and_a_node_removed_leaves_them_all() {
 
     // Removed, leading group 1: the group is handed over first, then it leaves every group.
     let remove = pb::RemoveNodeRequest { node_id: 4 };
-    let r = admin
-        .remove_node(remove)
-        .await
-        .unwrap()
-        .into_inner();
+    let r = admin.remove_node(remove).await.unwrap().into_inner();
     assert!(!r.members.iter().any(|m| m.node_id == 4), "{:?}", r.members);
     c.stop(4).await;
     every_group_says(&c, 4, None).await;
@@ -122,6 +118,94 @@ async fn a_node_added_joins_every_group_and_a_node_removed_leaves_them_all() {
     }
     for g in 0..=GROUPS {
         group_converged(&c, g).await;
+    }
+    c.shutdown().await;
+}
+
+/// A Hello as a leader of `term`, of a cluster of bucket width `width` and `GROUPS` data
+/// groups, for group `g` (0: `Raft.Hello`, else `Groups.Hello` naming it).
+async fn hello(addr: &str, g: u16, width: u64, term: u64) -> Result<(), tonic::Status> {
+    use timerdb::api::pb::{groups_client::GroupsClient, raft_client::RaftClient};
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut msg = tonic::Request::new(pb::RaftMessage { data: vec![] });
+    let headers = msg.metadata_mut();
+    headers.insert("x-timerdb-bucket-ms", width.into());
+    headers.insert("x-timerdb-term", term.into());
+    headers.insert("x-timerdb-groups", GROUPS.into());
+    if g == 0 {
+        return RaftClient::new(ch).hello(msg).await.map(|_| ());
+    }
+    msg.metadata_mut().insert("x-timerdb-group", g.into());
+    GroupsClient::new(ch).hello(msg).await.map(|_| ())
+}
+
+/// The review of the above, HIGH: the bucket width is the node's, every group's. A data
+/// group's Hello (which a stranger may send for a group still empty) never sets or changes
+/// it: only group 0's gives it, and the data groups' must agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_groups_hello_never_sets_or_changes_the_nodes_bucket_width() {
+    let mut c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let width = c.node(1).store.width_ms();
+    let addr = c.join(4).await;
+    let early = hello(&addr, 1, width + 5, 1).await.unwrap_err();
+    assert_eq!(early.code(), tonic::Code::FailedPrecondition, "{early:?}");
+    assert_eq!(
+        c.node(4).store.width_ms(),
+        0,
+        "taken from a data group's Hello"
+    );
+    hello(&addr, 0, width, 1).await.unwrap();
+    let other = hello(&addr, 1, width + 5, 2).await.unwrap_err();
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition, "{other:?}");
+    assert_eq!(c.node(4).store.width_ms(), width);
+    hello(&addr, 1, width, 2).await.unwrap();
+    assert_eq!(c.node(4).store.width_ms(), width);
+    c.shutdown().await;
+}
+
+/// The review of the above, MED 3: removing a node that leaves some voter's majority down
+/// would stall every group in its joint change; it is refused before any group changes. The
+/// voter that is down can itself be removed (the others answer), from every group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removal_that_leaves_no_majority_is_refused_and_a_down_voter_is_removed() {
+    let mut c = TestCluster::start_with(3, |n| n.groups = GROUPS).await;
+    let meta = group_leader(&c, 0).await;
+    let others: Vec<u64> = c.running().into_iter().filter(|id| *id != meta).collect();
+    let (down, kept) = (others[0], others[1]);
+    c.stop(down).await;
+    for g in 0..=GROUPS {
+        group_leader(&c, g).await;
+    }
+    // Down for a second: group 0's leader no longer hears it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut admin = c.cluster(meta).await;
+    let refused = (admin
+        .remove_node(pb::RemoveNodeRequest { node_id: kept })
+        .await)
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("majority"), "{refused:?}");
+    every_group_says(&c, kept, Some(true)).await;
+    let r = admin
+        .remove_node(pb::RemoveNodeRequest { node_id: down })
+        .await;
+    let r = r.unwrap().into_inner();
+    assert!(
+        !r.members.iter().any(|m| m.node_id == down),
+        "{:?}",
+        r.members
+    );
+    every_group_says(&c, down, None).await;
+    for g in 1..=GROUPS {
+        schedule_in(&c, kept, g, &format!("two-left-{g}")).await;
     }
     c.shutdown().await;
 }

@@ -379,8 +379,18 @@ impl PeerService {
             if width == 0 && r.store.width_ms() == 0 {
                 self.check_width(&r, &req)?;
             }
+            // The width is the node's, every group's: only group 0's Hello gives it. A data
+            // group's comes after (`node/members.rs`) and may only agree with it, or a
+            // stranger's Hello for a group still empty would change it under the others.
+            let group_0s = matches!(service, Service::Raft);
+            if !group_0s && r.store.width_ms() == 0 {
+                return Err(Status::failed_precondition(
+                    "a data group's Hello before group 0's: this node is added to group 0 first",
+                ));
+            }
+            let pinned = self.config.bucket_ms.is_some() || !group_0s;
             r.store
-                .admit(width, term, &sender(&req), self.config.bucket_ms.is_some())
+                .admit(width, term, &sender(&req), pinned)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?;
         } else {
             self.check_width(&r, &req)?;

@@ -68,8 +68,12 @@ const fn leader_within(secs: u64) -> Route {
     }
 }
 
-/// How long a forwarded AddNode may take: the new node catches up first (up to a minute).
-const ADD_NODE_SECS: u64 = 70;
+/// How long a forwarded AddNode may take: the new node catches up first (up to a minute), in
+/// group 0 and then in each data group (`node/members.rs`).
+const ADD_NODE_SECS: u64 = 600;
+/// How long a forwarded RemoveNode may take: in a cluster of data groups, a hand-over and a
+/// membership change in each group.
+const REMOVE_NODE_SECS: u64 = 120;
 /// A forwarded Backup streams a whole snapshot: bounded by the client, not by the node.
 const BACKUP_SECS: u64 = 24 * 3600;
 
@@ -174,7 +178,11 @@ pub const RULES: &[Rule] = &[
         leader_within(ADD_NODE_SECS),
         Access::Admin,
     ),
-    rule("/timerdb.v1.Cluster/RemoveNode", LEADER, Access::Admin),
+    rule(
+        "/timerdb.v1.Cluster/RemoveNode",
+        leader_within(REMOVE_NODE_SECS),
+        Access::Admin,
+    ),
     rule("/timerdb.v1.Cluster/TransferLeader", LEADER, Access::Admin),
     rule(
         "/timerdb.v1.Cluster/Backup",
