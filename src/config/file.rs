@@ -337,6 +337,21 @@ mod tests {
     }
 
     #[test]
+    fn timerd_balances_leaders_unless_told_not_to() {
+        let base = "id = 1\nlisten = \"127.0.0.1:7101\"\ndata_dir = \"/d\"\npeers = \"1=a:1\"\n";
+        let config = |extra: &str| {
+            let s: Settings = toml::from_str(&format!("{base}{extra}")).unwrap();
+            s.node_config().unwrap().balance_every
+        };
+        assert_eq!(config(""), super::super::BALANCE_EVERY);
+        assert_eq!(
+            config("balance_leaders = true\n"),
+            super::super::BALANCE_EVERY
+        );
+        assert_eq!(config("balance_leaders = false\n"), Duration::ZERO);
+    }
+
+    #[test]
     fn the_documented_example_is_valid_and_holds_the_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/timerd.example.toml");
         let s = Settings::load(&path).unwrap();
